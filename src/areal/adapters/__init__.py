@@ -1,0 +1,1 @@
+"""Agent adapters (issue on adapters)."""

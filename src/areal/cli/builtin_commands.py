@@ -1,0 +1,16 @@
+"""Built-in CLI command groups, added through ``areal_register_commands`` like a plugin's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal.core.hookspecs import hookimpl
+
+
+@hookimpl
+def areal_register_commands(cli: Any) -> None:
+    from areal.cli import model_cmd, plug_cmd, serve_cmd
+
+    cli.add_typer(plug_cmd.app, name="plug")
+    cli.add_typer(model_cmd.app, name="model")
+    cli.add_typer(serve_cmd.app, name="serve")

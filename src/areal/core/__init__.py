@@ -1,0 +1,1 @@
+"""The framework kernel: hookspecs, plugin manager, registries. Torch-free at import time."""

@@ -1,0 +1,123 @@
+"""The plugin manager: built-ins plus third-party plugins from the ``areal`` entry-point group.
+
+Built-ins go through exactly the same hooks as third-party plugins. Environment variables:
+
+- ``AREAL_LOAD_PLUGINS``: comma-separated distribution or entry-point names; when set, only these
+  third-party plugins load (an empty value loads none).
+- ``AREAL_BLOCK_PLUGINS``: comma-separated names (built-in module or third-party) never to load.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from dataclasses import dataclass
+from functools import cache
+from importlib import metadata
+from typing import Any
+
+import pluggy
+
+from areal.core import hookspecs
+from areal.core.registry import Registry, collect
+
+ENTRY_POINT_GROUP = "areal"
+
+DEFAULT_PLUGINS: tuple[str, ...] = (
+    "areal.plugins.models.register",
+    "areal.plugins.inference.register",
+    "areal.cli.builtin_commands",
+)
+
+REGISTRY_HOOKS: dict[str, str] = {
+    "model_families": "model family",
+    "inference_backends": "inference backend",
+    "tool_parsers": "tool parser",
+    "engines": "training engine",
+    "losses": "loss",
+    "rewards": "reward",
+    "queues": "queue",
+    "metric_sinks": "metric sink",
+    "adapters": "adapter",
+}
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What ``areal plug list`` shows for one plugin."""
+
+    name: str
+    version: str | None
+    hooks: tuple[str, ...]
+    builtin: bool
+
+
+def _names_from_env(var: str) -> set[str] | None:
+    raw = os.environ.get(var)
+    if raw is None:
+        return None
+    return {n.strip() for n in raw.split(",") if n.strip()}
+
+
+def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
+    """Build a fresh plugin manager (tests get their own; the CLI uses :func:`get_plugin_manager`)."""
+    pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+    pm.add_hookspecs(hookspecs)
+    blocked = _names_from_env("AREAL_BLOCK_PLUGINS") or set()
+    for module_name in DEFAULT_PLUGINS:
+        if module_name in blocked:
+            continue
+        pm.register(importlib.import_module(module_name), name=module_name)
+    if load_entry_points:
+        _load_entry_points(pm, blocked)
+    return pm
+
+
+def _load_entry_points(pm: pluggy.PluginManager, blocked: set[str]) -> None:
+    allowed = _names_from_env("AREAL_LOAD_PLUGINS")
+    for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        dist_name = ep.dist.name if ep.dist is not None else ep.name
+        names = {ep.name, dist_name}
+        if names & blocked:
+            continue
+        if allowed is not None and not names & allowed:
+            continue
+        if pm.get_plugin(ep.name) is not None:
+            continue
+        plugin = ep.load()
+        pm.register(plugin, name=ep.name)
+        if ep.dist is not None:
+            _DIST_OF[ep.name] = (ep.dist.name, ep.dist.version)
+
+
+# entry-point name -> (distribution, version), for ``areal plug list``
+_DIST_OF: dict[str, tuple[str, str]] = {}
+
+
+@cache
+def get_plugin_manager() -> pluggy.PluginManager:
+    """The process-wide plugin manager, built on first use."""
+    return make_plugin_manager()
+
+
+def registry(kind: str, pm: pluggy.PluginManager | None = None) -> Registry[Any]:
+    """Gather one registry (``kind`` is a key of :data:`REGISTRY_HOOKS`) from every plugin."""
+    if kind not in REGISTRY_HOOKS:
+        raise KeyError(f"unknown registry {kind!r}; known: {', '.join(sorted(REGISTRY_HOOKS))}")
+    pm = pm or get_plugin_manager()
+    hook = getattr(pm.hook, f"areal_register_{kind}")
+    return collect(hook, REGISTRY_HOOKS[kind], lambda plugin: pm.get_name(plugin) or repr(plugin))
+
+
+def list_plugins(pm: pluggy.PluginManager | None = None) -> list[PluginInfo]:
+    """Every loaded plugin with its version and the hooks it implements."""
+    pm = pm or get_plugin_manager()
+    from areal import __version__
+
+    infos = []
+    for name, plugin in pm.list_name_plugin():
+        hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or []))
+        builtin = name in DEFAULT_PLUGINS
+        version = __version__ if builtin else _DIST_OF.get(name, (None, None))[1]
+        infos.append(PluginInfo(name=name, version=version, hooks=hooks, builtin=builtin))
+    return sorted(infos, key=lambda p: (not p.builtin, p.name))

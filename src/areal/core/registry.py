@@ -1,0 +1,70 @@
+"""Named registries filled by the ``areal_register_*`` hooks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+
+class RegistryError(ValueError):
+    """A duplicate registration, or a name that nothing registered."""
+
+
+@dataclass
+class Registry(Generic[T]):
+    """Things of one kind (model families, losses, ...) by name, with the plugin that gave each."""
+
+    kind: str
+    entries: dict[str, T] = field(default_factory=dict)
+    owners: dict[str, str] = field(default_factory=dict)
+
+    def add(self, name: str, thing: T, owner: str) -> None:
+        if not isinstance(name, str) or not name:
+            raise RegistryError(f"{owner} registered a {self.kind} with an empty or non-string name")
+        if name in self.entries:
+            raise RegistryError(
+                f"{self.kind} {name!r} is registered twice: by {self.owners[name]} and by {owner}"
+            )
+        self.entries[name] = thing
+        self.owners[name] = owner
+
+    def get(self, name: str, *, key: str | None = None) -> T:
+        """Look ``name`` up; an unknown name raises an error that lists the registered ones.
+
+        ``key`` is the config key the name came from, so the error can point at it.
+        """
+        try:
+            return self.entries[name]
+        except KeyError:
+            where = f" (config key {key})" if key else ""
+            known = ", ".join(sorted(self.entries)) or "none"
+            raise RegistryError(
+                f"unknown {self.kind} {name!r}{where}; registered: {known}"
+            ) from None
+
+    def names(self) -> list[str]:
+        return sorted(self.entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.entries
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+
+def collect(hook: Any, kind: str, plugin_name_of: Any) -> Registry[Any]:
+    """Call one ``areal_register_*`` hook on every plugin and gather what they register.
+
+    Each plugin gets its own ``register`` callback so duplicates name both plugins.
+    """
+    registry: Registry[Any] = Registry(kind)
+    for impl in hook.get_hookimpls():
+        owner = plugin_name_of(impl.plugin)
+
+        def register(name: str, thing: Any, _owner: str = owner) -> None:
+            registry.add(name, thing, _owner)
+
+        impl.function(register=register)
+    return registry

@@ -1,0 +1,1 @@
+"""The agent gateway (issue on the gateway)."""

@@ -1,0 +1,1 @@
+"""Built-in losses plugins (later issues)."""

@@ -1,0 +1,1 @@
+"""Built-in metrics plugins (later issues)."""

@@ -1,0 +1,1 @@
+"""Built-in trainer plugins (later issues)."""
