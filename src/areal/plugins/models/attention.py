@@ -1,0 +1,48 @@
+"""How attention is computed is a seam: the model hands q/k/v to an ``AttentionBackend``.
+
+Training uses plain causal attention; the embedded engine passes a backend that writes k/v into
+its paged cache and attends over each sequence's cached tokens. The model code stays the same and
+knows nothing about caches or parallelism.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+
+class AttentionBackend(Protocol):
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [B, S, Hq, D]; k, v: [B, S, Hkv, D] with RoPE applied. Returns [B, S, Hq, D]."""
+        ...
+
+
+class CausalAttention:
+    """Full causal attention over each row of the batch (no cache)."""
+
+    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2),
+            k.transpose(1, 2),
+            v.transpose(1, 2),
+            is_causal=True,
+            enable_gqa=q.shape[2] != k.shape[2],
+        )
+        return out.transpose(1, 2)
+
+
+def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention with an explicit boolean mask [B, 1, S, L] (True = may attend).
+
+    q: [B, S, Hq, D]; k, v: [B, L, Hkv, D]. Returns [B, S, Hq, D].
+    """
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2),
+        k.transpose(1, 2),
+        v.transpose(1, 2),
+        attn_mask=mask,
+        enable_gqa=q.shape[2] != k.shape[2],
+    )
+    return out.transpose(1, 2)

@@ -1,0 +1,219 @@
+"""Hugging Face checkpoint directories <-> our modules: config.json plus safetensors, sharded or not.
+
+Our parameter names equal the checkpoint names except routed experts, which we keep stacked
+([E, out, in]) while checkpoints store one tensor per expert (``mlp.experts.3.up_proj.weight``)
+or, as transformers 5 does in memory, a fused ``gate_up_proj``. Both are read; per-expert is written.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from areal.plugins.models.config import DecoderConfig
+from areal.plugins.models.decoder import DecoderForCausalLM
+
+INDEX_NAME = "model.safetensors.index.json"
+SINGLE_NAME = "model.safetensors"
+_PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
+_FUSED_GATE_UP = re.compile(r"^(.*\.mlp\.experts)\.gate_up_proj$")
+
+
+def model_class_for(config: DecoderConfig) -> type[DecoderForCausalLM]:
+    """Pick the family registered for ``config.model_type`` (plugins may add families)."""
+    from areal.core.plugins import registry
+
+    families = registry("model_families")
+    for family in families.entries.values():
+        if config.model_type in family.hf_model_types:
+            cls: type[DecoderForCausalLM] = family.load_model_class()
+            return cls
+    known = sorted(t for f in families.entries.values() for t in f.hf_model_types)
+    raise ValueError(f"no model family handles model_type {config.model_type!r}; known: {known}")
+
+
+def safetensors_files(model_dir: str | Path) -> list[Path]:
+    model_dir = Path(model_dir)
+    index = model_dir / INDEX_NAME
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / SINGLE_NAME
+    if single.is_file():
+        return [single]
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
+    return files
+
+
+def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                yield name, f.get_tensor(name)
+
+
+def to_native(tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Checkpoint names -> our names (stacking per-expert tensors, splitting fused gate_up)."""
+    out: dict[str, torch.Tensor] = {}
+    experts: dict[tuple[str, str], dict[int, torch.Tensor]] = defaultdict(dict)
+    for name, tensor in tensors:
+        if m := _PER_EXPERT.match(name):
+            experts[(m.group(1), m.group(3))][int(m.group(2))] = tensor
+        elif m := _FUSED_GATE_UP.match(name):
+            gate, up = tensor.chunk(2, dim=1)
+            out[f"{m.group(1)}.gate_proj"], out[f"{m.group(1)}.up_proj"] = gate, up
+        else:
+            out[name] = tensor
+    for (prefix, proj), by_index in experts.items():
+        if sorted(by_index) != list(range(len(by_index))):
+            raise ValueError(f"checkpoint has a gap in the experts of {prefix}.{proj}")
+        out[f"{prefix}.{proj}"] = torch.stack([by_index[i] for i in range(len(by_index))])
+    return out
+
+
+def to_checkpoint(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Our names -> checkpoint names (one tensor per expert, as released checkpoints have)."""
+    out: dict[str, torch.Tensor] = {}
+    for name, tensor in state_dict.items():
+        prefix, _, proj = name.rpartition(".")
+        if prefix.endswith(".mlp.experts") and tensor.dim() == 3:
+            for e in range(tensor.shape[0]):
+                out[f"{prefix}.{e}.{proj}.weight"] = tensor[e]
+        else:
+            out[name] = tensor
+    return out
+
+
+def load_weights(model: DecoderForCausalLM, model_dir: str | Path, *, strict: bool = True) -> None:
+    """Load a checkpoint's tensors into an existing model in place (used for weight updates)."""
+    tensors = to_native(iter_checkpoint(model_dir))
+    own = model.state_dict()
+    if model.config.tie_word_embeddings:
+        tensors.pop("lm_head.weight", None)
+        own.pop("lm_head.weight", None)
+    missing = sorted(set(own) - set(tensors))
+    unexpected = sorted(set(tensors) - set(own))
+    if strict and (missing or unexpected):
+        raise ValueError(
+            f"checkpoint {model_dir} does not match the model: "
+            f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
+            f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
+        )
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name not in own:
+                continue
+            if own[name].shape != tensor.shape:
+                raise ValueError(
+                    f"checkpoint {model_dir}: {name} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(own[name].shape)}"
+                )
+            own[name].copy_(tensor)
+
+
+def load_model(
+    model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> DecoderForCausalLM:
+    """Build the right family for a Hugging Face directory and load its weights."""
+    config = DecoderConfig.from_dir(model_dir)
+    cls = model_class_for(config)
+    with torch.device("meta"):
+        model = cls(config)
+    model.to_empty(device=device)
+    model.reset_buffers()
+    if config.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model.to(dtype)
+    load_weights(model, model_dir)
+    return model.eval()
+
+
+def save_model(
+    model: DecoderForCausalLM,
+    out_dir: str | Path,
+    *,
+    max_shard_bytes: int = 5 * 1024**3,
+    dtype: torch.dtype | None = None,
+) -> list[Path]:
+    """Write config.json and safetensors (sharded with an index when over ``max_shard_bytes``)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    tensors = {
+        name: (t.to(dtype) if dtype is not None else t).contiguous().cpu()
+        for name, t in to_checkpoint(state).items()
+    }
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(tensors):
+        nbytes = tensors[name].numel() * tensors[name].element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensors[name]
+        size += nbytes
+    for stale in out_dir.glob("*.safetensors"):
+        stale.unlink()
+    (out_dir / INDEX_NAME).unlink(missing_ok=True)
+    paths: list[Path] = []
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        paths.append(out_dir / SINGLE_NAME)
+        save_file(shards[0], str(paths[0]), metadata=metadata)
+    else:
+        weight_map: dict[str, str] = {}
+        for i, shard in enumerate(shards, start=1):
+            fname = f"model-{i:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, str(out_dir / fname), metadata=metadata)
+            paths.append(out_dir / fname)
+            weight_map.update(dict.fromkeys(shard, fname))
+        total = sum(t.numel() * t.element_size() for t in tensors.values())
+        index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (out_dir / INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    cfg = model.config
+    if dtype is not None:
+        cfg.torch_dtype = str(dtype).removeprefix("torch.")
+    cfg.save(out_dir)
+    return paths
+
+
+def describe(model_dir: str | Path) -> dict[str, Any]:
+    """What ``areal model info`` shows, read from config.json and safetensors headers only."""
+    config = DecoderConfig.from_dir(model_dir)
+    n_params = 0
+    for path in safetensors_files(model_dir):
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                n_params += _numel(f.get_slice(name).get_shape())
+    return {
+        "path": str(Path(model_dir).resolve()),
+        "model_type": config.model_type,
+        "parameters": n_params,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "layers": config.num_hidden_layers,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
+        "experts": config.num_experts,
+        "dtype": config.torch_dtype,
+        "shards": len(safetensors_files(model_dir)),
+    }
+
+
+def _numel(shape: list[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
