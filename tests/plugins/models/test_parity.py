@@ -72,7 +72,9 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 
 @pytest.fixture(params=sorted(BUILDERS))
-def hf_checkpoint(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path, torch.nn.Module]:
+def hf_checkpoint(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[str, Path, torch.nn.Module]:
     torch.manual_seed(0)
     model = BUILDERS[request.param]().eval()
     _perturb(model, seed=1)
@@ -81,7 +83,9 @@ def hf_checkpoint(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, 
 
 
 def _ids(batch: int = 2, seq: int = 37) -> torch.Tensor:
-    return torch.randint(0, COMMON["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(3))
+    return torch.randint(
+        0, COMMON["vocab_size"], (batch, seq), generator=torch.Generator().manual_seed(3)
+    )
 
 
 def test_logits_match_transformers(hf_checkpoint: tuple[str, Path, torch.nn.Module]) -> None:
@@ -96,7 +100,9 @@ def test_logits_match_transformers(hf_checkpoint: tuple[str, Path, torch.nn.Modu
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
 
 
-def test_save_sharded_and_reload(hf_checkpoint: tuple[str, Path, torch.nn.Module], tmp_path: Path) -> None:
+def test_save_sharded_and_reload(
+    hf_checkpoint: tuple[str, Path, torch.nn.Module], tmp_path: Path
+) -> None:
     """Our writer's checkpoints load back into ours and into transformers, sharded or not."""
     _, path, reference = hf_checkpoint
     ours = load_model(path)

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 
 
 class AttentionBackend(Protocol):
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         """q: [B, S, Hq, D]; k, v: [B, S, Hkv, D] with RoPE applied. Returns [B, S, Hq, D]."""
         ...
 
@@ -22,7 +24,9 @@ class AttentionBackend(Protocol):
 class CausalAttention:
     """Full causal attention over each row of the batch (no cache)."""
 
-    def attend(self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -33,7 +37,9 @@ class CausalAttention:
         return out.transpose(1, 2)
 
 
-def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Attention with an explicit boolean mask [B, 1, S, L] (True = may attend).
 
     q: [B, S, Hq, D]; k, v: [B, L, Hkv, D]. Returns [B, S, Hq, D].

@@ -86,7 +86,9 @@ class DecoderConfig:
         model_type = raw.get("model_type")
         if model_type not in ARCHITECTURES:
             known = ", ".join(sorted(ARCHITECTURES))
-            raise ValueError(f"config.json model_type {model_type!r} is not supported; known: {known}")
+            raise ValueError(
+                f"config.json model_type {model_type!r} is not supported; known: {known}"
+            )
         heads = int(raw["num_attention_heads"])
         hidden = int(raw["hidden_size"])
         head_dim = raw.get("head_dim") or hidden // heads
@@ -108,7 +110,9 @@ class DecoderConfig:
             attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
-            num_experts=int(raw.get("num_experts") or raw.get("num_local_experts") or 0) if moe else 0,
+            num_experts=int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
+            if moe
+            else 0,
             num_experts_per_tok=int(raw.get("num_experts_per_tok") or 0) if moe else 0,
             moe_intermediate_size=int(raw.get("moe_intermediate_size") or 0) if moe else 0,
             norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
@@ -120,7 +124,9 @@ class DecoderConfig:
             torch_dtype=str(raw.get("torch_dtype") or raw.get("dtype") or "float32"),
         )
         if cfg.hidden_act != "silu":
-            raise ValueError(f"config.json hidden_act {cfg.hidden_act!r} is not supported (only silu)")
+            raise ValueError(
+                f"config.json hidden_act {cfg.hidden_act!r} is not supported (only silu)"
+            )
         cfg.extra = {k: v for k, v in raw.items() if k not in cfg.to_hf_dict()}
         return cfg
 
@@ -164,7 +170,9 @@ class DecoderConfig:
     def from_dir(cls, model_dir: str | Path) -> DecoderConfig:
         path = Path(model_dir) / "config.json"
         if not path.is_file():
-            raise FileNotFoundError(f"{model_dir} has no config.json (expected a Hugging Face model dir)")
+            raise FileNotFoundError(
+                f"{model_dir} has no config.json (expected a Hugging Face model dir)"
+            )
         return cls.from_hf_dict(json.loads(path.read_text()))
 
     def save(self, model_dir: str | Path) -> None:

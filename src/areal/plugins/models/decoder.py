@@ -13,7 +13,7 @@ from torch import nn
 
 from areal.plugins.models.attention import AttentionBackend, CausalAttention
 from areal.plugins.models.config import DecoderConfig
-from areal.plugins.models.layers import MLP, MoE, Attention, RMSNorm, RotaryEmbedding
+from areal.plugins.models.layers import MLP, Attention, MoE, RMSNorm, RotaryEmbedding
 
 
 class DecoderLayer(nn.Module):
@@ -39,7 +39,9 @@ class DecoderBody(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary_emb = RotaryEmbedding(config.rope, config.head_dim)
 
@@ -74,7 +76,9 @@ class DecoderForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Final-norm hidden states [B, S, H]; positions default to 0..S-1 per row."""
         if positions is None:
-            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(
+                input_ids
+            )
         return self.model(input_ids, positions, attention or CausalAttention())
 
     def forward(

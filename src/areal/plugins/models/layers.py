@@ -27,7 +27,9 @@ class RMSNorm(nn.Module):
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """Inverse frequencies, with Llama 3.1's smooth long-context scaling when asked for."""
-    inv_freq = 1.0 / (rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    inv_freq = 1.0 / (
+        rope.theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim)
+    )
     if rope.kind != "llama3":
         return inv_freq
     low_wavelen = rope.original_max_position_embeddings / rope.low_freq_factor
@@ -53,7 +55,9 @@ class RotaryEmbedding(nn.Module):
         """Recompute the (non-persistent) frequencies, e.g. after building on the meta device."""
         self.inv_freq = rope_inv_freq(self.rope, self.head_dim).to(self.inv_freq.device)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """cos, sin of shape [B, S, D] for integer positions [B, S]."""
         freqs = positions.float()[..., None] * self.inv_freq.float()
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -127,7 +131,9 @@ class Experts(nn.Module):
         for p in (self.gate_proj, self.up_proj, self.down_proj):
             nn.init.normal_(p, std=0.02)
 
-    def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    ) -> torch.Tensor:
         """x: [T, H]; expert_ids, weights: [T, K]. Loops over the experts that got tokens."""
         out = torch.zeros_like(x)
         flat_ids = expert_ids.reshape(-1)

@@ -1,0 +1,684 @@
+"""Async client for the SGLang native HTTP API (the wire shapes of ``SGLANG_API.md``).
+
+One client speaks to real ``sglang.launch_server`` and to areal's embedded engine alike, so the
+rollout code, the gateway and the trainer's weight-sync never care which backend runs.
+
+Streaming and chunking. SGLang streams ``/generate`` as SSE ``data: {...}`` lines ending with
+``data: [DONE]``. By default (0.5.x) each chunk carries the *whole* output so far (``output_ids``,
+``text``, ``meta_info.output_token_logprobs``); with ``--incremental-streaming-output`` it carries
+only the new part. ``meta_info.completion_tokens`` is cumulative in both modes, which makes the mode
+detectable: ``stream_chunking="auto"`` (the default) compares each chunk's length with that count,
+falls back to a prefix test when the count is missing, and remembers the answer for the rest of the
+stream. Pass ``"cumulative"`` or ``"incremental"`` to skip detection. Whatever the server sends,
+:meth:`InferenceClient.generate_stream` yields cumulative outputs plus the ``delta_*`` of each
+chunk.
+
+This module must stay torch-free: the gateway and the run supervisor import it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+import httpx
+
+StreamChunking = Literal["auto", "cumulative", "incremental"]
+PauseMode = Literal["abort", "retract", "in_place"]
+
+_PAUSE_MODES = ("abort", "retract", "in_place")
+_CHUNKINGS = ("auto", "cumulative", "incremental")
+
+
+class InferenceError(Exception):
+    """An inference server refused or failed a request.
+
+    ``status_code`` is ``None`` when no HTTP answer came back (connection refused, timeout).
+    """
+
+    def __init__(
+        self,
+        status_code: int | None,
+        message: str,
+        url: str,
+        *,
+        err_type: str | None = None,
+        retryable: bool | None = None,
+    ) -> None:
+        self.status_code = status_code
+        self.message = message
+        self.url = url
+        self.err_type = err_type
+        self.retryable = retryable
+        status = f"HTTP {status_code}" if status_code is not None else "no response"
+        super().__init__(f"{url}: {status}: {message}")
+
+
+# --- request and response records ----------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class SamplingParams:
+    """SGLang ``sampling_params``; fields left ``None`` are not sent, so the server default holds."""
+
+    max_new_tokens: int | None = None
+    min_new_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool | None = None
+    no_stop_trim: bool | None = None
+    skip_special_tokens: bool | None = None
+    sampling_seed: int | None = None
+    json_schema: str | dict[str, Any] | None = None
+    regex: str | None = None
+    ebnf: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if v is not None}
+        if isinstance(out.get("json_schema"), dict):
+            # SGLang takes the schema as a JSON string.
+            out["json_schema"] = json.dumps(out["json_schema"])
+        return out
+
+
+@dataclass(frozen=True)
+class FinishReason:
+    """Why a generation ended: ``type`` is ``"stop"``, ``"length"`` or ``"abort"``.
+
+    ``matched`` is the stop token id or stop string that ended a ``"stop"``.
+    """
+
+    type: str
+    matched: int | str | None = None
+    length: int | None = None
+    message: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, data: Any) -> FinishReason | None:
+        if data is None:
+            return None
+        if isinstance(data, str):  # OpenAI-style servers send a bare string
+            return cls(type=data, raw={"type": data})
+        return cls(
+            type=str(data.get("type", "")),
+            matched=data.get("matched"),
+            length=data.get("length"),
+            message=data.get("message"),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class WeightVersionSpan:
+    """Output tokens ``[start, end)`` were sampled with weights ``version``."""
+
+    version: str
+    start: int
+    end: int
+
+
+@dataclass
+class GenerateOutput:
+    """One ``/generate`` answer (or, while streaming, everything generated so far).
+
+    ``delta_*`` hold what the latest stream chunk added; for a non-streamed answer they equal the
+    whole output.
+    """
+
+    output_ids: list[int]
+    text: str | None = None
+    output_logprobs: list[float] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    rid: str | None = None
+    weight_version: str = "default"
+    weight_versions: list[WeightVersionSpan] = field(default_factory=list)
+    prompt_token_ids: list[int] | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict)
+    delta_output_ids: list[int] = field(default_factory=list)
+    delta_logprobs: list[float] = field(default_factory=list)
+    delta_text: str = ""
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_reason is not None and self.finish_reason.type == "abort"
+
+    def token_versions(self, default: str | None = None) -> list[str]:
+        """The weight version that sampled each output token.
+
+        Tokens inside a ``weight_versions`` span get that span's version; the others get
+        ``default``, or ``weight_version`` when ``default`` is ``None`` (no spans means the
+        weights did not change during the request).
+        """
+        n = len(self.output_ids)
+        fallback = self.weight_version if default is None else default
+        versions = [fallback] * n
+        for span in self.weight_versions:
+            for i in range(max(0, span.start), min(n, span.end)):
+                versions[i] = span.version
+        return versions
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> GenerateOutput:
+        meta = dict(data.get("meta_info") or {})
+        output_ids = [int(t) for t in data.get("output_ids") or []]
+        logprobs = _logprob_values(meta.get("output_token_logprobs"))
+        text = data.get("text")
+        prompt_ids = data.get("prompt_token_ids")
+        return cls(
+            output_ids=output_ids,
+            text=text,
+            output_logprobs=logprobs,
+            finish_reason=FinishReason.from_json(meta.get("finish_reason")),
+            prompt_tokens=int(meta.get("prompt_tokens") or 0),
+            completion_tokens=int(meta.get("completion_tokens") or len(output_ids)),
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            rid=meta.get("id"),
+            weight_version=str(meta.get("weight_version", "default")),
+            weight_versions=[
+                WeightVersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+                for s in meta.get("weight_versions") or []
+            ],
+            prompt_token_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
+            meta_info=meta,
+            delta_output_ids=list(output_ids),
+            delta_logprobs=list(logprobs),
+            delta_text=text or "",
+        )
+
+
+def _logprob_values(triples: Any) -> list[float]:
+    """``[[logprob, token_id, text], ...]`` → logprobs; a missing value becomes NaN."""
+    if not triples:
+        return []
+    return [math.nan if t[0] is None else float(t[0]) for t in triples]
+
+
+# --- stream reassembly -----------------------------------------------------------------------
+
+
+class _StreamAssembler:
+    """Turns SSE chunks, cumulative or incremental, into cumulative :class:`GenerateOutput`."""
+
+    def __init__(self, chunking: StreamChunking) -> None:
+        self.chunking = chunking
+        self.ids_mode: str | None = None if chunking == "auto" else chunking
+        self.text_mode: str | None = None if chunking == "auto" else chunking
+        self.ids: list[int] = []
+        self.triples: list[Any] = []
+        self.text: str | None = None
+
+    def add(self, data: Mapping[str, Any]) -> GenerateOutput:
+        meta = dict(data.get("meta_info") or {})
+        prev_ids, prev_triples, prev_text = self.ids, self.triples, self.text or ""
+        chunk_ids = data.get("output_ids")
+        if chunk_ids is not None:
+            chunk_ids = [int(t) for t in chunk_ids]
+            mode = self._ids_mode(chunk_ids, meta.get("completion_tokens"))
+            self.ids = chunk_ids if mode == "cumulative" else prev_ids + chunk_ids
+        triples = meta.get("output_token_logprobs")
+        if triples is not None:
+            self.triples = self._merge_logprobs(list(triples))
+        if data.get("text") is not None:
+            chunk_text = str(data["text"])
+            mode = self._text_mode(chunk_text)
+            self.text = chunk_text if mode == "cumulative" else prev_text + chunk_text
+
+        merged = {**data, "output_ids": self.ids, "text": self.text}
+        merged["meta_info"] = {**meta, "output_token_logprobs": self.triples}
+        out = GenerateOutput.from_json(merged)
+        out.meta_info = meta  # keep the chunk's meta_info as the server sent it
+        out.delta_output_ids = _delta(prev_ids, self.ids)
+        out.delta_logprobs = _logprob_values(_delta(prev_triples, self.triples))
+        out.delta_text = _delta(prev_text, self.text or "")
+        return out
+
+    def _ids_mode(self, chunk: list[int], count: Any) -> str:
+        if self.chunking != "auto":
+            return self.chunking
+        acc = self.ids
+        if isinstance(count, int):
+            # completion_tokens is cumulative in both modes: the one trustworthy signal.
+            if len(chunk) == count:
+                return self._lock_ids("cumulative")
+            if len(acc) + len(chunk) == count:
+                return self._lock_ids("incremental")
+        if self.ids_mode is not None:
+            return self.ids_mode
+        if not acc:
+            return "cumulative"  # both readings agree on the first chunk
+        return self._lock_ids("cumulative" if chunk[: len(acc)] == acc else "incremental")
+
+    def _lock_ids(self, mode: str) -> str:
+        if self.ids:
+            self.ids_mode = mode
+        return mode
+
+    def _merge_logprobs(self, chunk: list[Any]) -> list[Any]:
+        # Logprobs follow the ids' chunking; their length against the new id count decides.
+        if len(chunk) == len(self.ids):
+            return chunk
+        if len(self.triples) + len(chunk) == len(self.ids):
+            return self.triples + chunk
+        return chunk if self.ids_mode != "incremental" else self.triples + chunk
+
+    def _text_mode(self, chunk: str) -> str:
+        if self.text_mode is not None:
+            return self.text_mode
+        acc = self.text or ""
+        if not acc:
+            return "cumulative"
+        if not chunk.startswith(acc):
+            self.text_mode = "incremental"
+            return "incremental"
+        # A chunk that starts with all the text so far is ambiguous; trust the ids' evidence.
+        return self.ids_mode or "cumulative"
+
+
+def _delta(prev: Any, total: Any) -> Any:
+    """What ``total`` adds to ``prev`` (all of ``total`` if it does not extend ``prev``)."""
+    if len(total) >= len(prev) and total[: len(prev)] == prev:
+        return total[len(prev) :]
+    return total
+
+
+def _sse_data(line: str) -> str | None:
+    if not line.startswith("data:"):
+        return None  # blank separators, comments, event: lines
+    return line[5:].strip()
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def _error_from_response(response: httpx.Response) -> InferenceError:
+    url = str(response.request.url)
+    try:
+        body: Any = response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        body = None
+    message, err_type, retryable = _error_fields(body)
+    if message is None:
+        message = response.text.strip() or response.reason_phrase or "error"
+    return InferenceError(
+        response.status_code, message, url, err_type=err_type, retryable=retryable
+    )
+
+
+def _error_fields(body: Any) -> tuple[str | None, str | None, bool | None]:
+    """Read SGLang's ``{"error": {"message", "type", "retryable"}}`` and the usual variants."""
+    if not isinstance(body, dict):
+        return None, None, None
+    err = body.get("error")
+    if isinstance(err, dict) and err.get("message") is not None:
+        retryable = err.get("retryable")
+        return (
+            str(err["message"]),
+            err.get("type"),
+            retryable if isinstance(retryable, bool) else None,
+        )
+    if isinstance(err, str):
+        return err, None, None
+    for key in ("message", "detail"):
+        value = body.get(key)
+        if value is not None:
+            return (value if isinstance(value, str) else json.dumps(value)), None, None
+    return None, None, None
+
+
+# --- the client ------------------------------------------------------------------------------
+
+
+class InferenceClient:
+    """Async client for one inference server (SGLang or the embedded engine).
+
+    ``trust_env`` is off by default: engines sit on the cluster network or on 127.0.0.1, where an
+    ``HTTP_PROXY`` meant for the internet would only get in the way.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None = None,
+        timeout: float | None = 600.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 1024,
+        stream_chunking: StreamChunking = "auto",
+        trust_env: bool = False,
+        headers: Mapping[str, str] | None = None,
+    ) -> None:
+        if stream_chunking not in _CHUNKINGS:
+            raise ValueError(
+                f"stream_chunking must be one of {_CHUNKINGS}, got {stream_chunking!r}"
+            )
+        self.base_url = base_url.rstrip("/")
+        self.stream_chunking: StreamChunking = stream_chunking
+        all_headers = dict(headers or {})
+        if api_key:
+            all_headers["Authorization"] = f"Bearer {api_key}"
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=all_headers,
+            timeout=httpx.Timeout(timeout, connect=connect_timeout),
+            limits=httpx.Limits(
+                max_connections=max_connections, max_keepalive_connections=max_connections
+            ),
+            trust_env=trust_env,
+        )
+
+    async def __aenter__(self) -> InferenceClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    def __repr__(self) -> str:
+        return f"InferenceClient({self.base_url!r})"
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    async def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        allow_status: tuple[int, ...] = (),
+    ) -> httpx.Response:
+        try:
+            response = await self._http.request(method, path, json=json_body)
+        except httpx.TransportError as exc:
+            raise InferenceError(
+                None, f"{type(exc).__name__}: {exc}", self.base_url + path
+            ) from exc
+        if response.status_code >= 400 and response.status_code not in allow_status:
+            raise _error_from_response(response)
+        return response
+
+    async def _post_json(self, path: str, body: Any) -> Any:
+        return _json(await self._request("POST", path, json_body=body))
+
+    # --- info and health ---------------------------------------------------------------------
+
+    async def health(self, timeout: float = 5.0) -> bool:
+        """True when ``GET /health`` answers 200 (503 while starting or shutting down)."""
+        try:
+            response = await self._http.get("/health", timeout=timeout)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_healthy(self, timeout: float, interval: float = 0.5) -> None:
+        """Poll ``/health`` until it answers 200; ``TimeoutError`` naming the URL otherwise."""
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if await self.health(timeout=max(0.1, min(5.0, remaining))):
+                return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"inference server at {self.base_url} was not healthy after {timeout:g}s "
+                    f"(polled {self.base_url}/health)"
+                )
+            await asyncio.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+    async def model_info(self) -> dict[str, Any]:
+        """``GET /model_info``; older servers only know the ``/get_model_info`` alias."""
+        return await self._get_with_alias("/model_info", "/get_model_info")
+
+    async def server_info(self) -> dict[str, Any]:
+        """``GET /server_info`` (alias ``/get_server_info``)."""
+        return await self._get_with_alias("/server_info", "/get_server_info")
+
+    async def _get_with_alias(self, path: str, alias: str) -> dict[str, Any]:
+        response = await self._request("GET", path, allow_status=(404,))
+        if response.status_code == 404:
+            response = await self._request("GET", alias)
+        return _json(response)
+
+    # --- generation --------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        *,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+    ) -> GenerateOutput:
+        """One ``POST /generate``; ``extra`` adds other ``GenerateReqInput`` fields as they are."""
+        body = _generate_body(input_ids, text, sampling_params, return_logprob, rid, extra, False)
+        data = _json(await self._request("POST", "/generate", json_body=body))
+        if isinstance(data, list):  # a server may answer a single request as a batch of one
+            data = data[0]
+        return GenerateOutput.from_json(data)
+
+    async def generate_stream(
+        self,
+        *,
+        input_ids: list[int] | None = None,
+        text: str | None = None,
+        sampling_params: SamplingParams | Mapping[str, Any] | None = None,
+        return_logprob: bool = True,
+        rid: str | None = None,
+        extra: Mapping[str, Any] | None = None,
+        stream_chunking: StreamChunking | None = None,
+    ) -> AsyncIterator[GenerateOutput]:
+        """Streaming ``POST /generate``: yields the cumulative output after each chunk."""
+        body = _generate_body(input_ids, text, sampling_params, return_logprob, rid, extra, True)
+        assembler = _StreamAssembler(stream_chunking or self.stream_chunking)
+        url = self.base_url + "/generate"
+        last: GenerateOutput | None = None
+        try:
+            async with self._http.stream("POST", "/generate", json=body) as response:
+                if response.status_code >= 400:
+                    await response.aread()
+                    raise _error_from_response(response)
+                async for line in response.aiter_lines():
+                    payload = _sse_data(line)
+                    if not payload:
+                        continue
+                    if payload == "[DONE]":
+                        return
+                    try:
+                        data = json.loads(payload)
+                    except json.JSONDecodeError as exc:
+                        raise InferenceError(
+                            200, f"bad stream chunk {payload[:200]!r}", url
+                        ) from exc
+                    if isinstance(data, dict) and "error" in data:
+                        raise _stream_error(data, url)
+                    last = assembler.add(data)
+                    yield last
+        except httpx.TransportError as exc:
+            raise InferenceError(None, f"{type(exc).__name__}: {exc}", url) from exc
+        if last is None or not last.finished:
+            raise InferenceError(None, "stream ended before the request finished", url)
+
+    # --- scheduling control ------------------------------------------------------------------
+
+    async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, Any]:
+        """Stop scheduling; ``abort`` ends in-flight requests with ``finish_reason`` abort."""
+        if mode not in _PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {_PAUSE_MODES}, got {mode!r}")
+        return await self._post_json("/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> dict[str, Any]:
+        return await self._post_json("/continue_generation", {})
+
+    async def abort_request(self, rid: str | None = None, abort_all: bool = False) -> None:
+        """Abort one request by ``rid``, or every request; they finish with type ``abort``."""
+        if rid is None and not abort_all:
+            raise ValueError("abort_request needs a rid or abort_all=True")
+        await self._request(
+            "POST", "/abort_request", json_body={"rid": rid or "", "abort_all": abort_all}
+        )
+
+    async def flush_cache(self) -> bool:
+        """Drop the prefix cache; ``False`` when the server refuses because requests are running."""
+        response = await self._request("POST", "/flush_cache", allow_status=(400,))
+        return response.status_code == 200
+
+    # --- weights -----------------------------------------------------------------------------
+
+    async def update_weights_from_disk(
+        self,
+        model_path: str,
+        weight_version: str | None = None,
+        abort_all_requests: bool = False,
+        load_format: str | None = None,
+    ) -> dict[str, Any]:
+        """Reload weights from a checkpoint dir; raises :class:`InferenceError` on failure."""
+        body: dict[str, Any] = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        return self._check_success(
+            "/update_weights_from_disk", await self._post_json("/update_weights_from_disk", body)
+        )
+
+    async def update_weight_version(
+        self, new_version: str, abort_all_requests: bool = True
+    ) -> dict[str, Any]:
+        body = {"new_version": new_version, "abort_all_requests": abort_all_requests}
+        return self._check_success(
+            "/update_weight_version", await self._post_json("/update_weight_version", body)
+        )
+
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> dict[str, Any]:
+        """Join the trainer's broadcast group (NCCL to SGLang on GPUs, gloo to the embedded engine)."""
+        body = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        return self._check_success(
+            "/init_weights_update_group", await self._post_json("/init_weights_update_group", body)
+        )
+
+    async def update_weights_from_distributed(
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+    ) -> dict[str, Any]:
+        """Receive tensors the trainer broadcasts from rank 0 while this call is in flight."""
+        body: dict[str, Any] = {
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "group_name": group_name,
+            "flush_cache": flush_cache,
+            "abort_all_requests": abort_all_requests,
+        }
+        if weight_version is not None:
+            body["weight_version"] = weight_version
+        if load_format is not None:
+            body["load_format"] = load_format
+        path = "/update_weights_from_distributed"
+        return self._check_success(path, await self._post_json(path, body))
+
+    async def destroy_weights_update_group(
+        self, group_name: str = "weight_update_group"
+    ) -> dict[str, Any]:
+        path = "/destroy_weights_update_group"
+        return self._check_success(path, await self._post_json(path, {"group_name": group_name}))
+
+    def _check_success(self, path: str, data: Any) -> dict[str, Any]:
+        if isinstance(data, dict) and data.get("success") is False:
+            raise InferenceError(200, str(data.get("message", "failed")), self.base_url + path)
+        return data if isinstance(data, dict) else {"result": data}
+
+
+def _generate_body(
+    input_ids: list[int] | None,
+    text: str | None,
+    sampling_params: SamplingParams | Mapping[str, Any] | None,
+    return_logprob: bool,
+    rid: str | None,
+    extra: Mapping[str, Any] | None,
+    stream: bool,
+) -> dict[str, Any]:
+    if (input_ids is None) == (text is None):
+        raise ValueError("generate needs exactly one of input_ids or text")
+    if isinstance(sampling_params, SamplingParams):
+        params = sampling_params.to_json()
+    else:
+        params = {k: v for k, v in dict(sampling_params or {}).items() if v is not None}
+    body: dict[str, Any] = dict(extra or {})
+    if input_ids is not None:
+        body["input_ids"] = list(input_ids)
+    else:
+        body["text"] = text
+    body.update(sampling_params=params, return_logprob=return_logprob, stream=stream)
+    if rid is not None:
+        body["rid"] = rid
+    return body
+
+
+def _stream_error(data: Mapping[str, Any], url: str) -> InferenceError:
+    message, err_type, retryable = _error_fields(data)
+    err = data.get("error")
+    code = err.get("code") if isinstance(err, dict) else None
+    return InferenceError(
+        code if isinstance(code, int) else 400,
+        message or "error",
+        url,
+        err_type=err_type,
+        retryable=retryable,
+    )
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
+        raise InferenceError(
+            response.status_code,
+            f"expected JSON, got {response.text[:200]!r}",
+            str(response.request.url),
+        ) from exc

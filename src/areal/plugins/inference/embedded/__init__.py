@@ -1,0 +1,1 @@
+"""The embedded torch inference engine: SGLang native HTTP API on CPU."""

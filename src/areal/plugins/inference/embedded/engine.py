@@ -1,0 +1,365 @@
+"""The embedded engine: continuous batching over a fixed KV budget, on one dedicated thread.
+
+Requests join the running batch as soon as the budget holds their prompt plus ``max_new_tokens``
+(so nothing is ever evicted mid-flight); a finished sequence leaves at once and frees its slots.
+Each loop turn runs one prefill batch (new sequences) and one decode batch (one token for every
+running sequence). Control calls (pause, abort, weight updates) run on the engine thread between
+steps, so the model is never touched by two threads at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from areal.plugins.inference.embedded.grammar import (
+    GrammarCompiler,
+    grammar_spec_from_sampling_params,
+)
+from areal.plugins.inference.embedded.kv_pool import TokenKVPool
+from areal.plugins.inference.embedded.paged_attention import build_step
+from areal.plugins.inference.embedded.requests import Emit, RequestError, SequenceRequest
+from areal.plugins.inference.embedded.sampling import SamplingTensors, final_logprobs, sample
+from areal.plugins.inference.embedded.sequence import Sequence
+from areal.plugins.models.decoder import DecoderForCausalLM
+
+log = logging.getLogger("areal.inference")
+
+
+@dataclass
+class EngineConfig:
+    max_total_tokens: int
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 4096  # padded prompt tokens per prefill batch
+    weight_version: str = "0"
+    seed: int = 0
+
+
+class Engine:
+    def __init__(
+        self,
+        model: DecoderForCausalLM,
+        decode: Callable[[list[int], bool], str],
+        eos_token_ids: list[int],
+        config: EngineConfig,
+        grammar: GrammarCompiler | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.decode = decode
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.config = config
+        self.grammar = grammar
+        self.pool = TokenKVPool(
+            model.config, config.max_total_tokens, next(model.parameters()).dtype
+        )
+        self.weight_version = config.weight_version
+        self.max_context = model.config.max_position_embeddings
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.paused = False
+        self.tokens_generated = 0
+        self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
+        self._masker = grammar.new_masker() if grammar is not None else None
+        torch.manual_seed(config.seed)
+
+    # --- thread-safe API --------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._inbox.put(lambda: None)
+        self._thread.join(timeout=10)
+
+    def validate(self, req: SequenceRequest) -> None:
+        """Refuse what could never run: called by the HTTP layer before :meth:`submit`."""
+        need = len(req.input_ids) + req.params.max_new_tokens
+        if need > self.max_context:
+            raise RequestError(
+                f"prompt ({len(req.input_ids)} tokens) + max_new_tokens "
+                f"({req.params.max_new_tokens}) exceeds the model's context of {self.max_context}"
+            )
+        if need > self.pool.capacity:
+            raise RequestError(
+                f"prompt + max_new_tokens ({need}) exceeds the KV cache budget of "
+                f"{self.pool.capacity} tokens (raise --max-total-tokens)"
+            )
+        spec = grammar_spec_from_sampling_params(req.params.model_dump())
+        if spec is not None:
+            if self.grammar is None:
+                raise RequestError("constrained decoding is not available (no tokenizer loaded)")
+            self.grammar.compile(spec)  # GrammarError (a ValueError) -> 400 before queuing
+
+    def submit(self, req: SequenceRequest, emit: Emit) -> None:
+        self._inbox.put(lambda: self._enqueue(req, emit))
+
+    def call(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run ``fn`` on the engine thread between steps; the future carries its result."""
+        fut: Future[Any] = Future()
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:  # handed to the caller, never kills the loop
+                fut.set_exception(exc)
+
+        self._inbox.put(run)
+        return fut
+
+    # --- control (run on the engine thread through call()) ----------------------------------
+
+    def pause(self, mode: str) -> None:
+        self.paused = True
+        if mode == "abort":
+            self.abort_all("paused for a weight update")
+        elif mode == "retract":
+            for seq in reversed(self.running):
+                self._release(seq)
+                seq.kv_len = 0
+                self.waiting.appendleft(seq)
+            self.running.clear()
+
+    def resume(self) -> None:
+        self.paused = False
+
+    def abort(self, rid: str, message: str = "aborted by request") -> int:
+        hits = [s for s in (*self.running, *self.waiting) if s.req.rid == rid]
+        for seq in hits:
+            self._finish(
+                seq, {"type": "abort", "message": message, "status_code": None, "err_type": None}
+            )
+        return len(hits)
+
+    def abort_all(self, message: str = "aborted by request") -> int:
+        seqs = [*self.running, *self.waiting]
+        for seq in seqs:
+            self._finish(
+                seq, {"type": "abort", "message": message, "status_code": None, "err_type": None}
+            )
+        return len(seqs)
+
+    def load_weights(self, tensors: dict[str, torch.Tensor], version: str | None) -> str:
+        """Copy new weights in place between steps; running sequences continue on them."""
+        own = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in tensors.items():
+                own[name].copy_(tensor)
+        self.weight_version = version if version is not None else _next_version(self.weight_version)
+        return self.weight_version
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "paused": self.paused,
+            "kv_capacity_tokens": self.pool.capacity,
+            "kv_used_tokens": self.pool.used_tokens,
+            "kv_cache_bytes": self.pool.nbytes(),
+            "tokens_generated": self.tokens_generated,
+            "weight_version": self.weight_version,
+        }
+
+    # --- the loop ---------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopped.is_set():
+            busy = bool(self.running) and not self.paused
+            self._drain(block=not busy and not self._admissible())
+            if self._stopped.is_set():
+                break
+            if self.paused:
+                continue
+            self._admit()
+            prefill = [s for s in self.running if len(s.pending) > 1 or s.kv_len == 0]
+            if prefill:
+                self._run(self._prefill_batch(prefill))
+            decode = [s for s in self.running if s.kv_len > 0 and len(s.pending) == 1]
+            if decode:
+                self._run(decode)
+
+    def _drain(self, block: bool) -> None:
+        try:
+            job = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        job()
+        while True:
+            try:
+                job = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            job()
+
+    def _admissible(self) -> bool:
+        return (
+            bool(self.waiting)
+            and not self.paused
+            and len(self.running) < self.config.max_running_requests
+        )
+
+    def _enqueue(self, req: SequenceRequest, emit: Emit) -> None:
+        params = req.params
+        stop_ids = set(params.stop_token_ids or ())
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        seq = Sequence(
+            req=req,
+            emit=emit,
+            full_ids=list(req.input_ids),
+            prompt_len=len(req.input_ids),
+            stop_ids=frozenset(stop_ids),
+        )
+        if params.sampling_seed is not None:
+            seq.generator = torch.Generator().manual_seed(params.sampling_seed)
+        spec = grammar_spec_from_sampling_params(params.model_dump())
+        if spec is not None and self.grammar is not None:
+            seq.matcher = self.grammar.new_matcher(spec)
+        self.waiting.append(seq)
+
+    def _admit(self) -> None:
+        while self._admissible():
+            seq = self.waiting[0]
+            slots = self.pool.alloc(seq.reserve)
+            if slots is None:
+                return  # first come, first served: wait for memory rather than skip ahead
+            self.waiting.popleft()
+            seq.slots = slots
+            self.running.append(seq)
+
+    def _prefill_batch(self, candidates: list[Sequence]) -> list[Sequence]:
+        batch: list[Sequence] = []
+        longest = 0
+        for seq in candidates:
+            longest = max(longest, len(seq.pending))
+            if batch and longest * (len(batch) + 1) > self.config.max_prefill_tokens:
+                break
+            batch.append(seq)
+        return batch
+
+    def _run(self, seqs: list[Sequence]) -> None:
+        try:
+            logits = self._forward(seqs)
+            self._advance(seqs, logits)
+        except Exception as exc:  # a bad batch must not take the server down
+            log.exception("engine step failed")
+            for seq in seqs:
+                if seq.finish is None:
+                    self._finish(
+                        seq,
+                        {
+                            "type": "abort",
+                            "message": f"internal error: {exc}",
+                            "status_code": 500,
+                            "err_type": "InternalError",
+                        },
+                    )
+
+    @torch.inference_mode()
+    def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
+        pending = [s.pending for s in seqs]
+        ids, positions, attention = build_step(
+            self.pool,
+            [s.slots for s in seqs],
+            [s.kv_len for s in seqs],
+            pending,  # type: ignore[misc]
+        )
+        hidden = self.model.hidden_states(ids, positions, attention)
+        last = torch.tensor([len(p) - 1 for p in pending])
+        logits = self.model.lm_head(hidden[torch.arange(len(seqs)), last]).float()
+        for b, seq in enumerate(seqs):
+            if seq.kv_len == 0 and seq.req.return_logprob and seq.req.logprob_start_len >= 0:
+                seq.input_logprobs = self._prompt_logprobs(seq, hidden[b, : len(pending[b])])
+            seq.kv_len += len(pending[b])
+        return logits
+
+    def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> list[list[Any]]:
+        logp = torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)
+        ids = seq.full_ids[: hidden.shape[0]]
+        values = logp[torch.arange(len(ids) - 1), torch.tensor(ids[1:])].tolist()
+        triples = [[None, ids[0], None]] + [[v, t, None] for v, t in zip(values, ids[1:])]
+        return triples[seq.req.logprob_start_len :]
+
+    def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        matchers = [s.matcher for s in seqs]
+        if self._masker is not None and any(m is not None for m in matchers):
+            self._masker.apply(logits, matchers)
+        for b, seq in enumerate(seqs):
+            if len(seq.output_ids) < seq.req.params.min_new_tokens and seq.stop_ids:
+                logits[b, list(seq.stop_ids)] = float("-inf")
+        params = [s.req.params for s in seqs]
+        tensors = SamplingTensors.build(
+            [p.temperature for p in params],
+            [p.top_p for p in params],
+            [p.top_k for p in params],
+            [p.min_p for p in params],
+        )
+        logp = final_logprobs(logits, tensors)
+        tokens = sample(logp, tensors.top_k == 1, [s.generator for s in seqs])
+        chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
+        for b, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
+            seq.full_ids.append(token)
+            seq.output_logprobs.append(chosen[b])
+            seq.token_versions.append(self.weight_version)
+            if seq.req.return_logprob and seq.req.top_logprobs_num > 0:
+                values, ids = logp[b].topk(seq.req.top_logprobs_num)
+                seq.output_top_logprobs.append(
+                    [[v, i, None] for v, i in zip(values.tolist(), ids.tolist())]
+                )
+            self.tokens_generated += 1
+            self._check_finished(seq, token)
+            if seq.finish is None and seq.req.stream:
+                seq.emit(seq.payload(self.weight_version, self._text(seq)), False)
+
+    def _check_finished(self, seq: Sequence, token: int) -> None:
+        params = seq.req.params
+        if seq.matcher is not None and (
+            not seq.matcher.accept_token(token) or seq.matcher.is_terminated()
+        ):
+            self._finish(seq, {"type": "stop", "matched": token})
+            return
+        if token in seq.stop_ids and len(seq.output_ids) > params.min_new_tokens - 1:
+            self._finish(seq, {"type": "stop", "matched": token})
+            return
+        if params.stop:
+            text = self.decode(seq.output_ids, params.skip_special_tokens)
+            for stop in params.stop:
+                at = text.find(stop)
+                if at >= 0:
+                    seq.text = text[: at + len(stop)] if params.no_stop_trim else text[:at]
+                    self._finish(seq, {"type": "stop", "matched": stop}, text_ready=True)
+                    return
+        if len(seq.output_ids) >= params.max_new_tokens:
+            self._finish(seq, {"type": "length", "length": len(seq.output_ids)})
+
+    def _text(self, seq: Sequence) -> str:
+        return self.decode(seq.output_ids, seq.req.params.skip_special_tokens)
+
+    def _finish(self, seq: Sequence, reason: dict[str, Any], text_ready: bool = False) -> None:
+        seq.finish = reason
+        self._release(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        text = seq.text if text_ready else self._text(seq)
+        seq.emit(seq.payload(self.weight_version, text), True)
+
+    def _release(self, seq: Sequence) -> None:
+        if seq.slots is not None:
+            self.pool.release(seq.slots)
+            seq.slots = None
+
+
+def _next_version(version: str) -> str:
+    return str(int(version) + 1) if version.isdigit() else "1"

@@ -1,0 +1,39 @@
+"""The command line that starts an embedded engine as its own process (used by the run supervisor)."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EmbeddedServerConfig:
+    model_path: str
+    host: str = "127.0.0.1"
+    port: int = 30000
+    max_total_tokens: int | None = None
+    mem_fraction_static: float | None = None
+    max_running_requests: int = 64
+    weight_version: str | None = None
+    seed: int = 0
+    log_level: str = "info"
+    extra_args: list[str] = field(default_factory=list)
+
+
+def build_command(config: EmbeddedServerConfig) -> list[str]:
+    cmd = [
+        sys.executable, "-m", "areal", "serve", "inference",
+        "--model", config.model_path,
+        "--host", config.host,
+        "--port", str(config.port),
+        "--max-running-requests", str(config.max_running_requests),
+        "--seed", str(config.seed),
+        "--log-level", config.log_level,
+    ]  # fmt: skip
+    if config.max_total_tokens is not None:
+        cmd += ["--max-total-tokens", str(config.max_total_tokens)]
+    if config.mem_fraction_static is not None:
+        cmd += ["--mem-fraction-static", str(config.mem_fraction_static)]
+    if config.weight_version is not None:
+        cmd += ["--weight-version", config.weight_version]
+    return cmd + list(config.extra_args)

@@ -1,0 +1,90 @@
+"""Batched sampling whose returned log-probs are those of the distribution actually sampled from.
+
+Temperature scales the logits; top-k, top-p and min-p remove tokens and renormalise; grammar masks
+(applied before this) remove tokens too. The log-prob of the chosen token under that final
+distribution is what the trainer's behaviour policy needs. Greedy rows (temperature 0) report the
+model's plain log-softmax, since a point mass carries no information.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row sampling parameters of one decode step, as tensors of shape [B]."""
+
+    temperature: torch.Tensor
+    top_p: torch.Tensor
+    top_k: torch.Tensor  # 0 = off
+    min_p: torch.Tensor
+
+    @classmethod
+    def build(
+        cls, temperature: list[float], top_p: list[float], top_k: list[int], min_p: list[float]
+    ) -> SamplingTensors:
+        greedy = [t <= 0.0 for t in temperature]
+        return cls(
+            temperature=torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)]),
+            top_p=torch.tensor([1.0 if g else p for g, p in zip(greedy, top_p)]),
+            top_k=torch.tensor(
+                [1 if g else max(k, 0) for g, k in zip(greedy, top_k)], dtype=torch.long
+            ),
+            min_p=torch.tensor([0.0 if g else m for g, m in zip(greedy, min_p)]),
+        )
+
+
+def final_logprobs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Log-probs [B, V] of the distribution to sample from (filtered entries are -inf).
+
+    Greedy rows (top_k == 1 set by :meth:`SamplingTensors.build`) keep the unfiltered log-softmax.
+    """
+    greedy = params.top_k == 1
+    scaled = logits / params.temperature[:, None]
+    needs_k = bool(((params.top_k > 1) & (params.top_k < logits.shape[-1])).any())
+    needs_p = bool((params.top_p < 1.0).any())
+    if needs_k or needs_p:
+        sorted_logits, order = torch.sort(scaled, dim=-1, descending=True)
+        remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+        if needs_k:
+            rank = torch.arange(logits.shape[-1])[None, :]
+            k = torch.where(params.top_k > 1, params.top_k, logits.shape[-1])
+            remove |= rank >= k[:, None]
+        if needs_p:
+            probs = torch.softmax(sorted_logits.masked_fill(remove, float("-inf")), dim=-1)
+            before = torch.cumsum(probs, dim=-1) - probs  # mass of strictly better tokens
+            remove |= before > params.top_p[:, None]
+        remove[:, 0] = False
+        remove &= ~greedy[:, None]
+        scaled = scaled.masked_fill(remove.scatter(1, order, remove), float("-inf"))
+    if bool((params.min_p > 0).any()):
+        probs = torch.softmax(scaled, dim=-1)
+        floor = params.min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+        scaled = scaled.masked_fill(probs < floor, float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def sample(
+    logprobs: torch.Tensor, greedy: torch.Tensor, generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Draw one token per row from ``exp(logprobs)``; greedy rows take the argmax.
+
+    Rows with their own generator (a request ``sampling_seed``) are drawn one by one so a seed
+    reproduces the same tokens whatever else shares the batch.
+    """
+    tokens = torch.argmax(logprobs, dim=-1)
+    stochastic = ~greedy
+    if not bool(stochastic.any()):
+        return tokens
+    probs = logprobs.exp()
+    seeded = torch.tensor([g is not None for g in generators], dtype=torch.bool)
+    shared = stochastic & ~seeded
+    if bool(shared.any()):
+        rows = shared.nonzero().squeeze(1)
+        tokens[rows] = torch.multinomial(probs[rows], 1).squeeze(1)
+    for row in (stochastic & seeded).nonzero().squeeze(1).tolist():
+        tokens[row] = torch.multinomial(probs[row], 1, generator=generators[row]).squeeze()
+    return tokens

@@ -1,0 +1,439 @@
+"""The embedded engine's HTTP server: the SGLang native API subset of DESIGN.md §3.
+
+Handlers validate, tokenize and hand sequences to the engine thread; results come back through
+``loop.call_soon_threadsafe`` into one asyncio queue per HTTP request. Any bad input gets a 4xx in
+SGLang's error shape; nothing a client sends can stop the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import torch
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from areal.plugins.inference.embedded.engine import Engine, EngineConfig
+from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
+from areal.plugins.inference.embedded.kv_pool import bytes_per_token
+from areal.plugins.inference.embedded.requests import RequestError, expand_generate
+from areal.plugins.inference.embedded.schema import (
+    AbortRequest,
+    GenerateRequest,
+    PauseRequest,
+    UpdateWeightsFromDiskRequest,
+    UpdateWeightVersionRequest,
+    describe_validation_error,
+)
+from areal.plugins.models.hf_io import iter_checkpoint, load_model, to_native
+
+log = logging.getLogger("areal.inference")
+
+DEFAULT_MEM_FRACTION = 0.05
+
+
+def error_response(
+    status: int, message: str, err_type: str = "invalid_request_error"
+) -> JSONResponse:
+    body = {
+        "error": {"message": message, "type": err_type, "code": status, "retryable": status >= 500}
+    }
+    return JSONResponse(body, status_code=status)
+
+
+async def _json_body(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except json.JSONDecodeError as err:
+        raise RequestError(f"the body is not valid JSON: {err}") from None
+    if not isinstance(body, dict):
+        raise RequestError("the body must be a JSON object")
+    return body
+
+
+def _validate(model: type[Any], body: dict[str, Any]) -> Any:
+    try:
+        return model.model_validate(body)
+    except ValidationError as err:
+        raise RequestError(describe_validation_error(err)) from None
+
+
+class InferenceServer:
+    """Holds the engine, the tokenizer and the model description; builds the ASGI app."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any | None,
+        model_path: str,
+        served_model_name: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_path = model_path
+        self.served_model_name = served_model_name or model_path
+        self.vocab_size = engine.model.config.vocab_size
+        self.ready = threading.Event()
+
+    # --- helpers ----------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise RequestError("this server has no tokenizer: send input_ids instead of text")
+        ids: list[int] = self.tokenizer.encode(text)
+        return ids
+
+    async def on_engine(self, fn: Any) -> Any:
+        return await asyncio.wrap_future(self.engine.call(fn))
+
+    def model_info(self) -> dict[str, Any]:
+        cfg = self.engine.model.config
+        return {
+            "model_path": self.model_path,
+            "served_model_name": self.served_model_name,
+            "tokenizer_path": self.model_path if self.tokenizer is not None else None,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": self.engine.weight_version,
+            "load_format": "safetensors",
+            "reasoning_parser": None,
+            "tool_call_parser": None,
+            "disaggregation_mode": "null",
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "model_type": cfg.model_type,
+            "architectures": cfg.to_hf_dict()["architectures"],
+            "max_total_num_tokens": self.engine.pool.capacity,
+            "context_length": self.engine.max_context,
+        }
+
+    # --- routes -----------------------------------------------------------------------------
+
+    async def health(self, request: Request) -> Response:
+        ok = self.ready.is_set() and self.engine._thread.is_alive()
+        return Response(status_code=200 if ok else 503)
+
+    async def get_model_info(self, request: Request) -> Response:
+        return JSONResponse(self.model_info())
+
+    async def server_info(self, request: Request) -> Response:
+        stats = await self.on_engine(self.engine.stats)
+        return JSONResponse({**self.model_info(), **stats, "version": _areal_version()})
+
+    async def generate(self, request: Request) -> Response:
+        req = _validate(GenerateRequest, await _json_body(request))
+        seqs, as_list = expand_generate(req, self.encode, self.vocab_size)
+        for seq in seqs:
+            self.engine.validate(seq)
+        loop = asyncio.get_running_loop()
+        results: asyncio.Queue[tuple[int, dict[str, Any], bool]] = asyncio.Queue()
+        for i, seq in enumerate(seqs):
+            self.engine.submit(
+                seq,
+                lambda payload, final, i=i: loop.call_soon_threadsafe(
+                    results.put_nowait, (i, payload, final)
+                ),
+            )
+        rids = [s.rid for s in seqs]
+        if req.stream:
+            return StreamingResponse(
+                self._stream(results, len(seqs), as_list, rids), media_type="text/event-stream"
+            )
+        outputs: list[dict[str, Any] | None] = [None] * len(seqs)
+        try:
+            remaining = len(seqs)
+            while remaining:
+                i, payload, final = await results.get()
+                if final:
+                    outputs[i] = payload
+                    remaining -= 1
+        except asyncio.CancelledError:
+            self._abort_rids(rids)
+            raise
+        return JSONResponse(outputs if as_list else outputs[0])
+
+    async def _stream(
+        self,
+        results: asyncio.Queue[tuple[int, dict[str, Any], bool]],
+        count: int,
+        indexed: bool,
+        rids: list[str],
+    ) -> AsyncIterator[str]:
+        remaining = count
+        try:
+            while remaining:
+                i, payload, final = await results.get()
+                if indexed:
+                    payload["index"] = i
+                remaining -= final
+                yield f"data: {json.dumps(payload)}\n\n"
+            yield "data: [DONE]\n\n"
+        finally:
+            if remaining:  # the client went away: stop spending compute on it
+                self._abort_rids(rids)
+
+    def _abort_rids(self, rids: list[str]) -> None:
+        for rid in rids:
+            self.engine.call(lambda rid=rid: self.engine.abort(rid, "client disconnected"))
+
+    async def update_weights_from_disk(self, request: Request) -> Response:
+        req = _validate(UpdateWeightsFromDiskRequest, await _json_body(request))
+        try:
+            tensors = await asyncio.to_thread(self._read_checkpoint, req.model_path)
+        except (OSError, ValueError) as err:
+            return JSONResponse(
+                {"success": False, "message": str(err), "num_paused_requests": 0}, status_code=400
+            )
+
+        def apply() -> str:
+            if req.abort_all_requests:
+                self.engine.abort_all("aborted for a weight update")
+            return self.engine.load_weights(tensors, req.weight_version)
+
+        version = await self.on_engine(apply)
+        log.info("loaded weights from %s as version %s", req.model_path, version)
+        return JSONResponse(
+            {
+                "success": True,
+                "message": f"Succeeded to update model weights (version {version}).",
+                "num_paused_requests": 0,
+                "weight_version": version,
+            }
+        )
+
+    def _read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
+        """Read and check a checkpoint off the engine thread, so generation goes on meanwhile."""
+        if not Path(model_path).is_dir():
+            raise ValueError(f"model_path {model_path!r} is not a directory")
+        tensors = to_native(iter_checkpoint(model_path))
+        own = self.engine.model.state_dict()
+        if self.engine.model.config.tie_word_embeddings:
+            tensors.pop("lm_head.weight", None)
+            own.pop("lm_head.weight", None)
+        missing = sorted(set(own) - set(tensors))
+        unexpected = sorted(set(tensors) - set(own))
+        if missing or unexpected:
+            raise ValueError(
+                f"checkpoint does not match the served model: missing {missing[:3]}, unexpected {unexpected[:3]}"
+            )
+        for name, t in tensors.items():
+            if t.shape != own[name].shape:
+                raise ValueError(
+                    f"{name}: shape {tuple(t.shape)} != served {tuple(own[name].shape)}"
+                )
+        return tensors
+
+    async def pause_generation(self, request: Request) -> Response:
+        req = _validate(PauseRequest, await _json_body(request))
+        await self.on_engine(lambda: self.engine.pause(req.mode))
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def continue_generation(self, request: Request) -> Response:
+        await _json_body(request)  # accepts SGLang's {"torch_empty_cache": ...}
+        await self.on_engine(self.engine.resume)
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort_request(self, request: Request) -> Response:
+        req = _validate(AbortRequest, await _json_body(request))
+        message = req.abort_message or "aborted by request"
+        if req.abort_all:
+            await self.on_engine(lambda: self.engine.abort_all(message))
+        elif req.rid:
+            await self.on_engine(lambda: self.engine.abort(req.rid, message))
+        else:
+            raise RequestError("give a rid or abort_all: true")
+        return Response(status_code=200)
+
+    async def flush_cache(self, request: Request) -> Response:
+        busy = await self.on_engine(lambda: bool(self.engine.running))
+        if busy:
+            return PlainTextResponse("Cache not flushed: requests are running.", status_code=400)
+        return PlainTextResponse("Cache flushed.")
+
+    async def update_weight_version(self, request: Request) -> Response:
+        req = _validate(UpdateWeightVersionRequest, await _json_body(request))
+
+        def apply() -> None:
+            if req.abort_all_requests:
+                self.engine.abort_all("aborted for a weight version change")
+            self.engine.weight_version = req.new_version
+
+        await self.on_engine(apply)
+        return JSONResponse({"success": True, "message": "ok", "new_version": req.new_version})
+
+    def app(self) -> Starlette:
+        routes = [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/model_info", self.get_model_info, methods=["GET"]),
+            Route("/get_model_info", self.get_model_info, methods=["GET"]),
+            Route("/server_info", self.server_info, methods=["GET"]),
+            Route("/get_server_info", self.server_info, methods=["GET"]),
+            Route("/generate", self.generate, methods=["POST", "PUT"]),
+            Route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"]),
+            Route("/pause_generation", self.pause_generation, methods=["POST"]),
+            Route("/continue_generation", self.continue_generation, methods=["POST"]),
+            Route("/abort_request", self.abort_request, methods=["POST"]),
+            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
+            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+        ]
+        handlers = {
+            RequestError: _request_error,
+            GrammarError: _request_error,
+            HTTPException: _http_error,
+            Exception: _internal_error,
+        }
+        return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+
+
+async def _request_error(request: Request, exc: Exception) -> Response:
+    return error_response(getattr(exc, "status_code", 400), str(exc))
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error on %s", request.url.path)
+    return error_response(500, f"internal error: {exc}", "internal_error")
+
+
+def _areal_version() -> str:
+    from areal import __version__
+
+    return __version__
+
+
+def kv_budget_tokens(
+    model: Any,
+    max_total_tokens: int | None,
+    mem_fraction_static: float | None,
+    max_running_requests: int,
+) -> int:
+    """Tokens of KV cache: given directly, or a fraction of this machine's memory minus weights."""
+    if max_total_tokens is not None:
+        return max_total_tokens
+    fraction = DEFAULT_MEM_FRACTION if mem_fraction_static is None else mem_fraction_static
+    if not 0 < fraction < 1:
+        raise ValueError(f"--mem-fraction-static must be in (0, 1), got {fraction}")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    budget = psutil.virtual_memory().total * fraction - weights
+    per_token = bytes_per_token(model.config, next(model.parameters()).dtype)
+    tokens = int(budget // per_token)
+    if tokens <= 0:
+        raise ValueError(f"--mem-fraction-static {fraction} leaves no memory for the KV cache")
+    return min(tokens, max_running_requests * model.config.max_position_embeddings)
+
+
+def build_server(
+    model_path: str,
+    *,
+    max_total_tokens: int | None = None,
+    mem_fraction_static: float | None = None,
+    max_running_requests: int = 64,
+    weight_version: str | None = None,
+    seed: int = 0,
+    served_model_name: str | None = None,
+) -> InferenceServer:
+    """Load the model and tokenizer and start the engine thread (the HTTP app is not bound)."""
+    model = load_model(model_path)
+    tokenizer = _load_tokenizer(model_path)
+    eos = set(model.config.eos_token_ids)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(tokenizer.eos_token_id)
+    generation = Path(model_path, "generation_config.json")
+    if generation.is_file():
+        gen_eos = json.loads(generation.read_text()).get("eos_token_id")
+        eos.update([gen_eos] if isinstance(gen_eos, int) else gen_eos or [])
+    config = EngineConfig(
+        max_total_tokens=kv_budget_tokens(
+            model, max_total_tokens, mem_fraction_static, max_running_requests
+        ),
+        max_running_requests=max_running_requests,
+        weight_version=weight_version or "0",
+        seed=seed,
+    )
+    grammar = (
+        GrammarCompiler(tokenizer, model.config.vocab_size, sorted(eos)) if tokenizer else None
+    )
+
+    def decode(ids: list[int], skip_special: bool) -> str:
+        if tokenizer is None:
+            return ""
+        text: str = tokenizer.decode(ids, skip_special_tokens=skip_special)
+        return text
+
+    engine = Engine(model, decode, sorted(eos), config, grammar)
+    engine.start()
+    server = InferenceServer(engine, tokenizer, model_path, served_model_name)
+    server.ready.set()
+    log.info(
+        "engine ready: %s, KV cache %d tokens (%.1f MiB), version %s",
+        model_path,
+        engine.pool.capacity,
+        engine.pool.nbytes() / 2**20,
+        engine.weight_version,
+    )
+    return server
+
+
+def _load_tokenizer(model_path: str) -> Any | None:
+    if (
+        not Path(model_path, "tokenizer.json").is_file()
+        and not Path(model_path, "tokenizer_config.json").is_file()
+    ):
+        log.warning("no tokenizer in %s: only input_ids requests will work", model_path)
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+def serve(
+    model_path: str,
+    host: str = "127.0.0.1",
+    port: int = 30000,
+    max_total_tokens: int | None = None,
+    mem_fraction_static: float | None = None,
+    max_running_requests: int = 64,
+    weight_version: str | None = None,
+    seed: int = 0,
+    log_level: str = "info",
+    served_model_name: str | None = None,
+) -> None:
+    """``areal serve inference``: load, start the engine, serve HTTP until interrupted."""
+    import uvicorn
+
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    server = build_server(
+        model_path,
+        max_total_tokens=max_total_tokens,
+        mem_fraction_static=mem_fraction_static,
+        max_running_requests=max_running_requests,
+        weight_version=weight_version,
+        seed=seed,
+        served_model_name=served_model_name,
+    )
+    try:
+        uvicorn.run(
+            server.app(), host=host, port=port, log_level=log_level, access_log=log_level == "debug"
+        )
+    finally:
+        server.engine.stop()

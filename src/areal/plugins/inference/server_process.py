@@ -1,0 +1,214 @@
+"""Start, health-check and stop one server subprocess (the embedded engine or SGLang).
+
+The server runs in its own process group so that stopping it also stops the workers it forks
+(SGLang starts a scheduler and a detokenizer per rank), and a run that exits without calling
+:meth:`ServerProcess.stop` still takes its servers down through an ``atexit`` hook. POSIX only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import weakref
+from collections import deque
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import IO
+
+import httpx
+
+LOG_TAIL_LINES = 40
+
+_live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
+
+
+class ServerExitedError(RuntimeError):
+    """The server process died before it became healthy."""
+
+
+def pick_free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port the OS says is free now (another process may still take it before we bind)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host, 0))
+        return int(sock.getsockname()[1])
+
+
+class ServerProcess:
+    """One server command: its process group, its log file, its health.
+
+    ``env`` entries are added to (and override) the parent's environment; stdout and stderr both
+    go to ``log_path``, appended, so a restart keeps the earlier log.
+    """
+
+    def __init__(
+        self,
+        command: Sequence[str],
+        *,
+        log_path: str | os.PathLike[str],
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not command:
+            raise ValueError("ServerProcess needs a non-empty command")
+        self.command = [str(part) for part in command]
+        self.log_path = Path(log_path)
+        self.env = dict(env or {})
+        self.cwd = cwd
+        self.name = name or Path(self.command[0]).name
+        self.url: str | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log: IO[bytes] | None = None
+
+    def __repr__(self) -> str:
+        return f"ServerProcess({self.name!r}, pid={self.pid}, url={self.url!r})"
+
+    # --- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> ServerProcess:
+        if self._proc is not None:
+            raise RuntimeError(f"{self.name} was already started (pid {self._proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            self._proc = subprocess.Popen(
+                self.command,
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env},
+                cwd=self.cwd,
+                start_new_session=True,  # own session, own process group
+            )
+        except OSError:
+            self._close_log()
+            raise
+        _live.add(self)
+        return self
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM the whole group, SIGKILL what is left after ``timeout``; returns the exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        deadline = time.monotonic() + timeout
+        try:
+            self._signal_group(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=timeout)
+            # Forked workers may outlive the leader: give them the rest of the time, then SIGKILL.
+            while self._group_alive() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self._signal_group(signal.SIGKILL)
+            if proc.poll() is None:
+                proc.wait(timeout=5.0)
+        finally:
+            _live.discard(self)
+            self._close_log()
+        return proc.returncode
+
+    def __enter__(self) -> ServerProcess:
+        if self._proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self._proc is not None
+        with contextlib.suppress(ProcessLookupError, PermissionError):  # the group is gone
+            os.killpg(self._proc.pid, sig)
+
+    def _group_alive(self) -> bool:
+        assert self._proc is not None
+        try:
+            os.killpg(self._proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
+
+    def _close_log(self) -> None:
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # --- state ---------------------------------------------------------------------------------
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self._proc is None else self._proc.poll()
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def log_tail(self, lines: int = LOG_TAIL_LINES) -> str:
+        """The last ``lines`` lines of the log, for error messages."""
+        try:
+            with open(self.log_path, "rb") as fh:
+                tail = deque(fh, maxlen=lines)
+        except FileNotFoundError:
+            return ""
+        return b"".join(tail).decode("utf-8", errors="replace").rstrip("\n")
+
+    # --- health --------------------------------------------------------------------------------
+
+    def wait_healthy(self, url: str, timeout: float, interval: float = 0.25) -> None:
+        """Poll ``{url}/health`` until it answers 200.
+
+        Fails at once with :class:`ServerExitedError` if the process exits first, and with
+        ``TimeoutError`` after ``timeout`` seconds; both carry the log's last lines.
+        """
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was not started")
+        base = url.rstrip("/")
+        self.url = base
+        health_url = base + "/health"
+        deadline = time.monotonic() + timeout
+        last = "no answer yet"
+        with httpx.Client(trust_env=False) as http:
+            while True:
+                code = self._proc.poll()
+                if code is not None:
+                    raise ServerExitedError(
+                        self._failure(f"exited with code {code} before {health_url} was healthy")
+                    )
+                try:
+                    response = http.get(health_url, timeout=max(0.1, min(5.0, interval * 8)))
+                    if response.status_code == 200:
+                        return
+                    last = f"HTTP {response.status_code}"
+                except httpx.HTTPError as exc:
+                    last = type(exc).__name__
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        self._failure(
+                            f"was not healthy at {health_url} after {timeout:g}s ({last})"
+                        )
+                    )
+                time.sleep(interval)
+
+    def _failure(self, what: str) -> str:
+        tail = self.log_tail()
+        shown = tail if tail else "(empty)"
+        return (
+            f"{self.name} (pid {self.pid}) {what}.\n"
+            f"command: {' '.join(self.command)}\n"
+            f"last {LOG_TAIL_LINES} lines of {self.log_path}:\n{shown}"
+        )
+
+
+@atexit.register
+def _stop_leftovers() -> None:
+    for server in list(_live):
+        server.stop(timeout=5.0)

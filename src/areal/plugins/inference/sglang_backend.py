@@ -1,0 +1,204 @@
+"""The SGLang backend: a validated server config, its ``sglang.launch_server`` command, a launcher.
+
+The flag names are SGLang's own (``ServerArgs`` field names with dashes). areal talks to the
+running server through :class:`~areal.plugins.inference.client.InferenceClient`, the same client
+it uses for the embedded engine. SGLang needs a CUDA GPU; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from areal.plugins.inference.server_process import ServerProcess, pick_free_port
+
+DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
+
+INSTALL_HINT = "pip install 'areal[sglang]' on a GPU machine"
+
+
+class SGLangNotInstalledError(RuntimeError):
+    """The interpreter meant to run SGLang cannot import it."""
+
+
+class SGLangServerConfig(BaseModel):
+    """What areal sets on ``sglang.launch_server``; anything else goes in ``extra_args``.
+
+    ``port: 0`` lets :func:`launch` pick a free port. ``python_executable`` runs SGLang from
+    another environment (default: this interpreter).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_path: str = Field(min_length=1)
+    host: str = Field(default="127.0.0.1", min_length=1)
+    port: int = Field(default=30000, ge=0, le=65535)
+    tp_size: int = Field(default=1, ge=1)
+    dp_size: int = Field(default=1, ge=1)
+    mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    dtype: DType = "bfloat16"
+    context_length: int | None = Field(default=None, ge=1)
+    served_model_name: str | None = None
+    weight_version: str | None = None
+    skip_tokenizer_init: bool = False
+    enable_metrics: bool = False
+    api_key: str | None = None
+    log_level: str | None = None
+    python_executable: str | None = None
+    extra_args: list[str] = Field(default_factory=list)
+
+    @field_validator("served_model_name")
+    @classmethod
+    def _no_colon(cls, value: str | None) -> str | None:
+        if value is not None and ":" in value:
+            # SGLang reserves "name:adapter" for LoRA and rejects the name at start-up.
+            raise ValueError(f"served_model_name may not contain ':' (got {value!r})")
+        return value
+
+    @model_validator(mode="after")
+    def _extra_args_do_not_repeat(self) -> SGLangServerConfig:
+        for arg in self.extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in _OWNED_FLAGS:
+                raise ValueError(
+                    f"extra_args sets {flag}, which is a config key of its own "
+                    f"({_key_for(flag)}); set that key instead"
+                )
+        return self
+
+    @property
+    def url(self) -> str:
+        """Where a client on this machine reaches the server."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+
+_FLAG_KEYS = (
+    "model_path",
+    "host",
+    "port",
+    "tp_size",
+    "dp_size",
+    "dtype",
+    "mem_fraction_static",
+    "context_length",
+    "served_model_name",
+    "weight_version",
+    "api_key",
+    "log_level",
+    "skip_tokenizer_init",
+    "enable_metrics",
+)
+_ALIASES = {
+    "--model": "model_path",
+    "--tp": "tp_size",
+    "--tensor-parallel-size": "tp_size",
+    "--dp": "dp_size",
+    "--data-parallel-size": "dp_size",
+}
+_OWNED_FLAGS = {"--" + key.replace("_", "-") for key in _FLAG_KEYS} | set(_ALIASES)
+
+
+def _key_for(flag: str) -> str:
+    return _ALIASES.get(flag, flag.removeprefix("--").replace("-", "_"))
+
+
+def _flag_values(config: SGLangServerConfig) -> dict[str, str | None]:
+    """Every flag areal owns → its value (``None`` for a bare switch), in command-line order."""
+    flags: dict[str, str | None] = {
+        "--model-path": config.model_path,
+        "--host": config.host,
+        "--port": str(config.port),
+        "--tp-size": str(config.tp_size),
+        "--dp-size": str(config.dp_size),
+        "--dtype": config.dtype,
+    }
+    optional = {
+        "--mem-fraction-static": config.mem_fraction_static,
+        "--context-length": config.context_length,
+        "--served-model-name": config.served_model_name,
+        "--weight-version": config.weight_version,
+        "--api-key": config.api_key,
+        "--log-level": config.log_level,
+    }
+    flags.update({flag: str(value) for flag, value in optional.items() if value is not None})
+    switches = {
+        "--skip-tokenizer-init": config.skip_tokenizer_init,
+        "--enable-metrics": config.enable_metrics,
+    }
+    flags.update({flag: None for flag, on in switches.items() if on})
+    return flags
+
+
+def _as_config(config: SGLangServerConfig | Mapping[str, Any]) -> SGLangServerConfig:
+    if isinstance(config, SGLangServerConfig):
+        return config
+    return SGLangServerConfig.model_validate(dict(config))
+
+
+def build_command(config: SGLangServerConfig | Mapping[str, Any]) -> list[str]:
+    """The ``python -m sglang.launch_server ...`` command line for ``config``."""
+    cfg = _as_config(config)
+    command = [cfg.python_executable or sys.executable, "-m", "sglang.launch_server"]
+    for flag, value in _flag_values(cfg).items():
+        command.append(flag)
+        if value is not None:
+            command.append(value)
+    command.extend(cfg.extra_args)
+    return command
+
+
+def check_sglang_importable(python: str, env: Mapping[str, str] | None = None) -> None:
+    """Raise :class:`SGLangNotInstalledError` unless ``python`` can find the sglang package.
+
+    Asked in a subprocess, so it answers for the interpreter and environment that will run the
+    server, and never imports SGLang (or torch) here.
+    """
+    probe = "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"
+    try:
+        result = subprocess.run(
+            [python, "-c", probe],
+            env={**os.environ, **(env or {})},
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SGLangNotInstalledError(f"cannot run {python} to look for sglang: {exc}") from exc
+    if result.returncode != 0:
+        raise SGLangNotInstalledError(
+            f"sglang is not importable by {python}: {INSTALL_HINT} "
+            "(SGLang needs a CUDA GPU; on CPU use the embedded backend)"
+        )
+
+
+def launch(
+    config: SGLangServerConfig | Mapping[str, Any],
+    log_path: str | os.PathLike[str],
+    *,
+    timeout: float = 900.0,
+    env: Mapping[str, str] | None = None,
+) -> ServerProcess:
+    """Start SGLang and return once ``/health`` answers; the process is stopped on failure.
+
+    Loading weights and capturing CUDA graphs takes minutes on a large model, hence the
+    generous default ``timeout``.
+    """
+    cfg = _as_config(config)
+    check_sglang_importable(cfg.python_executable or sys.executable, env)
+    if cfg.port == 0:
+        cfg = cfg.model_copy(update={"port": pick_free_port(cfg.host)})
+    server = ServerProcess(build_command(cfg), log_path=log_path, env=env, name="sglang")
+    server.start()
+    try:
+        server.wait_healthy(cfg.url, timeout)
+    except BaseException:
+        server.stop()
+        raise
+    return server

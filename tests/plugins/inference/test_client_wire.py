@@ -1,0 +1,586 @@
+"""InferenceClient against a real HTTP server that answers in SGLang's wire shapes.
+
+SGLang itself needs a CUDA GPU, so the server here is a small starlette stand-in for SGLang written
+from SGLANG_API.md; it runs under uvicorn on 127.0.0.1 in a thread. Tests against the embedded
+engine and against real SGLang (bench/gpu/sglang_check.py) cover the real backends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from areal.plugins.inference.client import (
+    GenerateOutput,
+    InferenceClient,
+    InferenceError,
+    SamplingParams,
+    WeightVersionSpan,
+    _StreamAssembler,
+)
+from areal.plugins.inference.server_process import pick_free_port
+
+# --- the SGLang stand-in ---------------------------------------------------------------------
+
+
+@dataclass
+class StandIn:
+    """Knobs and a request log of the SGLang stand-in; reset before every test."""
+
+    chunking: str = "cumulative"  # how /generate streams: "cumulative" or "incremental"
+    send_counts: bool = True  # put cumulative completion_tokens in stream chunks
+    has_model_info: bool = True  # False: /model_info answers 404, as on older servers
+    busy: bool = False  # /flush_cache answers 400 while requests run
+    api_key: str | None = None
+    weight_version: str = "default"
+    fail_next: tuple[int, str, str] | None = None  # (status, body, media type) for the next call
+    token_delay: float = 0.0
+    abort_event: threading.Event = field(default_factory=threading.Event)
+    log: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def _token_text(token: int) -> str:
+    return f"<{token}>"
+
+
+def _meta(state: StandIn, body: dict[str, Any], ids: list[int], finish: Any) -> dict[str, Any]:
+    prompt = body.get("input_ids") or list(range(len(str(body.get("text", "")).split())))
+    meta: dict[str, Any] = {
+        "id": body.get("rid") or "rid-auto",
+        "prompt_tokens": len(prompt),
+        "completion_tokens": len(ids),
+        "cached_tokens": 0,
+        "finish_reason": finish,
+        "weight_version": state.weight_version,
+        "e2e_latency": 0.01,
+    }
+    if body.get("return_logprob"):
+        meta["output_token_logprobs"] = [[-0.5 * (i + 1), t, None] for i, t in enumerate(ids)]
+    if str(body.get("rid", "")).startswith("split"):
+        meta["weight_versions"] = [
+            {"version": "v1", "start": 0, "end": 2},
+            {"version": "v2", "start": 2, "end": len(ids)},
+        ]
+    return meta
+
+
+def _plan(body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
+    params = body.get("sampling_params") or {}
+    n = int(params.get("max_new_tokens", 4))
+    ids = [100 + i for i in range(n)]
+    stop_ids = params.get("stop_token_ids") or []
+    for i, token in enumerate(ids):
+        if token in stop_ids:
+            return ids[: i + 1], {"type": "stop", "matched": token}
+    return ids, {"type": "length", "length": n}
+
+
+def build_app(state: StandIn) -> Starlette:
+    def fail_or_auth(request: Request) -> Response | None:
+        if state.fail_next is not None:
+            status, content, media = state.fail_next
+            state.fail_next = None
+            return Response(content, status_code=status, media_type=media)
+        if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
+            return JSONResponse({"error": {"message": "Unauthorized", "code": 401}}, 401)
+        return None
+
+    def endpoint(handler: Callable[[Request], Awaitable[Response]]):
+        async def wrapped(request: Request) -> Response:
+            early = fail_or_auth(request)
+            if early is not None:
+                return early
+            return await handler(request)
+
+        return wrapped
+
+    async def health(request: Request) -> Response:
+        return Response(status_code=200)
+
+    async def model_info(request: Request) -> Response:
+        if request.url.path == "/model_info" and not state.has_model_info:
+            return JSONResponse({"detail": "Not Found"}, 404)
+        state.log.append(("model_info", request.url.path))
+        return JSONResponse(
+            {
+                "model_path": "/models/tiny",
+                "is_generation": True,
+                "weight_version": state.weight_version,
+            }
+        )
+
+    async def generate(request: Request) -> Response:
+        body = await request.json()
+        state.log.append(("generate", body))
+        if body.get("input_ids") == []:
+            error = {
+                "message": "The input_ids is empty.",
+                "type": "invalid_request_error",
+                "code": 400,
+                "retryable": False,
+            }
+            return JSONResponse({"error": error}, 400)
+        ids, finish = _plan(body)
+        if not body.get("stream"):
+            return JSONResponse(
+                {
+                    "text": "".join(_token_text(t) for t in ids),
+                    "output_ids": ids,
+                    "meta_info": _meta(state, body, ids, finish),
+                    "prompt_token_ids": body.get("input_ids"),
+                }
+            )
+        return StreamingResponse(stream(body, ids, finish), media_type="text/event-stream")
+
+    async def stream(body: dict[str, Any], ids: list[int], finish: Any) -> AsyncIterator[bytes]:
+        if body.get("rid") == "error-mid-stream":
+            yield b'data: {"error": {"message": "boom in the scheduler"}}\n\n'
+            yield b"data: [DONE]\n\n"
+            return
+        for i in range(1, len(ids) + 1):
+            await asyncio.sleep(state.token_delay)
+            done = i == len(ids)
+            end_reason: Any = finish if done else None
+            if state.abort_event.is_set():
+                done, end_reason = True, {"type": "abort", "message": "paused", "status_code": None}
+            so_far = ids[:i]
+            meta = _meta(state, body, so_far, end_reason)
+            chunk: dict[str, Any] = {"text": "".join(_token_text(t) for t in so_far)}
+            chunk["output_ids"] = so_far
+            if state.chunking == "incremental":
+                chunk = {"text": _token_text(ids[i - 1]), "output_ids": [ids[i - 1]]}
+                if "output_token_logprobs" in meta:
+                    meta["output_token_logprobs"] = meta["output_token_logprobs"][-1:]
+            if not state.send_counts:
+                meta.pop("completion_tokens")
+            chunk["meta_info"] = meta
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            if done:
+                break
+        yield b"data: [DONE]\n\n"
+
+    async def pause(request: Request) -> Response:
+        body = await request.json()
+        state.log.append(("pause", body))
+        if body.get("mode", "abort") == "abort":
+            state.abort_event.set()
+        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+
+    async def resume(request: Request) -> Response:
+        state.log.append(("continue", await request.json()))
+        state.abort_event.clear()
+        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+
+    async def abort(request: Request) -> Response:
+        state.log.append(("abort", await request.json()))
+        return Response(status_code=200)
+
+    async def flush(request: Request) -> Response:
+        if state.busy:
+            return PlainTextResponse("Cache not flushed: requests are running.", 400)
+        return PlainTextResponse("Cache flushed.")
+
+    async def update_from_disk(request: Request) -> Response:
+        body = await request.json()
+        state.log.append(("update_weights_from_disk", body))
+        if body["model_path"] == "/no/such/dir":
+            return JSONResponse(
+                {"success": False, "message": "Failed to load weights: no such dir"}, 400
+            )
+        if body.get("weight_version") is not None:
+            state.weight_version = body["weight_version"]
+        return JSONResponse({"success": True, "message": "Succeeded.", "num_paused_requests": 0})
+
+    async def update_version(request: Request) -> Response:
+        body = await request.json()
+        state.weight_version = body["new_version"]
+        return JSONResponse({"success": True, "message": "ok", "new_version": body["new_version"]})
+
+    routes = [
+        Route("/health", endpoint(health), methods=["GET"]),
+        Route("/model_info", endpoint(model_info), methods=["GET"]),
+        Route("/get_model_info", endpoint(model_info), methods=["GET"]),
+        Route("/generate", endpoint(generate), methods=["POST", "PUT"]),
+        Route("/pause_generation", endpoint(pause), methods=["POST"]),
+        Route("/continue_generation", endpoint(resume), methods=["POST"]),
+        Route("/abort_request", endpoint(abort), methods=["POST"]),
+        Route("/flush_cache", endpoint(flush), methods=["GET", "POST"]),
+        Route("/update_weights_from_disk", endpoint(update_from_disk), methods=["POST"]),
+        Route("/update_weight_version", endpoint(update_version), methods=["POST"]),
+    ]
+    return Starlette(routes=routes)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[tuple[StandIn, str]]:
+    state = StandIn()
+    config = uvicorn.Config(
+        build_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
+    )
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        assert time.monotonic() < deadline, "stand-in server did not start"
+        time.sleep(0.01)
+    port = uv.servers[0].sockets[0].getsockname()[1]
+    yield state, f"http://127.0.0.1:{port}"
+    uv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def standin(server: tuple[StandIn, str]) -> tuple[StandIn, str]:
+    state, url = server
+    fresh = StandIn()
+    for name in fresh.__dataclass_fields__:
+        if name != "abort_event":
+            setattr(state, name, getattr(fresh, name))
+    state.abort_event.clear()
+    return state, url
+
+
+def run(url: str, scenario: Callable[[InferenceClient], Awaitable[Any]], **kwargs: Any) -> Any:
+    async def main() -> Any:
+        async with InferenceClient(url, **kwargs) as client:
+            return await scenario(client)
+
+    return asyncio.run(main())
+
+
+async def collect(client: InferenceClient, **kwargs: Any) -> list[GenerateOutput]:
+    return [chunk async for chunk in client.generate_stream(**kwargs)]
+
+
+# --- records ---------------------------------------------------------------------------------
+
+
+def test_sampling_params_to_json_drops_none_and_serialises_schema() -> None:
+    params = SamplingParams(
+        max_new_tokens=8, temperature=0.0, stop=["\n"], json_schema={"type": "object"}
+    )
+    assert params.to_json() == {
+        "max_new_tokens": 8,
+        "temperature": 0.0,
+        "stop": ["\n"],
+        "json_schema": '{"type": "object"}',
+    }
+    assert SamplingParams().to_json() == {}
+
+
+def test_token_versions_from_spans() -> None:
+    out = GenerateOutput(
+        output_ids=[1, 2, 3, 4, 5],
+        weight_version="v3",
+        weight_versions=[WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 4)],
+    )
+    assert out.token_versions() == ["v1", "v1", "v2", "v2", "v3"]
+    assert out.token_versions(default="?") == ["v1", "v1", "v2", "v2", "?"]
+    assert GenerateOutput(output_ids=[1, 2], weight_version="7").token_versions() == ["7", "7"]
+
+
+# --- generate --------------------------------------------------------------------------------
+
+
+def test_generate_with_input_ids_parses_the_sglang_answer(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    out = run(
+        url,
+        lambda c: c.generate(
+            input_ids=[1, 2, 3], sampling_params=SamplingParams(max_new_tokens=3), rid="r1"
+        ),
+    )
+    sent = state.log[-1][1]
+    assert sent["input_ids"] == [1, 2, 3]
+    assert sent["sampling_params"] == {"max_new_tokens": 3}
+    assert sent["return_logprob"] is True and sent["stream"] is False and sent["rid"] == "r1"
+    assert out.output_ids == [100, 101, 102]
+    assert out.output_logprobs == [-0.5, -1.0, -1.5]
+    assert out.text == "<100><101><102>"
+    assert out.finish_reason is not None and out.finish_reason.type == "length"
+    assert out.finish_reason.length == 3 and out.finished and not out.aborted
+    assert (out.prompt_tokens, out.completion_tokens, out.rid) == (3, 3, "r1")
+    assert out.weight_version == "default" and out.token_versions() == ["default"] * 3
+    assert out.prompt_token_ids == [1, 2, 3]
+    assert out.meta_info["e2e_latency"] == 0.01
+
+
+def test_generate_with_text_and_stop_token(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    out = run(
+        url,
+        lambda c: c.generate(
+            text="hello there",
+            sampling_params={"max_new_tokens": 8, "stop_token_ids": [101], "top_k": None},
+            return_logprob=False,
+        ),
+    )
+    sent = state.log[-1][1]
+    assert sent["text"] == "hello there" and "input_ids" not in sent
+    assert sent["sampling_params"] == {"max_new_tokens": 8, "stop_token_ids": [101]}
+    assert out.output_ids == [100, 101] and out.output_logprobs == []
+    assert out.finish_reason is not None
+    assert (out.finish_reason.type, out.finish_reason.matched) == ("stop", 101)
+
+
+def test_generate_needs_exactly_one_prompt() -> None:
+    async def scenario(client: InferenceClient) -> None:
+        with pytest.raises(ValueError, match="exactly one"):
+            await client.generate(sampling_params={})
+        with pytest.raises(ValueError, match="exactly one"):
+            await client.generate(input_ids=[1], text="x", sampling_params={})
+
+    run("http://127.0.0.1:9", scenario)
+
+
+def test_weight_version_spans_become_per_token_versions(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    out = run(
+        url,
+        lambda c: c.generate(input_ids=[1], sampling_params={"max_new_tokens": 5}, rid="split-1"),
+    )
+    assert out.weight_versions == [WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 5)]
+    assert out.token_versions() == ["v1", "v1", "v2", "v2", "v2"]
+
+
+# --- streaming -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("server_chunking", ["cumulative", "incremental"])
+@pytest.mark.parametrize("send_counts", [True, False])
+@pytest.mark.parametrize("client_chunking", ["auto", "explicit"])
+def test_stream_reassembles_both_chunkings(
+    standin: tuple[StandIn, str], server_chunking: str, send_counts: bool, client_chunking: str
+) -> None:
+    state, url = standin
+    state.chunking, state.send_counts = server_chunking, send_counts
+    chunking = "auto" if client_chunking == "auto" else server_chunking
+    chunks = run(
+        url,
+        lambda c: collect(c, input_ids=[1, 2], sampling_params={"max_new_tokens": 4}, rid="s1"),
+        stream_chunking=chunking,
+    )
+    assert state.log[-1][1]["stream"] is True
+    assert [c.output_ids for c in chunks] == [
+        [100],
+        [100, 101],
+        [100, 101, 102],
+        [100, 101, 102, 103],
+    ]
+    assert [c.delta_output_ids for c in chunks] == [[100], [101], [102], [103]]
+    assert [c.delta_text for c in chunks] == ["<100>", "<101>", "<102>", "<103>"]
+    assert [c.delta_logprobs for c in chunks] == [[-0.5], [-1.0], [-1.5], [-2.0]]
+    final = chunks[-1]
+    assert final.text == "<100><101><102><103>"
+    assert final.output_logprobs == [-0.5, -1.0, -1.5, -2.0]
+    assert final.completion_tokens == 4 and final.finished
+    assert final.finish_reason is not None and final.finish_reason.type == "length"
+    assert not any(c.finished for c in chunks[:-1])
+
+
+def test_stream_auto_survives_repeated_tokens_with_counts() -> None:
+    """Incremental chunks that look like a cumulative prefix are told apart by completion_tokens."""
+    asm = _StreamAssembler("auto")
+    outs = [
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 1}}),
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 2}}),
+        asm.add({"output_ids": [7, 7], "meta_info": {"completion_tokens": 4}}),
+    ]
+    assert [o.output_ids for o in outs] == [[7], [7, 7], [7, 7, 7, 7]]
+    assert outs[-1].delta_output_ids == [7, 7]
+
+
+def test_pause_abort_ends_a_running_stream(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    state.token_delay = 0.02
+
+    async def scenario(client: InferenceClient) -> tuple[list[GenerateOutput], dict[str, Any]]:
+        chunks: list[GenerateOutput] = []
+        async for chunk in client.generate_stream(
+            input_ids=[1], sampling_params={"max_new_tokens": 500}
+        ):
+            chunks.append(chunk)
+            if len(chunks) == 3:
+                answer = await client.pause_generation("abort")
+        await client.continue_generation()
+        return chunks, answer
+
+    chunks, answer = run(url, scenario)
+    assert answer["status"] == "ok"
+    assert chunks[-1].aborted and chunks[-1].finish_reason is not None
+    assert chunks[-1].finish_reason.message == "paused"
+    assert 3 <= len(chunks[-1].output_ids) < 500
+    assert [entry[0] for entry in state.log[-2:]] == ["pause", "continue"]
+    assert state.log[-2][1] == {"mode": "abort"}
+    assert not state.abort_event.is_set()
+
+
+def test_error_chunk_in_stream_raises(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    with pytest.raises(InferenceError, match="boom in the scheduler") as info:
+        run(url, lambda c: collect(c, input_ids=[1], sampling_params={}, rid="error-mid-stream"))
+    assert info.value.status_code == 400 and info.value.url.endswith("/generate")
+
+
+def test_stream_http_error_raises_before_any_chunk(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    with pytest.raises(InferenceError, match="input_ids is empty") as info:
+        run(url, lambda c: collect(c, input_ids=[], sampling_params={}))
+    assert info.value.status_code == 400
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def test_sglang_error_body_becomes_inference_error(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: c.generate(input_ids=[], sampling_params={}))
+    err = info.value
+    assert err.status_code == 400 and err.message == "The input_ids is empty."
+    assert err.err_type == "invalid_request_error" and err.retryable is False
+    assert err.url == f"{url}/generate"
+    assert url in str(err) and "HTTP 400" in str(err)
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "media", "message"),
+    [
+        (503, '{"message": "server is starting"}', "application/json", "server is starting"),
+        (422, '{"detail": "field required"}', "application/json", "field required"),
+        (
+            422,
+            '{"detail": [{"loc": ["body", "mode"]}]}',
+            "application/json",
+            '[{"loc": ["body", "mode"]}]',
+        ),
+        (500, "Internal Server Error", "text/plain", "Internal Server Error"),
+        (502, '{"error": "upstream gone"}', "application/json", "upstream gone"),
+    ],
+)
+def test_other_error_bodies_are_tolerated(
+    standin: tuple[StandIn, str], status: int, body: str, media: str, message: str
+) -> None:
+    state, url = standin
+    state.fail_next = (status, body, media)
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: c.pause_generation())
+    assert (info.value.status_code, info.value.message) == (status, message)
+    assert info.value.url == f"{url}/pause_generation"
+
+
+def test_unreachable_server_raises_inference_error_without_status() -> None:
+    url = f"http://127.0.0.1:{pick_free_port()}"
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: c.generate(input_ids=[1], sampling_params={}), connect_timeout=2)
+    assert info.value.status_code is None and info.value.url == f"{url}/generate"
+
+
+def test_api_key_is_sent_as_bearer_token(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    state.api_key = "sk-test"
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: c.model_info())
+    assert info.value.status_code == 401
+    assert run(url, lambda c: c.model_info(), api_key="sk-test")["model_path"] == "/models/tiny"
+
+
+# --- info, health, control -------------------------------------------------------------------
+
+
+def test_health_and_wait_healthy(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    assert run(url, lambda c: c.health()) is True
+    run(url, lambda c: c.wait_healthy(timeout=5))
+
+
+def test_wait_healthy_names_the_url_on_timeout() -> None:
+    url = f"http://127.0.0.1:{pick_free_port()}"
+    assert run(url, lambda c: c.health()) is False
+    with pytest.raises(TimeoutError, match=f"{url}/health"):
+        run(url, lambda c: c.wait_healthy(timeout=0.5, interval=0.1))
+
+
+def test_model_info_falls_back_to_the_old_alias(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    assert run(url, lambda c: c.model_info())["is_generation"] is True
+    assert state.log[-1] == ("model_info", "/model_info")
+    state.has_model_info = False
+    assert run(url, lambda c: c.model_info())["model_path"] == "/models/tiny"
+    assert state.log[-1] == ("model_info", "/get_model_info")
+
+
+def test_abort_request_bodies(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+
+    async def scenario(client: InferenceClient) -> None:
+        await client.abort_request(rid="r-7")
+        await client.abort_request(abort_all=True)
+        with pytest.raises(ValueError, match="rid or abort_all"):
+            await client.abort_request()
+
+    run(url, scenario)
+    assert [e for e in state.log if e[0] == "abort"] == [
+        ("abort", {"rid": "r-7", "abort_all": False}),
+        ("abort", {"rid": "", "abort_all": True}),
+    ]
+
+
+def test_pause_mode_is_checked(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    with pytest.raises(ValueError, match="in_place"):
+        run(url, lambda c: c.pause_generation("freeze"))  # type: ignore[arg-type]
+
+
+def test_flush_cache_reports_refusal(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    assert run(url, lambda c: c.flush_cache()) is True
+    state.busy = True
+    assert run(url, lambda c: c.flush_cache()) is False
+
+
+def test_update_weights_from_disk(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+
+    async def scenario(client: InferenceClient) -> tuple[dict[str, Any], dict[str, Any]]:
+        answer = await client.update_weights_from_disk("/ckpt/step-3", weight_version="3")
+        out = await client.generate(input_ids=[1], sampling_params={"max_new_tokens": 2})
+        return answer, {"version": out.weight_version, "versions": out.token_versions()}
+
+    answer, seen = run(url, scenario)
+    assert answer["success"] is True
+    assert state.log[0] == (
+        "update_weights_from_disk",
+        {"model_path": "/ckpt/step-3", "abort_all_requests": False, "weight_version": "3"},
+    )
+    assert seen == {"version": "3", "versions": ["3", "3"]}
+    with pytest.raises(InferenceError, match="no such dir") as info:
+        run(url, lambda c: c.update_weights_from_disk("/no/such/dir"))
+    assert info.value.status_code == 400
+
+
+def test_update_weight_version(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    answer = run(url, lambda c: c.update_weight_version("9"))
+    assert answer["new_version"] == "9" and state.weight_version == "9"
+
+
+def test_logprob_null_becomes_nan() -> None:
+    out = GenerateOutput.from_json(
+        {"output_ids": [5], "meta_info": {"output_token_logprobs": [[None, 5, None]]}}
+    )
+    assert math.isnan(out.output_logprobs[0])
