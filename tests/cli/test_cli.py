@@ -42,11 +42,13 @@ def test_console_script_version() -> None:
     script = Path(sys.executable).parent / "areal"
     if not script.exists():
         pytest.skip("the areal console script is not installed in this environment")
-    plain = subprocess.run([str(script), "version"], capture_output=True, text=True, env=_env())
+    plain = subprocess.run(
+        [str(script), "version"], capture_output=True, text=True, env=_env(), timeout=60
+    )
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.startswith(f"areal {__version__} ")
     as_json = subprocess.run(
-        [str(script), "version", "--json"], capture_output=True, text=True, env=_env()
+        [str(script), "version", "--json"], capture_output=True, text=True, env=_env(), timeout=60
     )
     info = json.loads(as_json.stdout)
     assert info["areal"] == __version__

@@ -8,7 +8,8 @@ values, so one plugin can register many things and duplicates are caught in one 
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pluggy
 

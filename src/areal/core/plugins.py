@@ -5,12 +5,16 @@ Built-ins go through exactly the same hooks as third-party plugins. Environment 
 - ``AREAL_LOAD_PLUGINS``: comma-separated distribution or entry-point names; when set, only these
   third-party plugins load (an empty value loads none).
 - ``AREAL_BLOCK_PLUGINS``: comma-separated names (built-in module or third-party) never to load.
+
+Names compare the way package names do: case-insensitive, with ``-``, ``_`` and ``.`` alike, so
+``areal-demo`` and ``areal_demo`` name the same plugin.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import metadata
@@ -19,7 +23,7 @@ from typing import Any
 import pluggy
 
 from areal.core import hookspecs
-from areal.core.registry import Registry, collect
+from areal.core.registry import Registry, RegistryError, collect
 
 ENTRY_POINT_GROUP = "areal"
 
@@ -42,6 +46,10 @@ REGISTRY_HOOKS: dict[str, str] = {
 }
 
 
+class PluginError(RuntimeError):
+    """A third-party plugin that cannot load: import failure, unknown hook, name clash."""
+
+
 @dataclass(frozen=True)
 class PluginInfo:
     """What ``areal plug list`` shows for one plugin."""
@@ -50,13 +58,19 @@ class PluginInfo:
     version: str | None
     hooks: tuple[str, ...]
     builtin: bool
+    distribution: str | None = None
+
+
+def normalize_name(name: str) -> str:
+    """``Areal_Demo.Plugin`` -> ``areal-demo-plugin``: how package names compare."""
+    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _names_from_env(var: str) -> set[str] | None:
     raw = os.environ.get(var)
     if raw is None:
         return None
-    return {n.strip() for n in raw.split(",") if n.strip()}
+    return {normalize_name(n.strip()) for n in raw.split(",") if n.strip()}
 
 
 def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManager:
@@ -65,11 +79,16 @@ def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManag
     pm.add_hookspecs(hookspecs)
     blocked = _names_from_env("AREAL_BLOCK_PLUGINS") or set()
     for module_name in DEFAULT_PLUGINS:
-        if module_name in blocked:
+        if normalize_name(module_name) in blocked:
             continue
         pm.register(importlib.import_module(module_name), name=module_name)
     if load_entry_points:
         _load_entry_points(pm, blocked)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as exc:
+        # A misspelt hook name would otherwise be silently never called.
+        raise PluginError(f"plugin {pm.get_name(exc.plugin)}: {exc}") from exc
     return pm
 
 
@@ -77,15 +96,25 @@ def _load_entry_points(pm: pluggy.PluginManager, blocked: set[str]) -> None:
     allowed = _names_from_env("AREAL_LOAD_PLUGINS")
     for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
         dist_name = ep.dist.name if ep.dist is not None else ep.name
-        names = {ep.name, dist_name}
+        names = {normalize_name(ep.name), normalize_name(dist_name)}
         if names & blocked:
             continue
         if allowed is not None and not names & allowed:
             continue
         if pm.get_plugin(ep.name) is not None:
-            continue
-        plugin = ep.load()
-        pm.register(plugin, name=ep.name)
+            other = _DIST_OF.get(ep.name, (ep.name, None))[0]
+            if normalize_name(other) == normalize_name(dist_name):
+                continue  # the same distribution seen twice on sys.path
+            raise PluginError(
+                f"plugin name {ep.name!r} is used by two distributions: {other} and {dist_name}"
+            )
+        try:
+            plugin = ep.load()
+            pm.register(plugin, name=ep.name)
+        except Exception as exc:
+            raise PluginError(
+                f"plugin {ep.name!r} (from {dist_name}) failed to load: {exc}"
+            ) from exc
         if ep.dist is not None:
             _DIST_OF[ep.name] = (ep.dist.name, ep.dist.version)
 
@@ -102,11 +131,34 @@ def get_plugin_manager() -> pluggy.PluginManager:
 
 def registry(kind: str, pm: pluggy.PluginManager | None = None) -> Registry[Any]:
     """Gather one registry (``kind`` is a key of :data:`REGISTRY_HOOKS`) from every plugin."""
+    pm = pm or get_plugin_manager()
+    return collect(_registry_hook(kind, pm), REGISTRY_HOOKS[kind], _namer(pm))
+
+
+def plugin_contributions(name: str, pm: pluggy.PluginManager | None = None) -> dict[str, list[str]]:
+    """What one plugin registers, by registry kind (``{"model_families": ["llama", ...]}``).
+
+    Only that plugin's hooks run, so a clash between two other plugins does not hide its entries.
+    """
+    pm = pm or get_plugin_manager()
+    if pm.get_plugin(name) is None:
+        raise RegistryError(f"no plugin named {name!r}")
+    found = {}
+    for kind in REGISTRY_HOOKS:
+        entries = collect(_registry_hook(kind, pm), REGISTRY_HOOKS[kind], _namer(pm), only=name)
+        if len(entries):
+            found[kind] = entries.names()
+    return found
+
+
+def _registry_hook(kind: str, pm: pluggy.PluginManager) -> Any:
     if kind not in REGISTRY_HOOKS:
         raise KeyError(f"unknown registry {kind!r}; known: {', '.join(sorted(REGISTRY_HOOKS))}")
-    pm = pm or get_plugin_manager()
-    hook = getattr(pm.hook, f"areal_register_{kind}")
-    return collect(hook, REGISTRY_HOOKS[kind], lambda plugin: pm.get_name(plugin) or repr(plugin))
+    return getattr(pm.hook, f"areal_register_{kind}")
+
+
+def _namer(pm: pluggy.PluginManager) -> Any:
+    return lambda plugin: pm.get_name(plugin) or repr(plugin)
 
 
 def list_plugins(pm: pluggy.PluginManager | None = None) -> list[PluginInfo]:
@@ -118,6 +170,8 @@ def list_plugins(pm: pluggy.PluginManager | None = None) -> list[PluginInfo]:
     for name, plugin in pm.list_name_plugin():
         hooks = tuple(sorted(caller.name for caller in pm.get_hookcallers(plugin) or []))
         builtin = name in DEFAULT_PLUGINS
-        version = __version__ if builtin else _DIST_OF.get(name, (None, None))[1]
-        infos.append(PluginInfo(name=name, version=version, hooks=hooks, builtin=builtin))
+        dist, version = ("areal", __version__) if builtin else _DIST_OF.get(name, (None, None))
+        infos.append(
+            PluginInfo(name=name, version=version, hooks=hooks, builtin=builtin, distribution=dist)
+        )
     return sorted(infos, key=lambda p: (not p.builtin, p.name))

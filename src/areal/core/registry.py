@@ -22,7 +22,9 @@ class Registry(Generic[T]):
 
     def add(self, name: str, thing: T, owner: str) -> None:
         if not isinstance(name, str) or not name:
-            raise RegistryError(f"{owner} registered a {self.kind} with an empty or non-string name")
+            raise RegistryError(
+                f"{owner} registered a {self.kind} with an empty or non-string name"
+            )
         if name in self.entries:
             raise RegistryError(
                 f"{self.kind} {name!r} is registered twice: by {self.owners[name]} and by {owner}"
@@ -54,17 +56,32 @@ class Registry(Generic[T]):
         return len(self.entries)
 
 
-def collect(hook: Any, kind: str, plugin_name_of: Any) -> Registry[Any]:
+def call_impl(impl: Any, **kwargs: Any) -> Any:
+    """Call one hook implementation directly, passing only the arguments it declares.
+
+    pluggy lets an implementation accept a subset of the spec's arguments (so hooks can gain
+    arguments without breaking old plugins); calling ``impl.function`` by hand must do the same.
+    """
+    return impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
+
+
+def collect(hook: Any, kind: str, plugin_name_of: Any, *, only: str | None = None) -> Registry[Any]:
     """Call one ``areal_register_*`` hook on every plugin and gather what they register.
 
-    Each plugin gets its own ``register`` callback so duplicates name both plugins.
+    Each plugin gets its own ``register`` callback so duplicates name both plugins. ``only``
+    restricts the call to one plugin (``areal plug info`` shows what that plugin gives).
+    Wrappers are skipped: they time or trace hook calls and register nothing.
     """
     registry: Registry[Any] = Registry(kind)
     for impl in hook.get_hookimpls():
+        if impl.hookwrapper or impl.wrapper:
+            continue
         owner = plugin_name_of(impl.plugin)
+        if only is not None and owner != only:
+            continue
 
         def register(name: str, thing: Any, _owner: str = owner) -> None:
             registry.add(name, thing, _owner)
 
-        impl.function(register=register)
+        call_impl(impl, register=register)
     return registry

@@ -489,7 +489,11 @@ class InferenceClient:
         extra: Mapping[str, Any] | None = None,
         stream_chunking: StreamChunking | None = None,
     ) -> AsyncIterator[GenerateOutput]:
-        """Streaming ``POST /generate``: yields the cumulative output after each chunk."""
+        """Streaming ``POST /generate``: yields the cumulative output after each chunk.
+
+        A consumer that may stop early should wrap it in ``contextlib.aclosing`` so the
+        connection is released at once rather than when the generator is collected.
+        """
         body = _generate_body(input_ids, text, sampling_params, return_logprob, rid, extra, True)
         assembler = _StreamAssembler(stream_chunking or self.stream_chunking)
         url = self.base_url + "/generate"

@@ -127,11 +127,7 @@ class ServerProcess:
 
     def _group_alive(self) -> bool:
         assert self._proc is not None
-        try:
-            os.killpg(self._proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
+        return _group_has_live_members(self._proc.pid)
 
     def _close_log(self) -> None:
         if self._log is not None:
@@ -206,6 +202,32 @@ class ServerProcess:
             f"command: {' '.join(self.command)}\n"
             f"last {LOG_TAIL_LINES} lines of {self.log_path}:\n{shown}"
         )
+
+
+def _group_has_live_members(pgid: int) -> bool:
+    """Whether a process group still has members that are not zombies.
+
+    ``killpg(pgid, 0)`` alone also counts zombies, and orphans handed to a slow init (as in many
+    containers) stay zombies for a while; where ``/proc`` exists we read the members' states.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return True
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # exited while we looked
+        state, pgrp = fields[0], int(fields[2])
+        if pgrp == pgid and state not in ("Z", "X"):
+            return True
+    return False
 
 
 @atexit.register

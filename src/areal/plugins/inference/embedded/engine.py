@@ -66,6 +66,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.paused = False
         self.tokens_generated = 0
+        self.peak_running = 0  # most sequences that shared a decode step (tests, /server_info)
         self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="areal-engine", daemon=True)
@@ -167,6 +168,7 @@ class Engine:
             "kv_used_tokens": self.pool.used_tokens,
             "kv_cache_bytes": self.pool.nbytes(),
             "tokens_generated": self.tokens_generated,
+            "peak_running": self.peak_running,
             "weight_version": self.weight_version,
         }
 
@@ -236,6 +238,7 @@ class Engine:
             self.waiting.popleft()
             seq.slots = slots
             self.running.append(seq)
+            self.peak_running = max(self.peak_running, len(self.running))
 
     def _prefill_batch(self, candidates: list[Sequence]) -> list[Sequence]:
         batch: list[Sequence] = []
@@ -249,8 +252,9 @@ class Engine:
 
     def _run(self, seqs: list[Sequence]) -> None:
         try:
-            logits = self._forward(seqs)
-            self._advance(seqs, logits)
+            with torch.inference_mode():
+                logits = self._forward(seqs)
+                self._advance(seqs, logits)
         except Exception as exc:  # a bad batch must not take the server down
             log.exception("engine step failed")
             for seq in seqs:
@@ -265,7 +269,6 @@ class Engine:
                         },
                     )
 
-    @torch.inference_mode()
     def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
         pending = [s.pending for s in seqs]
         ids, positions, attention = build_step(
