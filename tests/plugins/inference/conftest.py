@@ -36,7 +36,9 @@ def running_server(model_dir: str, **options: Any) -> Iterator[RunningServer]:
     options.setdefault("max_total_tokens", 8192)
     server = build_server(model_dir, **options)
     port = pick_free_port()
-    uv = uvicorn.Server(uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="warning"))
+    uv = uvicorn.Server(
+        uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="warning")
+    )
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30

@@ -49,10 +49,15 @@ def test_update_weights_from_disk(start_server: Any, nano_model_dir: str, tmp_pa
         assert after["meta_info"]["weight_version"] == "1"
         assert srv.http.get("/model_info").json()["weight_version"] == "1"
         named = srv.http.post(
-            "/update_weights_from_disk", json={"model_path": str(tmp_path / "v1"), "weight_version": "v7"}
+            "/update_weights_from_disk",
+            json={"model_path": str(tmp_path / "v1"), "weight_version": "v7"},
         )
-        assert named.json()["success"] and srv.http.get("/model_info").json()["weight_version"] == "v7"
-        bad = srv.http.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")})
+        assert (
+            named.json()["success"] and srv.http.get("/model_info").json()["weight_version"] == "v7"
+        )
+        bad = srv.http.post(
+            "/update_weights_from_disk", json={"model_path": str(tmp_path / "nope")}
+        )
         assert bad.status_code == 400 and bad.json()["success"] is False
         assert "not a directory" in bad.json()["message"]
     with torch.no_grad():
@@ -66,7 +71,9 @@ def test_mismatched_checkpoint_is_refused(start_server: Any, tmp_path: Path) -> 
 
     init_tiny(tmp_path / "tiny", size="tiny")
     with start_server() as srv:
-        resp = srv.http.post("/update_weights_from_disk", json={"model_path": str(tmp_path / "tiny")})
+        resp = srv.http.post(
+            "/update_weights_from_disk", json={"model_path": str(tmp_path / "tiny")}
+        )
         assert resp.status_code == 400 and not resp.json()["success"]
         assert srv.http.get("/model_info").json()["weight_version"] == "0"
         assert srv.generate(input_ids=[1, 2], sampling_params={"max_new_tokens": 2})["output_ids"]
@@ -74,7 +81,12 @@ def test_mismatched_checkpoint_is_refused(start_server: Any, tmp_path: Path) -> 
 
 def test_pause_abort_returns_partial_output_and_new_requests_wait(start_server: Any) -> None:
     with start_server() as srv, ThreadPoolExecutor(2) as pool:
-        running = pool.submit(_post, srv.url, "/generate", {"input_ids": [5, 6], "sampling_params": LONG, "return_logprob": True})
+        running = pool.submit(
+            _post,
+            srv.url,
+            "/generate",
+            {"input_ids": [5, 6], "sampling_params": LONG, "return_logprob": True},
+        )
         _wait_running(srv)
         assert _post(srv.url, "/pause_generation", {"mode": "abort"}).json()["status"] == "ok"
         out = running.result(timeout=30).json()
@@ -83,7 +95,10 @@ def test_pause_abort_returns_partial_output_and_new_requests_wait(start_server: 
         assert 0 < len(out["output_ids"]) < 3000
         assert len(out["meta_info"]["output_token_logprobs"]) == len(out["output_ids"])
         waiting: Future[httpx.Response] = pool.submit(
-            _post, srv.url, "/generate", {"input_ids": [7], "sampling_params": {"max_new_tokens": 3}}
+            _post,
+            srv.url,
+            "/generate",
+            {"input_ids": [7], "sampling_params": {"max_new_tokens": 3}},
         )
         time.sleep(0.5)
         assert not waiting.done(), "a request was served while paused"
@@ -97,26 +112,40 @@ def test_retract_resumes_with_partial_output_and_records_versions(
     """Pause (retract), load new weights, continue: the sequence finishes on the new version and
     its per-token versions say which tokens each version produced."""
     _perturbed_copy(nano_model_dir, tmp_path / "v1")
-    body = {"input_ids": [5, 6], "sampling_params": {**LONG, "max_new_tokens": 400}, "return_logprob": True}
+    body = {
+        "input_ids": [5, 6],
+        "sampling_params": {**LONG, "max_new_tokens": 400},
+        "return_logprob": True,
+    }
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         running = pool.submit(_post, srv.url, "/generate", body)
         _wait_running(srv)
         _post(srv.url, "/pause_generation", {"mode": "retract"})
         assert srv.server.engine.stats()["kv_used_tokens"] == 0
-        _post(srv.url, "/update_weights_from_disk", {"model_path": str(tmp_path / "v1"), "weight_version": "1"})
+        _post(
+            srv.url,
+            "/update_weights_from_disk",
+            {"model_path": str(tmp_path / "v1"), "weight_version": "1"},
+        )
         _post(srv.url, "/continue_generation", {})
         out = running.result(timeout=60).json()
     meta = out["meta_info"]
     assert meta["finish_reason"]["type"] == "length" and len(out["output_ids"]) == 400
     spans = meta["weight_versions"]
     assert [s["version"] for s in spans] == ["0", "1"]
-    assert spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 400
+    assert (
+        spans[0]["start"] == 0 and spans[0]["end"] == spans[1]["start"] and spans[1]["end"] == 400
+    )
 
 
 def test_abort_request_by_rid_and_all(start_server: Any) -> None:
     with start_server() as srv, ThreadPoolExecutor(3) as pool:
-        a = pool.submit(_post, srv.url, "/generate", {"input_ids": [5], "sampling_params": LONG, "rid": "a"})
-        b = pool.submit(_post, srv.url, "/generate", {"input_ids": [6], "sampling_params": LONG, "rid": "b"})
+        a = pool.submit(
+            _post, srv.url, "/generate", {"input_ids": [5], "sampling_params": LONG, "rid": "a"}
+        )
+        b = pool.submit(
+            _post, srv.url, "/generate", {"input_ids": [6], "sampling_params": LONG, "rid": "b"}
+        )
         _wait_running(srv, 2)
         assert _post(srv.url, "/abort_request", {"rid": "a"}).status_code == 200
         out_a = a.result(timeout=30).json()

@@ -56,8 +56,12 @@ def test_logprobs_match_teacher_forcing(
     triples = out["meta_info"]["output_token_logprobs"]
     assert [t[1] for t in triples] == out["output_ids"]
     assert all(t[2] is None for t in triples)
-    expected = teacher_forced(reference_model, PROMPT, out["output_ids"], temperature, max(top_k, 0), top_p)
-    torch.testing.assert_close(torch.tensor([t[0] for t in triples]), torch.tensor(expected), atol=1e-4, rtol=0)
+    expected = teacher_forced(
+        reference_model, PROMPT, out["output_ids"], temperature, max(top_k, 0), top_p
+    )
+    torch.testing.assert_close(
+        torch.tensor([t[0] for t in triples]), torch.tensor(expected), atol=1e-4, rtol=0
+    )
 
 
 def test_greedy_reports_plain_log_softmax(server: Any, reference_model: Any) -> None:
@@ -89,7 +93,9 @@ def test_prompt_logprobs_and_top_logprobs(server: Any, reference_model: Any) -> 
     prompt_lp = meta["input_token_logprobs"]
     assert prompt_lp[0] == [None, PROMPT[0], None]
     expected = [float(logp[i, PROMPT[i + 1]]) for i in range(len(PROMPT) - 1)]
-    torch.testing.assert_close(torch.tensor([t[0] for t in prompt_lp[1:]]), torch.tensor(expected), atol=1e-4, rtol=0)
+    torch.testing.assert_close(
+        torch.tensor([t[0] for t in prompt_lp[1:]]), torch.tensor(expected), atol=1e-4, rtol=0
+    )
     top = meta["output_top_logprobs"]
     assert len(top) == 4 and all(len(row) == 3 for row in top)
     for row, chosen in zip(top, meta["output_token_logprobs"]):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -11,7 +12,10 @@ import httpx
 
 
 def test_stop_token_ids_end_generation_and_stay_in_output(server: Any) -> None:
-    free = server.generate(input_ids=[4, 5, 6], sampling_params={"max_new_tokens": 20, "temperature": 0, "ignore_eos": True})
+    free = server.generate(
+        input_ids=[4, 5, 6],
+        sampling_params={"max_new_tokens": 20, "temperature": 0, "ignore_eos": True},
+    )
     stop_at = free["output_ids"][5]
     first = free["output_ids"].index(stop_at)
     out = server.generate(
@@ -23,40 +27,72 @@ def test_stop_token_ids_end_generation_and_stay_in_output(server: Any) -> None:
 
 
 def test_stop_strings_trim_text(server: Any) -> None:
-    free = server.generate(text="The tool", sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})
+    free = server.generate(
+        text="The tool",
+        sampling_params={"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+    )
     words = free["text"].split()
     assert len(words) >= 3, free["text"]
     stop = words[2]
-    out = server.generate(text="The tool", sampling_params={"max_new_tokens": 24, "temperature": 0, "stop": [stop]})
+    out = server.generate(
+        text="The tool", sampling_params={"max_new_tokens": 24, "temperature": 0, "stop": [stop]}
+    )
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
     assert out["text"] == free["text"][: free["text"].index(stop)]
     kept = server.generate(
-        text="The tool", sampling_params={"max_new_tokens": 24, "temperature": 0, "stop": stop, "no_stop_trim": True}
+        text="The tool",
+        sampling_params={
+            "max_new_tokens": 24,
+            "temperature": 0,
+            "stop": stop,
+            "no_stop_trim": True,
+        },
     )
     assert kept["text"].endswith(stop)
 
 
 def test_eos_stops_unless_ignored(server: Any) -> None:
     eos = 2  # <|im_end|> in the embedded tokenizer
-    out = server.generate(input_ids=[1, 9], sampling_params={"max_new_tokens": 30, "temperature": 0, "stop_token_ids": [eos], "min_new_tokens": 4})
+    out = server.generate(
+        input_ids=[1, 9],
+        sampling_params={
+            "max_new_tokens": 30,
+            "temperature": 0,
+            "stop_token_ids": [eos],
+            "min_new_tokens": 4,
+        },
+    )
     assert len(out["output_ids"]) >= 4
     assert eos not in out["output_ids"][:3]
 
 
 def test_seed_reproduces_tokens_whatever_shares_the_batch(server: Any) -> None:
-    body = {"input_ids": [8, 8, 8], "sampling_params": {"max_new_tokens": 20, "sampling_seed": 1234, "ignore_eos": True}}
+    body = {
+        "input_ids": [8, 8, 8],
+        "sampling_params": {"max_new_tokens": 20, "sampling_seed": 1234, "ignore_eos": True},
+    }
     alone = server.generate(**body)["output_ids"]
     noise = {"input_ids": [3], "sampling_params": {"max_new_tokens": 40, "ignore_eos": True}}
     with ThreadPoolExecutor(4) as pool:
-        futures = [pool.submit(httpx.post, f"{server.url}/generate", json=b, timeout=60) for b in (noise, body, noise, body)]
+        futures = [
+            pool.submit(httpx.post, f"{server.url}/generate", json=b, timeout=60)
+            for b in (noise, body, noise, body)
+        ]
         results = [f.result().json() for f in futures]
     assert results[1]["output_ids"] == alone and results[3]["output_ids"] == alone
-    other = server.generate(**{**body, "sampling_params": {**body["sampling_params"], "sampling_seed": 99}})
+    other = server.generate(
+        **{**body, "sampling_params": {**body["sampling_params"], "sampling_seed": 99}}
+    )
     assert other["output_ids"] != alone
 
 
 def test_stream_chunks_are_cumulative_and_end_with_done(server: Any) -> None:
-    body = {"text": "hello", "stream": True, "return_logprob": True, "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+    body = {
+        "text": "hello",
+        "stream": True,
+        "return_logprob": True,
+        "sampling_params": {"max_new_tokens": 6, "ignore_eos": True},
+    }
     chunks = []
     with httpx.stream("POST", f"{server.url}/generate", json=body, timeout=60) as resp:
         assert resp.headers["content-type"].startswith("text/event-stream")
@@ -64,7 +100,7 @@ def test_stream_chunks_are_cumulative_and_end_with_done(server: Any) -> None:
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
     assert [len(c["output_ids"]) for c in chunks] == [1, 2, 3, 4, 5, 6]
-    for prev, nxt in zip(chunks, chunks[1:]):
+    for prev, nxt in itertools.pairwise(chunks):
         assert nxt["output_ids"][: len(prev["output_ids"])] == prev["output_ids"]
         assert nxt["text"].startswith(prev["text"])
     assert [c["meta_info"]["finish_reason"] for c in chunks[:-1]] == [None] * 5
@@ -76,7 +112,11 @@ SCHEMA = {
     "type": "object",
     "properties": {
         "name": {"type": "string", "enum": ["search", "calculator"]},
-        "arguments": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        "arguments": {
+            "type": "object",
+            "properties": {"x": {"type": "integer"}},
+            "required": ["x"],
+        },
     },
     "required": ["name", "arguments"],
 }
@@ -86,15 +126,24 @@ def test_json_schema_constrains_an_untrained_model(server: Any) -> None:
     for seed in range(3):
         out = server.generate(
             text="Call a tool:",
-            sampling_params={"max_new_tokens": 200, "json_schema": json.dumps(SCHEMA), "sampling_seed": seed},
+            sampling_params={
+                "max_new_tokens": 200,
+                "json_schema": json.dumps(SCHEMA),
+                "sampling_seed": seed,
+            },
         )
         assert out["meta_info"]["finish_reason"]["type"] == "stop", out
         value = json.loads(out["text"])
-        assert value["name"] in ("search", "calculator") and isinstance(value["arguments"]["x"], int)
+        assert value["name"] in ("search", "calculator") and isinstance(
+            value["arguments"]["x"], int
+        )
 
 
 def test_regex_and_ebnf(server: Any) -> None:
-    out = server.generate(text="Date:", sampling_params={"max_new_tokens": 40, "regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"})
+    out = server.generate(
+        text="Date:",
+        sampling_params={"max_new_tokens": 40, "regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"},
+    )
     assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", out["text"]), out["text"]
     ebnf = 'root ::= "yes" | "no"'
     out = server.generate(text="Answer:", sampling_params={"max_new_tokens": 10, "ebnf": ebnf})

@@ -124,7 +124,7 @@ class InferenceServer:
     # --- routes -----------------------------------------------------------------------------
 
     async def health(self, request: Request) -> Response:
-        ok = self.ready.is_set() and self.engine._thread.is_alive()
+        ok = self.ready.is_set() and self.engine.alive
         return Response(status_code=200 if ok else 503)
 
     async def get_model_info(self, request: Request) -> Response:
@@ -349,8 +349,10 @@ def build_server(
     weight_version: str | None = None,
     seed: int = 0,
     served_model_name: str | None = None,
+    start_engine: bool = True,
 ) -> InferenceServer:
-    """Load the model and tokenizer and start the engine thread (the HTTP app is not bound)."""
+    """Load the model and tokenizer; start the engine on a background thread unless told not to
+    (``serve`` runs it on the main thread). The HTTP app is not bound here."""
     model = load_model(model_path)
     tokenizer = _load_tokenizer(model_path)
     eos = set(model.config.eos_token_ids)
@@ -379,7 +381,8 @@ def build_server(
         return text
 
     engine = Engine(model, decode, sorted(eos), config, grammar)
-    engine.start()
+    if start_engine:
+        engine.start()
     server = InferenceServer(engine, tokenizer, model_path, served_model_name)
     server.ready.set()
     log.info(
@@ -416,7 +419,11 @@ def serve(
     log_level: str = "info",
     served_model_name: str | None = None,
 ) -> None:
-    """``areal serve inference``: load, start the engine, serve HTTP until interrupted."""
+    """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
+    (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
+    """
+    import signal
+
     import uvicorn
 
     logging.basicConfig(
@@ -430,10 +437,29 @@ def serve(
         weight_version=weight_version,
         seed=seed,
         served_model_name=served_model_name,
+        start_engine=False,
     )
-    try:
-        uvicorn.run(
-            server.app(), host=host, port=port, log_level=log_level, access_log=log_level == "debug"
-        )
-    finally:
+    config = uvicorn.Config(
+        server.app(), host=host, port=port, log_level=log_level, access_log=log_level == "debug"
+    )
+    http = uvicorn.Server(config)
+
+    def http_main() -> None:
+        try:
+            http.run()
+        finally:
+            server.engine.stop()  # the HTTP side ended (or could not bind): end the process
+
+    def on_signal(signum: int, frame: Any) -> None:
+        http.should_exit = True
         server.engine.stop()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    http_thread = threading.Thread(target=http_main, name="areal-http", daemon=True)
+    http_thread.start()
+    server.engine.run_forever()
+    http.should_exit = True
+    http_thread.join(timeout=10)
+    if not http.started:
+        raise SystemExit(f"the HTTP server could not start on {host}:{port}")
