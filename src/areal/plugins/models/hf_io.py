@@ -94,31 +94,57 @@ def to_checkpoint(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor
     return out
 
 
-def load_weights(model: DecoderForCausalLM, model_dir: str | Path, *, strict: bool = True) -> None:
-    """Load a checkpoint's tensors into an existing model in place (used for weight updates)."""
-    tensors = to_native(iter_checkpoint(model_dir))
+def check_weights(
+    model: DecoderForCausalLM,
+    tensors: dict[str, torch.Tensor],
+    *,
+    source: str,
+    complete: bool = True,
+) -> dict[str, torch.Tensor]:
+    """Check new tensors (our names) against the model: known names, same shapes, and all of them
+    when ``complete``. Returns them without a tied ``lm_head.weight``; raises a ValueError naming
+    ``source`` otherwise, before anything is copied, so a bad update changes nothing."""
     own = model.state_dict()
+    tensors = dict(tensors)
     if model.config.tie_word_embeddings:
         tensors.pop("lm_head.weight", None)
         own.pop("lm_head.weight", None)
-    missing = sorted(set(own) - set(tensors))
     unexpected = sorted(set(tensors) - set(own))
-    if strict and (missing or unexpected):
+    missing = sorted(set(own) - set(tensors)) if complete else []
+    if missing or unexpected:
         raise ValueError(
-            f"checkpoint {model_dir} does not match the model: "
+            f"{source} does not match the model: "
             f"missing {missing[:5]}{'...' if len(missing) > 5 else ''}, "
             f"unexpected {unexpected[:5]}{'...' if len(unexpected) > 5 else ''}"
         )
+    for name, tensor in tensors.items():
+        if own[name].shape != tensor.shape:
+            raise ValueError(
+                f"{source}: {name} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(own[name].shape)}"
+            )
+    return tensors
+
+
+def copy_weights(model: DecoderForCausalLM, tensors: dict[str, torch.Tensor]) -> None:
+    """Copy checked tensors (see :func:`check_weights`) into the model's parameters in place."""
+    own = model.state_dict()
     with torch.no_grad():
         for name, tensor in tensors.items():
-            if name not in own:
-                continue
-            if own[name].shape != tensor.shape:
-                raise ValueError(
-                    f"checkpoint {model_dir}: {name} has shape {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(own[name].shape)}"
-                )
             own[name].copy_(tensor)
+
+
+def read_weights(model: DecoderForCausalLM, model_dir: str | Path) -> dict[str, torch.Tensor]:
+    """A checkpoint's tensors, renamed to ours and checked against ``model``."""
+    if not Path(model_dir).is_dir():
+        raise ValueError(f"model_path {str(model_dir)!r} is not a directory")
+    tensors = to_native(iter_checkpoint(model_dir))
+    return check_weights(model, tensors, source=f"checkpoint {model_dir}")
+
+
+def load_weights(model: DecoderForCausalLM, model_dir: str | Path) -> None:
+    """Load a checkpoint's tensors into an existing model in place."""
+    copy_weights(model, read_weights(model, model_dir))
 
 
 def load_model(

@@ -35,6 +35,7 @@ from areal.plugins.inference.embedded.requests import Emit, RequestError, Sequen
 from areal.plugins.inference.embedded.sampling import SamplingTensors, final_logprobs, sample
 from areal.plugins.inference.embedded.sequence import Sequence
 from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.hf_io import copy_weights
 
 log = logging.getLogger("areal.inference")
 
@@ -176,10 +177,7 @@ class Engine:
 
     def load_weights(self, tensors: dict[str, torch.Tensor], version: str | None) -> str:
         """Copy new weights in place between steps; running sequences continue on them."""
-        own = self.model.state_dict()
-        with torch.no_grad():
-            for name, tensor in tensors.items():
-                own[name].copy_(tensor)
+        copy_weights(self.model, tensors)
         self.weight_version = version if version is not None else _next_version(self.weight_version)
         return self.weight_version
 

@@ -158,3 +158,33 @@ def describe_validation_error(err: ValidationError) -> str:
             msg = "unknown field"
         parts.append(f"{loc}: {msg}")
     return "; ".join(parts)
+
+
+class InitWeightsUpdateGroupRequest(BaseModel):
+    model_config = _STRICT
+
+    master_address: str
+    master_port: int = Field(gt=0, lt=65536)
+    rank_offset: int
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+
+
+class UpdateWeightsFromDistributedRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # as with disk updates, tolerate SGLang's newer knobs
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: Literal["flattened_bucket"] | None = None
+
+
+class DestroyWeightsUpdateGroupRequest(BaseModel):
+    model_config = _STRICT
+
+    group_name: str = "weight_update_group"

@@ -30,13 +30,17 @@ from areal.plugins.inference.embedded.kv_pool import bytes_per_token
 from areal.plugins.inference.embedded.requests import RequestError, expand_generate
 from areal.plugins.inference.embedded.schema import (
     AbortRequest,
+    DestroyWeightsUpdateGroupRequest,
     GenerateRequest,
+    InitWeightsUpdateGroupRequest,
     PauseRequest,
     UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDistributedRequest,
     UpdateWeightVersionRequest,
     describe_validation_error,
 )
-from areal.plugins.models.hf_io import iter_checkpoint, load_model, to_native
+from areal.plugins.inference.embedded.weight_group import WeightUpdateGroups
+from areal.plugins.models.hf_io import check_weights, load_model, read_weights, to_native
 
 log = logging.getLogger("areal.inference")
 
@@ -87,6 +91,7 @@ class InferenceServer:
         self.model_path = model_path
         self.served_model_name = served_model_name or model_path
         self.vocab_size = engine.model.config.vocab_size
+        self.weight_groups = WeightUpdateGroups()
         self.ready = threading.Event()
 
     # --- helpers ----------------------------------------------------------------------------
@@ -193,49 +198,73 @@ class InferenceServer:
     async def update_weights_from_disk(self, request: Request) -> Response:
         req = _validate(UpdateWeightsFromDiskRequest, await _json_body(request))
         try:
-            tensors = await asyncio.to_thread(self._read_checkpoint, req.model_path)
+            tensors = await asyncio.to_thread(read_weights, self.engine.model, req.model_path)
         except (OSError, ValueError) as err:
-            return JSONResponse(
-                {"success": False, "message": str(err), "num_paused_requests": 0}, status_code=400
+            return _failed(str(err))
+        return await self._apply_weights(
+            tensors, req.weight_version, req.abort_all_requests, req.model_path
+        )
+
+    async def init_weights_update_group(self, request: Request) -> Response:
+        req = _validate(InitWeightsUpdateGroupRequest, await _json_body(request))
+        try:
+            await asyncio.to_thread(lambda: self.weight_groups.init_group(**req.model_dump()))
+        except RequestError:
+            raise
+        except (RuntimeError, ValueError) as err:  # the store or the peers could not be reached
+            return _failed(f"could not join weight update group {req.group_name!r}: {err}")
+        return JSONResponse(
+            {"success": True, "message": f"joined {req.group_name!r} as rank {req.rank_offset}"}
+        )
+
+    async def update_weights_from_distributed(self, request: Request) -> Response:
+        req = _validate(UpdateWeightsFromDistributedRequest, await _json_body(request))
+
+        def receive() -> dict[str, torch.Tensor]:
+            received = self.weight_groups.receive(
+                group_name=req.group_name,
+                names=req.names,
+                dtypes=req.dtypes,
+                shapes=req.shapes,
+                flattened=req.load_format == "flattened_bucket",
             )
+            dtype = next(self.engine.model.parameters()).dtype
+            native = {k: v.to(dtype) for k, v in to_native(iter(received.items())).items()}
+            return check_weights(self.engine.model, native, source="broadcast", complete=False)
 
+        try:
+            tensors = await asyncio.to_thread(receive)
+        except RequestError:
+            raise
+        except (RuntimeError, ValueError) as err:
+            return _failed(str(err))
+        return await self._apply_weights(
+            tensors, req.weight_version, req.abort_all_requests, "broadcast"
+        )
+
+    async def destroy_weights_update_group(self, request: Request) -> Response:
+        req = _validate(DestroyWeightsUpdateGroupRequest, await _json_body(request))
+        self.weight_groups.destroy(req.group_name)
+        return JSONResponse({"success": True, "message": f"left {req.group_name!r}"})
+
+    async def _apply_weights(
+        self, tensors: dict[str, torch.Tensor], version: str | None, abort_all: bool, source: str
+    ) -> Response:
         def apply() -> str:
-            if req.abort_all_requests:
+            if abort_all:
                 self.engine.abort_all("aborted for a weight update")
-            return self.engine.load_weights(tensors, req.weight_version)
+            return self.engine.load_weights(tensors, version)
 
-        version = await self.on_engine(apply)
-        log.info("loaded weights from %s as version %s", req.model_path, version)
+        new_version = await self.on_engine(apply)
+        log.info("loaded weights from %s as version %s", source, new_version)
         return JSONResponse(
             {
                 "success": True,
-                "message": f"Succeeded to update model weights (version {version}).",
+                "message": f"Succeeded to update model weights (version {new_version}).",
                 "num_paused_requests": 0,
-                "weight_version": version,
+                "weight_version": new_version,
             }
         )
-
-    def _read_checkpoint(self, model_path: str) -> dict[str, torch.Tensor]:
-        """Read and check a checkpoint off the engine thread, so generation goes on meanwhile."""
-        if not Path(model_path).is_dir():
-            raise ValueError(f"model_path {model_path!r} is not a directory")
-        tensors = to_native(iter_checkpoint(model_path))
-        own = self.engine.model.state_dict()
-        if self.engine.model.config.tie_word_embeddings:
-            tensors.pop("lm_head.weight", None)
-            own.pop("lm_head.weight", None)
-        missing = sorted(set(own) - set(tensors))
-        unexpected = sorted(set(tensors) - set(own))
-        if missing or unexpected:
-            raise ValueError(
-                f"checkpoint does not match the served model: missing {missing[:3]}, unexpected {unexpected[:3]}"
-            )
-        for name, t in tensors.items():
-            if t.shape != own[name].shape:
-                raise ValueError(
-                    f"{name}: shape {tuple(t.shape)} != served {tuple(own[name].shape)}"
-                )
-        return tensors
 
     async def pause_generation(self, request: Request) -> Response:
         req = _validate(PauseRequest, await _json_body(request))
@@ -284,6 +313,15 @@ class InferenceServer:
             Route("/get_server_info", self.server_info, methods=["GET"]),
             Route("/generate", self.generate, methods=["POST", "PUT"]),
             Route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"]),
+            Route("/init_weights_update_group", self.init_weights_update_group, methods=["POST"]),
+            Route(
+                "/update_weights_from_distributed",
+                self.update_weights_from_distributed,
+                methods=["POST"],
+            ),
+            Route(
+                "/destroy_weights_update_group", self.destroy_weights_update_group, methods=["POST"]
+            ),
             Route("/pause_generation", self.pause_generation, methods=["POST"]),
             Route("/continue_generation", self.continue_generation, methods=["POST"]),
             Route("/abort_request", self.abort_request, methods=["POST"]),
@@ -297,6 +335,13 @@ class InferenceServer:
             Exception: _internal_error,
         }
         return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+
+
+def _failed(message: str) -> JSONResponse:
+    """SGLang's answer to a weight update that did not happen: 400 with success false."""
+    return JSONResponse(
+        {"success": False, "message": message, "num_paused_requests": 0}, status_code=400
+    )
 
 
 async def _request_error(request: Request, exc: Exception) -> Response:

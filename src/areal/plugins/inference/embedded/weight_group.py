@@ -1,0 +1,108 @@
+"""The engine's side of SGLang's collective weight sync, over gloo on CPU.
+
+``/init_weights_update_group`` joins a process group that lives outside any torch.distributed
+default world (the trainer is rank 0 and owns the TCPStore); ``/update_weights_from_distributed``
+then receives each tensor by ``broadcast`` from rank 0 while the HTTP call is in flight, exactly as
+a trainer does with SGLang over NCCL. Receiving happens off the engine thread; only the final copy
+into the model runs between decode steps.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import torch
+import torch.distributed as dist
+
+from areal.plugins.inference.embedded.requests import RequestError
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+def parse_dtype(name: str) -> torch.dtype:
+    key = name.removeprefix("torch.")
+    if key not in _DTYPES:
+        raise RequestError(f"dtype {name!r} is not supported; use one of {', '.join(_DTYPES)}")
+    return _DTYPES[key]
+
+
+class WeightUpdateGroups:
+    """Named gloo groups this engine has joined (one rank per engine: no tensor parallelism)."""
+
+    def __init__(self, timeout_s: float = 120.0) -> None:
+        self.timeout = datetime.timedelta(seconds=timeout_s)
+        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._lock = threading.Lock()
+
+    def init_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+    ) -> None:
+        if backend != "gloo":
+            raise RequestError(
+                f"backend {backend!r} needs GPUs; the embedded engine joins with 'gloo'"
+            )
+        if not 0 < rank_offset < world_size:
+            raise RequestError(f"rank_offset {rank_offset} must be in [1, world_size={world_size})")
+        with self._lock:
+            if group_name in self._groups:
+                raise RequestError(f"weight update group {group_name!r} already exists")
+        store = dist.TCPStore(master_address, master_port, world_size, False, timeout=self.timeout)
+        group = dist.ProcessGroupGloo(store, rank_offset, world_size, self.timeout)
+        with self._lock:
+            self._groups[group_name] = group
+
+    def receive(
+        self,
+        *,
+        group_name: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        flattened: bool,
+    ) -> dict[str, torch.Tensor]:
+        """Tensors broadcast by rank 0, in the order of ``names`` (or one flat bucket)."""
+        group = self._get(group_name)
+        if not len(names) == len(dtypes) == len(shapes):
+            raise RequestError("names, dtypes and shapes must have the same length")
+        types = [parse_dtype(d) for d in dtypes]
+        if flattened:
+            if len(set(types)) > 1:
+                raise RequestError("a flattened bucket needs one dtype for all tensors")
+            numels = [int(torch.Size(s).numel()) for s in shapes]
+            flat = torch.empty(sum(numels), dtype=types[0])
+            group.broadcast(flat, 0).wait()
+            parts = flat.split(numels)
+            return {n: p.view(s).clone() for n, p, s in zip(names, parts, shapes, strict=True)}
+        out: dict[str, torch.Tensor] = {}
+        for name, dtype, shape in zip(names, types, shapes, strict=True):
+            tensor = torch.empty(shape, dtype=dtype)
+            group.broadcast(tensor, 0).wait()
+            out[name] = tensor
+        return out
+
+    def destroy(self, group_name: str) -> None:
+        with self._lock:
+            if self._groups.pop(group_name, None) is None:
+                raise RequestError(f"no weight update group named {group_name!r}")
+
+    def _get(self, group_name: str) -> dist.ProcessGroup:
+        with self._lock:
+            group = self._groups.get(group_name)
+        if group is None:
+            raise RequestError(
+                f"no weight update group named {group_name!r}; call /init_weights_update_group first"
+            )
+        return group
