@@ -415,8 +415,12 @@ def build_server(
         weight_version=weight_version or "0",
         seed=seed,
     )
+    # Compact JSON (no free whitespace between tokens): an untrained policy under a schema would
+    # otherwise spend its whole budget on newlines, and a forced tool call must always finish.
     grammar = (
-        GrammarCompiler(tokenizer, model.config.vocab_size, sorted(eos)) if tokenizer else None
+        GrammarCompiler(tokenizer, model.config.vocab_size, sorted(eos), json_any_whitespace=False)
+        if tokenizer
+        else None
     )
 
     def decode(ids: list[int], skip_special: bool) -> str:
