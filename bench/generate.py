@@ -21,6 +21,7 @@ import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -40,7 +41,7 @@ def prompts(n: int) -> list[list[int]]:
     return [torch.randint(10, 4000, (PROMPT_LEN,), generator=g).tolist() for _ in range(n)]
 
 
-def hf_tokens_per_s(model: torch.nn.Module, batch: list[list[int]], repeats: int) -> float:
+def hf_tokens_per_s(model: Any, batch: list[list[int]], repeats: int) -> float:
     ids = torch.tensor(batch)
     kwargs = dict(
         max_new_tokens=NEW_TOKENS,

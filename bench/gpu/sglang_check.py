@@ -113,7 +113,7 @@ async def run_checks(client: InferenceClient, model: Path, checks: Checks) -> No
     async def generate_text() -> str:
         out = await client.generate(text="The capital of France is", sampling_params=short)
         expect(isinstance(out.text, str) and len(out.output_ids) == 16, f"text={out.text!r}")
-        return f"text={out.text[:40]!r}"
+        return f"text={(out.text or '')[:40]!r}"
 
     async def logprobs() -> str:
         out = await client.generate(

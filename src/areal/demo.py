@@ -72,10 +72,10 @@ def chat_prompt(model_dir: Path, user: str) -> str:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    text: str = tokenizer.apply_chat_template(
+    text = tokenizer.apply_chat_template(
         [{"role": "user", "content": user}], tokenize=False, add_generation_prompt=True
     )
-    return text
+    return str(text)
 
 
 async def run(client: InferenceClient, model_dir: Path, out: Path) -> dict[str, object]:

@@ -19,7 +19,9 @@ from areal.plugins.models.hf_io import load_model, to_checkpoint
 
 def _trainer_group(port: int, world_size: int = 2) -> dist.ProcessGroup:
     timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore("127.0.0.1", port, world_size, True, timeout=timeout, wait_for_workers=False)
+    store = dist.TCPStore(
+        "127.0.0.1", port, world_size, True, timeout=timeout, wait_for_workers=False
+    )
     return dist.ProcessGroupGloo(store, 0, world_size, timeout)
 
 
@@ -51,14 +53,19 @@ def _new_weights(model_dir: str) -> tuple[Any, dict[str, torch.Tensor]]:
 
 def _greedy_matches(srv: Any, model: Any) -> None:
     prompt = [3, 1, 4, 1, 5, 9]
-    out = srv.generate(input_ids=prompt, sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True})
+    out = srv.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": 10, "temperature": 0, "ignore_eos": True},
+    )
     with torch.no_grad():
         logits = model(torch.tensor([prompt + out["output_ids"]]))[0, len(prompt) - 1 : -1]
     assert out["output_ids"] == logits.argmax(-1).tolist()
 
 
 @pytest.mark.parametrize("flattened", [False, True])
-def test_broadcast_weights_to_the_engine(start_server: Any, nano_model_dir: str, flattened: bool) -> None:
+def test_broadcast_weights_to_the_engine(
+    start_server: Any, nano_model_dir: str, flattened: bool
+) -> None:
     model, tensors = _new_weights(nano_model_dir)
     names = sorted(tensors)
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
@@ -71,7 +78,9 @@ def test_broadcast_weights_to_the_engine(start_server: Any, nano_model_dir: str,
             "weight_version": "3",
             "load_format": "flattened_bucket" if flattened else None,
         }
-        call = pool.submit(httpx.post, f"{srv.url}/update_weights_from_distributed", json=body, timeout=60)
+        call = pool.submit(
+            httpx.post, f"{srv.url}/update_weights_from_distributed", json=body, timeout=60
+        )
         if flattened:
             group.broadcast(torch.cat([tensors[n].reshape(-1) for n in names]), 0).wait()
         else:
@@ -81,34 +90,66 @@ def test_broadcast_weights_to_the_engine(start_server: Any, nano_model_dir: str,
         assert resp.status_code == 200 and resp.json()["success"], resp.text
         assert srv.http.get("/model_info").json()["weight_version"] == "3"
         _greedy_matches(srv, model)
-        assert srv.http.post("/destroy_weights_update_group", json={"group_name": "wg"}).json()["success"]
+        assert srv.http.post("/destroy_weights_update_group", json={"group_name": "wg"}).json()[
+            "success"
+        ]
 
 
 def test_group_errors_are_clear(start_server: Any) -> None:
     with start_server() as srv:
         nccl = srv.http.post(
             "/init_weights_update_group",
-            json={"master_address": "127.0.0.1", "master_port": 1234, "rank_offset": 1, "world_size": 2, "backend": "nccl"},
+            json={
+                "master_address": "127.0.0.1",
+                "master_port": 1234,
+                "rank_offset": 1,
+                "world_size": 2,
+                "backend": "nccl",
+            },
         )
         assert nccl.status_code == 400 and "needs GPUs" in nccl.json()["error"]["message"]
         no_group = srv.http.post(
             "/update_weights_from_distributed",
-            json={"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]], "group_name": "none"},
+            json={
+                "names": ["model.norm.weight"],
+                "dtypes": ["float32"],
+                "shapes": [[64]],
+                "group_name": "none",
+            },
         )
-        assert no_group.status_code == 400 and "init_weights_update_group" in no_group.json()["error"]["message"]
-        assert srv.http.post("/destroy_weights_update_group", json={"group_name": "none"}).status_code == 400
+        assert (
+            no_group.status_code == 400
+            and "init_weights_update_group" in no_group.json()["error"]["message"]
+        )
+        assert (
+            srv.http.post("/destroy_weights_update_group", json={"group_name": "none"}).status_code
+            == 400
+        )
 
 
 def test_wrong_shapes_change_nothing(start_server: Any, nano_model_dir: str) -> None:
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
-        before = srv.generate(input_ids=[7, 7], sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+        before = srv.generate(
+            input_ids=[7, 7],
+            sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        )
         group = _join(srv, pool, "wg")
-        body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[3]], "group_name": "wg"}
-        call = pool.submit(httpx.post, f"{srv.url}/update_weights_from_distributed", json=body, timeout=60)
+        body = {
+            "names": ["model.norm.weight"],
+            "dtypes": ["float32"],
+            "shapes": [[3]],
+            "group_name": "wg",
+        }
+        call = pool.submit(
+            httpx.post, f"{srv.url}/update_weights_from_distributed", json=body, timeout=60
+        )
         group.broadcast(torch.zeros(3), 0).wait()
         resp = call.result(timeout=60)
         assert resp.status_code == 400 and resp.json()["success"] is False
         assert "model.norm.weight has shape (3,)" in resp.json()["message"]
-        after = srv.generate(input_ids=[7, 7], sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+        after = srv.generate(
+            input_ids=[7, 7],
+            sampling_params={"max_new_tokens": 6, "temperature": 0, "ignore_eos": True},
+        )
         assert after["output_ids"] == before["output_ids"]
         assert srv.http.get("/model_info").json()["weight_version"] == "0"

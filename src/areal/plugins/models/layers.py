@@ -48,6 +48,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
 
 
 class RotaryEmbedding(nn.Module):
+    inv_freq: torch.Tensor
+
     def __init__(self, rope: RopeConfig, head_dim: int) -> None:
         super().__init__()
         self.rope = rope

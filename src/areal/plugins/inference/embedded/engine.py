@@ -312,9 +312,9 @@ class Engine:
         pending = [s.pending for s in seqs]
         ids, positions, attention = build_step(
             self.pool,
-            [s.slots for s in seqs],
+            [s.slots for s in seqs if s.slots is not None],
             [s.kv_len for s in seqs],
-            pending,  # type: ignore[misc]
+            pending,
         )
         hidden = self.model.hidden_states(ids, positions, attention)
         last = torch.tensor([len(p) - 1 for p in pending])

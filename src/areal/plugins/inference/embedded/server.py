@@ -11,7 +11,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,13 +146,15 @@ class InferenceServer:
             self.engine.validate(seq)
         loop = asyncio.get_running_loop()
         results: asyncio.Queue[tuple[int, dict[str, Any], bool]] = asyncio.Queue()
+
+        def emitter(i: int) -> Callable[[dict[str, Any], bool], None]:
+            def emit(payload: dict[str, Any], final: bool) -> None:
+                loop.call_soon_threadsafe(results.put_nowait, (i, payload, final))
+
+            return emit
+
         for i, seq in enumerate(seqs):
-            self.engine.submit(
-                seq,
-                lambda payload, final, i=i: loop.call_soon_threadsafe(
-                    results.put_nowait, (i, payload, final)
-                ),
-            )
+            self.engine.submit(seq, emitter(i))
         rids = [s.rid for s in seqs]
         if req.stream:
             return StreamingResponse(
@@ -192,8 +194,11 @@ class InferenceServer:
                 self._abort_rids(rids)
 
     def _abort_rids(self, rids: list[str]) -> None:
-        for rid in rids:
-            self.engine.call(lambda rid=rid: self.engine.abort(rid, "client disconnected"))
+        def abort() -> None:
+            for rid in rids:
+                self.engine.abort(rid, "client disconnected")
+
+        self.engine.call(abort)
 
     async def update_weights_from_disk(self, request: Request) -> Response:
         req = _validate(UpdateWeightsFromDiskRequest, await _json_body(request))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import threading
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -37,7 +38,7 @@ class WeightUpdateGroups:
 
     def __init__(self, timeout_s: float = 120.0) -> None:
         self.timeout = datetime.timedelta(seconds=timeout_s)
-        self._groups: dict[str, dist.ProcessGroup] = {}
+        self._groups: dict[str, Any] = {}  # name -> dist.ProcessGroupGloo
         self._lock = threading.Lock()
 
     def init_group(
@@ -98,7 +99,7 @@ class WeightUpdateGroups:
             if self._groups.pop(group_name, None) is None:
                 raise RequestError(f"no weight update group named {group_name!r}")
 
-    def _get(self, group_name: str) -> dist.ProcessGroup:
+    def _get(self, group_name: str) -> Any:
         with self._lock:
             group = self._groups.get(group_name)
         if group is None:
