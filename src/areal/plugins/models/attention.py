@@ -27,14 +27,7 @@ class CausalAttention:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        out = F.scaled_dot_product_attention(
-            q.transpose(1, 2),
-            k.transpose(1, 2),
-            v.transpose(1, 2),
-            is_causal=True,
-            enable_gqa=q.shape[2] != k.shape[2],
-        )
-        return out.transpose(1, 2)
+        return _sdpa(q, k, v, mask=None)
 
 
 def masked_attention(
@@ -44,11 +37,19 @@ def masked_attention(
 
     q: [B, S, Hq, D]; k, v: [B, L, Hkv, D]. Returns [B, S, Hq, D].
     """
+    return _sdpa(q, k, v, mask=mask)
+
+
+def _sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
+) -> torch.Tensor:
+    """SDPA on [B, S, H, D] tensors, causal unless a mask is given; grouped-query heads as they are."""
     out = F.scaled_dot_product_attention(
         q.transpose(1, 2),
         k.transpose(1, 2),
         v.transpose(1, 2),
         attn_mask=mask,
+        is_causal=mask is None,
         enable_gqa=q.shape[2] != k.shape[2],
     )
     return out.transpose(1, 2)
