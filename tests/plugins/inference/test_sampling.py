@@ -109,6 +109,15 @@ def test_top_p_keeps_the_smallest_nucleus_and_renormalises(
     _assert_logprobs(got, _expected(kept))
 
 
+def test_top_p_keeps_a_token_whose_better_mass_equals_top_p() -> None:
+    """SGLang cuts where the better mass is strictly above top_p. Eight equal logits give exact
+    probabilities of 1/8, so the better mass before the third token is exactly 0.25."""
+    got = final_logprobs(torch.zeros(1, 8), _params(top_p=0.25))[0]
+    kept = got[~torch.isinf(got)]
+    assert len(kept) == 3
+    torch.testing.assert_close(kept, torch.full((3,), math.log(1 / 3)), atol=1e-6, rtol=0)
+
+
 def test_top_p_applies_to_the_top_k_distribution() -> None:
     """SGLang's order: top-k first, then top-p on the renormalised survivors."""
     probs = [0.15, 0.5, 0.05, 0.3]
@@ -265,3 +274,12 @@ def test_a_seeded_row_reproduces_its_tokens_whatever_shares_the_batch() -> None:
     assert alone == crowded == last
     other_seed = _seeded_run(steps, seed=43, neighbours=0, position=0, global_seed=1)
     assert other_seed != alone
+
+
+def test_top_k_one_is_greedy_at_any_temperature() -> None:
+    """top_k=1 samples the argmax and, like temperature 0, reports the plain log-softmax."""
+    logits = torch.tensor([[2.0, 1.0, 0.0]])
+    params = SamplingTensors.build([0.5], [1.0], [1], [0.0])
+    got = final_logprobs(logits, params)
+    torch.testing.assert_close(got, torch.log_softmax(logits, dim=-1))
+    assert sample(got, params.top_k == 1, [None]).tolist() == [0]

@@ -53,12 +53,12 @@ def init_tiny(
 ) -> dict[str, Any]:
     """Write a Hugging Face directory (config, safetensors, tokenizer, generation config)."""
     out = Path(out_dir)
+    config = tiny_config(size)  # a bad size fails before anything is removed
     if out.exists() and any(out.iterdir()):
         if not force:
             raise FileExistsError(f"{out} is not empty (use --force to overwrite)")
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
-    config = tiny_config(size)
     model = Qwen3ForCausalLM(config)
     model.init_weights(generator=torch.Generator().manual_seed(seed))
     save_model(model, out)

@@ -75,7 +75,8 @@ class Engine:
         self.peak_running = 0  # most sequences that shared a decode step (tests, /server_info)
         # phase -> [steps, seconds, sequences]: where the engine's time goes (/server_info)
         self.timings: dict[str, list[float]] = {"prefill": [0, 0.0, 0], "decode": [0, 0.0, 0]}
-        self._inbox: queue.Queue[Callable[[], None]] = queue.Queue()
+        # SimpleQueue: put() is reentrant, so a signal handler on the engine's thread may call stop()
+        self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
         self._alive = threading.Event()
@@ -102,9 +103,10 @@ class Engine:
     def alive(self) -> bool:
         return self._alive.is_set()
 
-    def stop(self) -> None:
-        self._stopped.set()
-        self._inbox.put(lambda: None)
+    def stop(self, message: str = "the server is shutting down") -> None:
+        """Finish every sequence as aborted (their callers get an answer), then end the loop."""
+        self._inbox.put(lambda: self.abort_all(message))
+        self._inbox.put(self._stopped.set)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
 

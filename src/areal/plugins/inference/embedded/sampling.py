@@ -26,7 +26,8 @@ class SamplingTensors:
     def build(
         cls, temperature: list[float], top_p: list[float], top_k: list[int], min_p: list[float]
     ) -> SamplingTensors:
-        greedy = [t <= 0.0 for t in temperature]
+        # temperature 0, or top_k 1 at any temperature: argmax, reported with the plain log-softmax
+        greedy = [t <= 0.0 or k == 1 for t, k in zip(temperature, top_k)]
         return cls(
             temperature=torch.tensor([1.0 if g else t for g, t in zip(greedy, temperature)]),
             top_p=torch.tensor([1.0 if g else p for g, p in zip(greedy, top_p)]),

@@ -516,4 +516,4 @@ def serve(
     http.should_exit = True
     http_thread.join(timeout=10)
     if not http.started:
-        raise SystemExit(f"the HTTP server could not start on {host}:{port}")
+        raise SystemExit(f"error: the HTTP server could not start on {host}:{port}")

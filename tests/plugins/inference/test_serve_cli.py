@@ -1,0 +1,139 @@
+"""``areal serve inference`` as the run supervisor starts it: the real CLI in its own process,
+built by :func:`build_command` and managed by :class:`ServerProcess`."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
+from areal.plugins.inference.server_process import (
+    ServerExitedError,
+    ServerProcess,
+    pick_free_port,
+)
+
+STARTUP_S = 90  # loading torch and the tokenizer on a busy 2-core box
+
+
+def _config(model_path: str, port: int) -> EmbeddedServerConfig:
+    return EmbeddedServerConfig(
+        model_path=model_path, port=port, max_total_tokens=8192, log_level="warning"
+    )
+
+
+def _start(model_path: str, tmp_path: Path) -> tuple[ServerProcess, str]:
+    port = pick_free_port()
+    proc = ServerProcess(
+        build_command(_config(model_path, port)), log_path=tmp_path / "serve.log", name="serve"
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        proc.wait_healthy(url, timeout=STARTUP_S)
+    except BaseException:
+        proc.stop()
+        raise
+    return proc, url
+
+
+def _stop_timed(proc: ServerProcess, timeout: float) -> tuple[int | None, float]:
+    start = time.monotonic()
+    code = proc.stop(timeout=timeout)
+    return code, time.monotonic() - start
+
+
+def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Path) -> None:
+    proc, url = _start(nano_model_dir, tmp_path)
+    try:
+        with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
+            info = http.get("/model_info").json()
+            out = http.post(
+                "/generate",
+                json={
+                    "input_ids": [11, 402, 77],
+                    "sampling_params": {"max_new_tokens": 5, "ignore_eos": True},
+                    "return_logprob": True,
+                },
+            )
+        assert info["model_path"] == nano_model_dir and info["weight_version"] == "0"
+        assert out.status_code == 200, out.text
+        body = out.json()
+        assert len(body["output_ids"]) == 5
+        assert len(body["meta_info"]["output_token_logprobs"]) == 5
+        assert body["meta_info"]["finish_reason"]["type"] == "length"
+    finally:
+        code, took = _stop_timed(proc, timeout=10)
+    assert code == 0, proc.log_tail()  # exited on SIGTERM by itself, not SIGKILLed
+    assert took < 10
+    assert not proc.running
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(url + "/health", timeout=2, trust_env=False)
+
+
+def test_sigterm_with_a_request_in_flight_exits_promptly(
+    nano_model_dir: str, tmp_path: Path
+) -> None:
+    proc, url = _start(nano_model_dir, tmp_path)
+    body = {"input_ids": [5], "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+
+    def long_request() -> None:
+        with contextlib.suppress(httpx.HTTPError):  # the server went away: expected here
+            httpx.post(url + "/generate", json=body, timeout=30, trust_env=False)
+
+    client = threading.Thread(target=long_request, daemon=True)
+    client.start()
+    try:
+        deadline = time.monotonic() + 20
+        while httpx.get(url + "/server_info", timeout=5, trust_env=False).json()["running"] < 1:
+            assert time.monotonic() < deadline, "the long request never started"
+            time.sleep(0.02)
+    finally:
+        code, took = _stop_timed(proc, timeout=3)  # SIGKILL after 3 s: the test fails fast
+    client.join(timeout=30)
+    assert code == 0 and took < 3, f"exit code {code} after {took:.1f}s"
+
+
+def test_bad_model_path_exits_with_one_error_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    port = pick_free_port()
+    proc = ServerProcess(
+        build_command(_config(str(missing), port)), log_path=tmp_path / "serve.log"
+    ).start()
+    try:
+        with pytest.raises(ServerExitedError, match="exited with code 1"):
+            proc.wait_healthy(f"http://127.0.0.1:{port}", timeout=STARTUP_S)
+    finally:
+        proc.stop()
+    assert proc.returncode == 1
+    lines = [line for line in proc.log_tail().splitlines() if line.strip()]
+    assert len(lines) == 1, lines
+    assert lines[0].startswith("error: ") and str(missing) in lines[0]
+    assert "config.json" in lines[0]
+
+
+def test_port_in_use_exits_non_zero(nano_model_dir: str, tmp_path: Path) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = ServerProcess(
+            build_command(_config(nano_model_dir, port)), log_path=tmp_path / "serve.log"
+        ).start()
+        try:
+            deadline = time.monotonic() + STARTUP_S
+            while proc.running:
+                assert time.monotonic() < deadline, "the server kept running on a taken port"
+                time.sleep(0.05)
+        finally:
+            proc.stop()
+    assert proc.returncode not in (0, None)
+    log = proc.log_tail()
+    assert "address already in use" in log
+    assert f"could not start on 127.0.0.1:{port}" in log
+    assert "Traceback" not in log
