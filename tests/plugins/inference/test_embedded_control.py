@@ -169,3 +169,26 @@ def test_update_weights_mid_generation_records_both_versions(
         out = running.result(timeout=60).json()
     assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["0", "1"]
     assert out["meta_info"]["weight_version"] == "1"
+
+
+def test_retract_keeps_prompt_logprobs_of_the_prompt(start_server: Any) -> None:
+    body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {**LONG, "max_new_tokens": 300},
+        "return_logprob": True,
+        "logprob_start_len": 0,
+    }
+    with start_server() as srv, ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_post, srv.url, "/generate", body)
+        _wait_running(srv)
+        _post(srv.url, "/pause_generation", {"mode": "retract"})
+        _post(srv.url, "/continue_generation", {})
+        out = running.result(timeout=60).json()
+    assert len(out["meta_info"]["input_token_logprobs"]) == 3
+    assert len(out["output_ids"]) == 300
+
+
+def test_version_bumps_keep_counting() -> None:
+    from areal.plugins.inference.embedded.engine import _next_version
+
+    assert [_next_version(v) for v in ("0", "7", "v9", "policy")] == ["1", "8", "v10", "policy-1"]

@@ -168,3 +168,58 @@ def test_model_info_and_health(server: Any) -> None:
     assert info["weight_version"] == "0" and info["is_generation"] is True
     assert server.http.get("/get_model_info").json() == info
     assert server.http.get("/health").status_code == 200
+
+
+def test_text_in_logprobs(server: Any) -> None:
+    out = server.generate(
+        text="Hi",
+        sampling_params={"max_new_tokens": 5, "ignore_eos": True},
+        return_logprob=True,
+        return_text_in_logprobs=True,
+    )
+    pieces = [t[2] for t in out["meta_info"]["output_token_logprobs"]]
+    assert all(isinstance(p, str) for p in pieces)
+    assert "".join(pieces) == out["text"]
+
+
+def test_request_stop_ids_end_a_completed_grammar(server: Any) -> None:
+    """Once the grammar is complete, a request's own stop token may end it (not only EOS)."""
+    stop = 5  # <tool_response>: not a stop token of the server
+    matched = set()
+    for seed in range(12):
+        out = server.generate(
+            text="Answer:",
+            sampling_params={
+                "max_new_tokens": 20,
+                "regex": "(yes|no)",
+                "stop_token_ids": [stop],
+                "sampling_seed": seed,
+            },
+        )
+        assert out["meta_info"]["finish_reason"]["type"] == "stop"
+        matched.add(out["meta_info"]["finish_reason"]["matched"])
+    assert stop in matched and matched <= {stop, 2}
+
+
+def test_n_samples_abort_by_the_client_rid(start_server: Any) -> None:
+    import time
+
+    long = {"max_new_tokens": 3000, "ignore_eos": True}
+    with start_server() as srv, ThreadPoolExecutor(1) as pool:
+        fut = pool.submit(
+            httpx.post,
+            f"{srv.url}/generate",
+            json={"input_ids": [5], "sampling_params": {**long, "n": 2}, "rid": "job"},
+            timeout=60,
+        )
+        while srv.server.engine.stats()["running"] < 2:
+            time.sleep(0.01)
+        assert srv.http.post("/abort_request", json={"rid": "job"}).status_code == 200
+        outs = fut.result(timeout=30).json()
+    assert sorted(o["meta_info"]["id"] for o in outs) == ["job-0", "job-1"]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "abort" for o in outs)
+
+
+def test_one_rid_for_a_batch_is_refused(server: Any) -> None:
+    resp = server.http.post("/generate", json={"input_ids": [[1], [2]], "rid": "same"})
+    assert resp.status_code == 400 and "one rid per prompt" in resp.json()["error"]["message"]

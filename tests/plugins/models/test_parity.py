@@ -60,7 +60,18 @@ def _hf_qwen3_moe() -> transformers.PreTrainedModel:
     return transformers.Qwen3MoeForCausalLM(cfg)
 
 
-BUILDERS = {"llama": _hf_llama, "qwen2": _hf_qwen2, "qwen3": _hf_qwen3, "qwen3_moe": _hf_qwen3_moe}
+def _hf_llama_biased() -> transformers.PreTrainedModel:
+    """attention_bias puts a bias on q, k, v and o in Llama (and Qwen3)."""
+    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**COMMON, attention_bias=True))
+
+
+BUILDERS = {
+    "llama": _hf_llama,
+    "llama_biased": _hf_llama_biased,
+    "qwen2": _hf_qwen2,
+    "qwen3": _hf_qwen3,
+    "qwen3_moe": _hf_qwen3_moe,
+}
 
 
 def _perturb(model: torch.nn.Module, seed: int) -> None:
@@ -91,7 +102,7 @@ def _ids(batch: int = 2, seq: int = 37) -> torch.Tensor:
 def test_logits_match_transformers(hf_checkpoint: tuple[str, Path, torch.nn.Module]) -> None:
     family, path, reference = hf_checkpoint
     ours = load_model(path)
-    assert ours.family == family
+    assert ours.family == family.removesuffix("_biased")
     ids = _ids()
     with torch.no_grad():
         expected = reference(ids).logits

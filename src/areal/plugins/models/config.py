@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
@@ -34,6 +34,11 @@ class RopeConfig:
 
 @dataclass
 class DecoderConfig:
+    """A plugin family for another Llama-like ``model_type`` subclasses this and sets
+    ``architectures`` (``model_type -> HF class name``); see docs/models.md."""
+
+    architectures: ClassVar[dict[str, str]] = ARCHITECTURES
+
     model_type: str
     vocab_size: int
     hidden_size: int
@@ -48,6 +53,7 @@ class DecoderConfig:
     hidden_act: str = "silu"
     rope: RopeConfig = field(default_factory=RopeConfig)
     attention_bias: bool = False  # q/k/v bias (Qwen2: always on)
+    attention_out_bias: bool = False  # o_proj bias (Llama/Qwen3 with attention_bias; never Qwen2)
     mlp_bias: bool = False
     qk_norm: bool = False  # RMSNorm over each head of q and k (Qwen3)
     # mixture of experts (Qwen3-MoE); num_experts == 0 means dense
@@ -84,8 +90,8 @@ class DecoderConfig:
     @classmethod
     def from_hf_dict(cls, raw: dict[str, Any]) -> DecoderConfig:
         model_type = raw.get("model_type")
-        if model_type not in ARCHITECTURES:
-            known = ", ".join(sorted(ARCHITECTURES))
+        if model_type not in cls.architectures:
+            known = ", ".join(sorted(cls.architectures))
             raise ValueError(
                 f"config.json model_type {model_type!r} is not supported; known: {known}"
             )
@@ -108,6 +114,7 @@ class DecoderConfig:
             hidden_act=raw.get("hidden_act", "silu"),
             rope=_rope_from_hf(raw),
             attention_bias=model_type == "qwen2" or bool(raw.get("attention_bias", False)),
+            attention_out_bias=model_type != "qwen2" and bool(raw.get("attention_bias", False)),
             mlp_bias=bool(raw.get("mlp_bias", False)),
             qk_norm=model_type in ("qwen3", "qwen3_moe"),
             num_experts=int(raw.get("num_experts") or raw.get("num_local_experts") or 0)
@@ -132,7 +139,7 @@ class DecoderConfig:
 
     def to_hf_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "architectures": [ARCHITECTURES[self.model_type]],
+            "architectures": [self.architectures[self.model_type]],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
             "hidden_size": self.hidden_size,
@@ -147,7 +154,9 @@ class DecoderConfig:
             "hidden_act": self.hidden_act,
             "rope_theta": self.rope.theta,
             "rope_scaling": _rope_scaling_to_hf(self.rope),
-            "attention_bias": self.attention_bias,
+            "attention_bias": self.attention_bias
+            if self.model_type == "qwen2"
+            else self.attention_out_bias,
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "pad_token_id": self.pad_token_id,

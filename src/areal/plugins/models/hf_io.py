@@ -18,6 +18,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from areal.core.specs import ModelFamily
 from areal.plugins.models.config import DecoderConfig
 from areal.plugins.models.decoder import DecoderForCausalLM
 
@@ -27,17 +28,33 @@ _PER_EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_p
 _FUSED_GATE_UP = re.compile(r"^(.*\.mlp\.experts)\.gate_up_proj$")
 
 
-def model_class_for(config: DecoderConfig) -> type[DecoderForCausalLM]:
-    """Pick the family registered for ``config.model_type`` (plugins may add families)."""
+def family_for(model_type: str) -> ModelFamily:
+    """The family registered for a Hugging Face ``model_type`` (plugins may add families)."""
     from areal.core.plugins import registry
 
     families = registry("model_families")
     for family in families.entries.values():
-        if config.model_type in family.hf_model_types:
-            cls: type[DecoderForCausalLM] = family.load_model_class()
-            return cls
+        if model_type in family.hf_model_types:
+            return family
     known = sorted(t for f in families.entries.values() for t in f.hf_model_types)
-    raise ValueError(f"no model family handles model_type {config.model_type!r}; known: {known}")
+    raise ValueError(f"no model family handles model_type {model_type!r}; known: {known}")
+
+
+def read_config(model_dir: str | Path) -> DecoderConfig:
+    """config.json parsed by the config class of the family that handles its ``model_type``."""
+    path = Path(model_dir) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{model_dir} has no config.json (expected a Hugging Face model dir)"
+        )
+    raw = json.loads(path.read_text())
+    config_class: type[DecoderConfig] = family_for(str(raw.get("model_type"))).load_config_class()
+    return config_class.from_hf_dict(raw)
+
+
+def model_class_for(config: DecoderConfig) -> type[DecoderForCausalLM]:
+    cls: type[DecoderForCausalLM] = family_for(config.model_type).load_model_class()
+    return cls
 
 
 def safetensors_files(model_dir: str | Path) -> list[Path]:
@@ -151,7 +168,7 @@ def load_model(
     model_dir: str | Path, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> DecoderForCausalLM:
     """Build the right family for a Hugging Face directory and load its weights."""
-    config = DecoderConfig.from_dir(model_dir)
+    config = read_config(model_dir)
     cls = model_class_for(config)
     with torch.device("meta"):
         model = cls(config)
@@ -217,7 +234,7 @@ def save_model(
 
 def describe(model_dir: str | Path) -> dict[str, Any]:
     """What ``areal model info`` shows, read from config.json and safetensors headers only."""
-    config = DecoderConfig.from_dir(model_dir)
+    config = read_config(model_dir)
     n_params = 0
     for path in safetensors_files(model_dir):
         with safe_open(str(path), framework="pt") as f:

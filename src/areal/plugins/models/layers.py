@@ -88,7 +88,9 @@ class Attention(nn.Module):
         self.q_proj = nn.Linear(hidden, self.n_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(hidden, self.n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, self.n_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(
+            self.n_heads * self.head_dim, hidden, bias=config.attention_out_bias
+        )
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)

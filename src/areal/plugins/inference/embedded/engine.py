@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 import time
 from collections import deque
@@ -72,7 +73,7 @@ class Engine:
         self.running: list[Sequence] = []
         self.paused = False
         self.tokens_generated = 0
-        self.peak_running = 0  # most sequences that shared a decode step (tests, /server_info)
+        self.peak_running = 0  # most sequences admitted at once (tests, /server_info)
         # phase -> [steps, seconds, sequences]: where the engine's time goes (/server_info)
         self.timings: dict[str, list[float]] = {"prefill": [0, 0.0, 0], "decode": [0, 0.0, 0]}
         # SimpleQueue: put() is reentrant, so a signal handler on the engine's thread may call stop()
@@ -105,7 +106,11 @@ class Engine:
 
     def stop(self, message: str = "the server is shutting down") -> None:
         """Finish every sequence as aborted (their callers get an answer), then end the loop."""
-        self._inbox.put(lambda: self.abort_all(message))
+
+        def shutdown() -> None:
+            self.abort_all(message)
+
+        self._inbox.put(shutdown)
         self._inbox.put(self._stopped.set)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=10)
@@ -162,7 +167,7 @@ class Engine:
         self.paused = False
 
     def abort(self, rid: str, message: str = "aborted by request") -> int:
-        hits = [s for s in (*self.running, *self.waiting) if s.req.rid == rid]
+        hits = [s for s in (*self.running, *self.waiting) if rid in (s.req.rid, s.req.group)]
         for seq in hits:
             self._finish(
                 seq, {"type": "abort", "message": message, "status_code": None, "err_type": None}
@@ -322,7 +327,8 @@ class Engine:
         last = torch.tensor([len(p) - 1 for p in pending])
         logits = self.model.lm_head(hidden[torch.arange(len(seqs)), last]).float()
         for b, seq in enumerate(seqs):
-            if seq.kv_len == 0 and seq.req.return_logprob and seq.req.logprob_start_len >= 0:
+            first_prefill = seq.kv_len == 0 and seq.input_logprobs is None  # not after a retract
+            if first_prefill and seq.req.return_logprob and seq.req.logprob_start_len >= 0:
                 seq.input_logprobs = self._prompt_logprobs(seq, hidden[b, : len(pending[b])])
             seq.kv_len += len(pending[b])
         return logits
@@ -337,7 +343,7 @@ class Engine:
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         matchers = [s.matcher for s in seqs]
         if self._masker is not None and any(m is not None for m in matchers):
-            self._masker.apply(logits, matchers)
+            self._apply_grammars(seqs, logits)
         for b, seq in enumerate(seqs):
             if len(seq.output_ids) < seq.req.params.min_new_tokens and seq.stop_ids:
                 logits[b, list(seq.stop_ids)] = float("-inf")
@@ -363,7 +369,20 @@ class Engine:
             self.tokens_generated += 1
             self._check_finished(seq, token)
             if seq.finish is None and seq.req.stream:
-                seq.emit(seq.payload(self.weight_version, self._text(seq)), False)
+                seq.emit(seq.payload(self.weight_version, self._text(seq), self._token_text), False)
+
+    def _apply_grammars(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
+        """Mask what each grammar forbids. Once a grammar is complete it allows the server's stop
+        tokens; a request's own ``stop_token_ids`` are let through here too."""
+        assert self._masker is not None
+        extra: list[tuple[int, list[int], torch.Tensor]] = []
+        for b, seq in enumerate(seqs):
+            ids = list(seq.req.params.stop_token_ids or ())
+            if seq.matcher is not None and ids and seq.matcher.can_stop():
+                extra.append((b, ids, logits[b, ids].clone()))
+        self._masker.apply(logits, [s.matcher for s in seqs])
+        for b, ids, saved in extra:
+            logits[b, ids] = saved
 
     def _check_finished(self, seq: Sequence, token: int) -> None:
         params = seq.req.params
@@ -375,16 +394,26 @@ class Engine:
         if token in seq.stop_ids and len(seq.output_ids) > params.min_new_tokens - 1:
             self._finish(seq, {"type": "stop", "matched": token})
             return
-        if params.stop:
-            text = self.decode(seq.output_ids, params.skip_special_tokens)
-            for stop in params.stop:
-                at = text.find(stop)
-                if at >= 0:
-                    seq.text = text[: at + len(stop)] if params.no_stop_trim else text[:at]
-                    self._finish(seq, {"type": "stop", "matched": stop}, text_ready=True)
-                    return
+        if params.stop and self._stop_string_in_tail(seq):
+            text = self._text(seq)
+            found = [(text.find(s), s) for s in params.stop if s in text]
+            at, stop = min(found)
+            seq.text = text[: at + len(stop)] if params.no_stop_trim else text[:at]
+            self._finish(seq, {"type": "stop", "matched": stop}, text_ready=True)
+            return
         if len(seq.output_ids) >= params.max_new_tokens:
             self._finish(seq, {"type": "length", "length": len(seq.output_ids)})
+
+    def _stop_string_in_tail(self, seq: Sequence) -> bool:
+        """Decode only the last few tokens: every token adds at least one byte, so a stop string of
+        c characters (at most 4c bytes) that the newest token completed lies within 4c + 4 tokens."""
+        stops = seq.req.params.stop or []
+        window = 4 * max(len(s) for s in stops) + 4
+        tail = self.decode(seq.output_ids[-window:], seq.req.params.skip_special_tokens)
+        return any(s in tail for s in stops)
+
+    def _token_text(self, token: int) -> str:
+        return self.decode([token], False)
 
     def _text(self, seq: Sequence) -> str:
         return self.decode(seq.output_ids, seq.req.params.skip_special_tokens)
@@ -397,7 +426,7 @@ class Engine:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         text = seq.text if text_ready else self._text(seq)
-        seq.emit(seq.payload(self.weight_version, text), True)
+        seq.emit(seq.payload(self.weight_version, text, self._token_text), True)
 
     def _release(self, seq: Sequence) -> None:
         if seq.slots is not None:
@@ -406,4 +435,8 @@ class Engine:
 
 
 def _next_version(version: str) -> str:
-    return str(int(version) + 1) if version.isdigit() else "1"
+    """ "7" -> "8", "v9" -> "v10"; a version without a trailing number gets "-1" appended."""
+    match = re.fullmatch(r"(.*?)(\d+)", version)
+    if match is None:
+        return f"{version}-1"
+    return f"{match.group(1)}{int(match.group(2)) + 1}"

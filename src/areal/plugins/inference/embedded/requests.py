@@ -39,6 +39,8 @@ class SequenceRequest:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
+    return_text_in_logprobs: bool = False
+    group: str = ""  # the client's rid when n > 1 splits it into rid-0, rid-1, ...
     created: float = field(default_factory=time.perf_counter)
 
 
@@ -95,6 +97,8 @@ def expand_generate(
     logprob = _per_item(req.return_logprob, n_prompts, "return_logprob")
     start = _per_item(req.logprob_start_len, n_prompts, "logprob_start_len")
     top = _per_item(req.top_logprobs_num, n_prompts, "top_logprobs_num")
+    if isinstance(req.rid, str) and n_prompts > 1:
+        raise RequestError("a batch needs one rid per prompt (a list), or none")
     rids = _per_item(req.rid, n_prompts, "rid") if isinstance(req.rid, list) else None
     out: list[SequenceRequest] = []
     for i, prompt in enumerate(prompts):
@@ -113,6 +117,8 @@ def expand_generate(
                     logprob_start_len=int(start[i]),
                     top_logprobs_num=int(top[i]),
                     stream=req.stream,
+                    return_text_in_logprobs=req.return_text_in_logprobs,
+                    group=base,
                 )
             )
     return out, is_batch or len(out) > 1

@@ -77,6 +77,10 @@ class SamplingParams(BaseModel):
             bad.append("logit_bias")
         if self.structural_tag is not None:
             bad.append("structural_tag")
+        if self.custom_params is not None:
+            bad.append("custom_params")
+        if not self.spaces_between_special_tokens:
+            bad.append("spaces_between_special_tokens=false")
         return bad
 
 

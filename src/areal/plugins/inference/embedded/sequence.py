@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +44,9 @@ class Sequence:
     def reserve(self) -> int:
         return self.prompt_len + self.req.params.max_new_tokens
 
-    def payload(self, weight_version: str, text: str) -> dict[str, Any]:
+    def payload(
+        self, weight_version: str, text: str, token_text: Callable[[int], str]
+    ) -> dict[str, Any]:
         req = self.req
         meta: dict[str, Any] = {
             "id": req.rid,
@@ -56,8 +59,9 @@ class Sequence:
             "e2e_latency": time.perf_counter() - req.created,
         }
         if req.return_logprob:
+            name = token_text if req.return_text_in_logprobs else (lambda _: None)
             meta["output_token_logprobs"] = [
-                [lp, tok, None] for lp, tok in zip(self.output_logprobs, self.output_ids)
+                [lp, tok, name(tok)] for lp, tok in zip(self.output_logprobs, self.output_ids)
             ]
             if self.input_logprobs is not None:
                 meta["input_token_logprobs"] = self.input_logprobs

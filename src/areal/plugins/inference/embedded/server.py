@@ -27,7 +27,11 @@ from starlette.routing import Route
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
 from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
 from areal.plugins.inference.embedded.kv_pool import bytes_per_token
-from areal.plugins.inference.embedded.requests import RequestError, expand_generate
+from areal.plugins.inference.embedded.requests import (
+    RequestError,
+    SequenceRequest,
+    expand_generate,
+)
 from areal.plugins.inference.embedded.schema import (
     AbortRequest,
     DestroyWeightsUpdateGroupRequest,
@@ -142,8 +146,12 @@ class InferenceServer:
     async def generate(self, request: Request) -> Response:
         req = _validate(GenerateRequest, await _json_body(request))
         seqs, as_list = expand_generate(req, self.encode, self.vocab_size)
-        for seq in seqs:
-            self.engine.validate(seq)
+        if any(seq.params.json_schema or seq.params.regex or seq.params.ebnf for seq in seqs):
+            # compiling a new grammar can take a while: keep it off the event loop
+            await asyncio.to_thread(self._validate_all, seqs)
+        else:
+            for seq in seqs:
+                self.engine.validate(seq)
         loop = asyncio.get_running_loop()
         results: asyncio.Queue[tuple[int, dict[str, Any], bool]] = asyncio.Queue()
 
@@ -172,6 +180,10 @@ class InferenceServer:
             self._abort_rids(rids)
             raise
         return JSONResponse(outputs if as_list else outputs[0])
+
+    def _validate_all(self, seqs: list[SequenceRequest]) -> None:
+        for seq in seqs:
+            self.engine.validate(seq)
 
     async def _stream(
         self,
