@@ -27,8 +27,8 @@ import httpx
 import psutil
 import torch
 
+from areal.core.process import ServerProcess, pick_free_port
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
-from areal.plugins.inference.server_process import ServerProcess, pick_free_port
 from areal.plugins.models.tiny import init_tiny
 
 NEW_TOKENS = 128

@@ -20,9 +20,9 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from areal.plugins.inference.client import GenerateOutput, InferenceClient
+from areal.core.inference_client import GenerateOutput, InferenceClient
+from areal.core.process import ServerProcess, pick_free_port
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
-from areal.plugins.inference.server_process import ServerProcess, pick_free_port
 
 console = Console()
 

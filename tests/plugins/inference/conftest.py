@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
@@ -12,10 +10,9 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 
+from areal.core.http_server import ServerThread
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
-from areal.plugins.inference.server_process import pick_free_port
 from areal.plugins.models.tiny import init_tiny
 
 
@@ -33,26 +30,16 @@ class RunningServer:
 
 @contextmanager
 def running_server(model_dir: str, **options: Any) -> Iterator[RunningServer]:
+    """The real app on 127.0.0.1 (aiohttp on a side thread), the engine on its own thread."""
     options.setdefault("max_total_tokens", 8192)
     server = build_server(model_dir, **options)
-    port = pick_free_port()
-    uv = uvicorn.Server(
-        uvicorn.Config(server.app(), host="127.0.0.1", port=port, log_level="warning")
-    )
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not uv.started:
-        assert time.monotonic() < deadline, "server did not start"
-        time.sleep(0.02)
-    url = f"http://127.0.0.1:{port}"
+    http_server = ServerThread(server.app(), "127.0.0.1", 0).start()
     try:
-        with httpx.Client(base_url=url, timeout=60) as http:
-            yield RunningServer(url, server, http)
+        with httpx.Client(base_url=http_server.url, timeout=60) as http:
+            yield RunningServer(http_server.url, server, http)
     finally:
-        uv.should_exit = True
-        thread.join(timeout=10)
         server.engine.stop()
+        http_server.stop()
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import torch
 
-from areal.plugins.inference.client import (
+from areal.core.inference_client import (
     GenerateOutput,
     InferenceClient,
     InferenceError,

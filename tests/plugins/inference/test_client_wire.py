@@ -1,7 +1,7 @@
 """InferenceClient against a real HTTP server that answers in SGLang's wire shapes.
 
-SGLang itself needs a CUDA GPU, so the server here is a small starlette stand-in for SGLang written
-from SGLANG_API.md; it runs under uvicorn on 127.0.0.1 in a thread. Tests against the embedded
+SGLang itself needs a CUDA GPU, so the server here is a small aiohttp.web stand-in for SGLang written
+from SGLANG_API.md; it runs on 127.0.0.1 in its own event loop on a thread. Tests against the embedded
 engine and against real SGLang (bench/gpu/sglang_check.py) cover the real backends.
 """
 
@@ -17,21 +17,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
+from aiohttp import web
+from aiohttp.web import Request, Response, StreamResponse, json_response
 
-from areal.plugins.inference.client import (
+from areal.core.inference_client import (
     GenerateOutput,
     InferenceClient,
     InferenceError,
     SamplingParams,
     WeightVersionSpan,
+    _lines,
     _StreamAssembler,
 )
-from areal.plugins.inference.server_process import pick_free_port
+from areal.core.process import pick_free_port
 
 # --- the SGLang stand-in ---------------------------------------------------------------------
 
@@ -47,7 +45,8 @@ class StandIn:
     api_key: str | None = None
     weight_version: str = "default"
     fail_next: tuple[int, str, str] | None = None  # (status, body, media type) for the next call
-    token_delay: float = 0.0
+    token_delay: float = 0.0  # seconds before each stream chunk
+    answer_delay: float = 0.0  # seconds before /generate answers at all
     abort_event: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, Any]] = field(default_factory=list)
 
@@ -88,18 +87,20 @@ def _plan(body: dict[str, Any]) -> tuple[list[int], dict[str, Any]]:
     return ids, {"type": "length", "length": n}
 
 
-def build_app(state: StandIn) -> Starlette:
+def build_app(state: StandIn) -> web.Application:
     def fail_or_auth(request: Request) -> Response | None:
         if state.fail_next is not None:
             status, content, media = state.fail_next
             state.fail_next = None
-            return Response(content, status_code=status, media_type=media)
+            return Response(text=content, status=status, content_type=media)
         if state.api_key and request.headers.get("authorization") != f"Bearer {state.api_key}":
-            return JSONResponse({"error": {"message": "Unauthorized", "code": 401}}, 401)
+            return json_response({"error": {"message": "Unauthorized", "code": 401}}, status=401)
         return None
 
-    def endpoint(handler: Callable[[Request], Awaitable[Response]]):
-        async def wrapped(request: Request) -> Response:
+    Handler = Callable[[Request], Awaitable[StreamResponse]]
+
+    def endpoint(handler: Handler) -> Handler:
+        async def wrapped(request: Request) -> StreamResponse:
             early = fail_or_auth(request)
             if early is not None:
                 return early
@@ -108,13 +109,13 @@ def build_app(state: StandIn) -> Starlette:
         return wrapped
 
     async def health(request: Request) -> Response:
-        return Response(status_code=200)
+        return Response(status=200)
 
     async def model_info(request: Request) -> Response:
-        if request.url.path == "/model_info" and not state.has_model_info:
-            return JSONResponse({"detail": "Not Found"}, 404)
-        state.log.append(("model_info", request.url.path))
-        return JSONResponse(
+        if request.path == "/model_info" and not state.has_model_info:
+            return json_response({"detail": "Not Found"}, status=404)
+        state.log.append(("model_info", request.path))
+        return json_response(
             {
                 "model_path": "/models/tiny",
                 "is_generation": True,
@@ -122,9 +123,10 @@ def build_app(state: StandIn) -> Starlette:
             }
         )
 
-    async def generate(request: Request) -> Response:
+    async def generate(request: Request) -> StreamResponse:
         body = await request.json()
         state.log.append(("generate", body))
+        await asyncio.sleep(state.answer_delay)
         if body.get("input_ids") == []:
             error = {
                 "message": "The input_ids is empty.",
@@ -132,10 +134,10 @@ def build_app(state: StandIn) -> Starlette:
                 "code": 400,
                 "retryable": False,
             }
-            return JSONResponse({"error": error}, 400)
+            return json_response({"error": error}, status=400)
         ids, finish = _plan(body)
         if not body.get("stream"):
-            return JSONResponse(
+            return json_response(
                 {
                     "text": "".join(_token_text(t) for t in ids),
                     "output_ids": ids,
@@ -143,9 +145,23 @@ def build_app(state: StandIn) -> Starlette:
                     "prompt_token_ids": body.get("input_ids"),
                 }
             )
-        return StreamingResponse(stream(body, ids, finish), media_type="text/event-stream")
+        response = StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        async for piece in stream(body, ids, finish):
+            await response.write(piece)
+            if body.get("rid") == "drop-mid-stream" and request.transport is not None:
+                request.transport.abort()  # the connection breaks mid-answer
+                return response
+        await response.write_eof()
+        return response
 
     async def stream(body: dict[str, Any], ids: list[int], finish: Any) -> AsyncIterator[bytes]:
+        if body.get("rid") == "one-chunk":  # the whole answer in one (long) SSE line
+            chunk = {"text": "".join(_token_text(t) for t in ids), "output_ids": ids}
+            chunk["meta_info"] = _meta(state, body, ids, finish)
+            yield b"data: " + json.dumps(chunk).encode() + b"\n\n"
+            yield b"data: [DONE]\n\n"
+            return
         if body.get("rid") == "error-mid-stream":
             yield b'data: {"error": {"message": "boom in the scheduler"}}\n\n'
             yield b"data: [DONE]\n\n"
@@ -177,70 +193,79 @@ def build_app(state: StandIn) -> Starlette:
         state.log.append(("pause", body))
         if body.get("mode", "abort") == "abort":
             state.abort_event.set()
-        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+        return json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def resume(request: Request) -> Response:
         state.log.append(("continue", await request.json()))
         state.abort_event.clear()
-        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+        return json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def abort(request: Request) -> Response:
         state.log.append(("abort", await request.json()))
-        return Response(status_code=200)
+        return Response(status=200)
 
     async def flush(request: Request) -> Response:
         if state.busy:
-            return PlainTextResponse("Cache not flushed: requests are running.", 400)
-        return PlainTextResponse("Cache flushed.")
+            return Response(text="Cache not flushed: requests are running.", status=400)
+        return Response(text="Cache flushed.")
 
     async def update_from_disk(request: Request) -> Response:
         body = await request.json()
         state.log.append(("update_weights_from_disk", body))
         if body["model_path"] == "/no/such/dir":
-            return JSONResponse(
-                {"success": False, "message": "Failed to load weights: no such dir"}, 400
+            return json_response(
+                {"success": False, "message": "Failed to load weights: no such dir"}, status=400
             )
         if body.get("weight_version") is not None:
             state.weight_version = body["weight_version"]
-        return JSONResponse({"success": True, "message": "Succeeded.", "num_paused_requests": 0})
+        return json_response({"success": True, "message": "Succeeded.", "num_paused_requests": 0})
 
     async def update_version(request: Request) -> Response:
         body = await request.json()
         state.weight_version = body["new_version"]
-        return JSONResponse({"success": True, "message": "ok", "new_version": body["new_version"]})
+        return json_response({"success": True, "message": "ok", "new_version": body["new_version"]})
 
     routes = [
-        Route("/health", endpoint(health), methods=["GET"]),
-        Route("/model_info", endpoint(model_info), methods=["GET"]),
-        Route("/get_model_info", endpoint(model_info), methods=["GET"]),
-        Route("/generate", endpoint(generate), methods=["POST", "PUT"]),
-        Route("/pause_generation", endpoint(pause), methods=["POST"]),
-        Route("/continue_generation", endpoint(resume), methods=["POST"]),
-        Route("/abort_request", endpoint(abort), methods=["POST"]),
-        Route("/flush_cache", endpoint(flush), methods=["GET", "POST"]),
-        Route("/update_weights_from_disk", endpoint(update_from_disk), methods=["POST"]),
-        Route("/update_weight_version", endpoint(update_version), methods=["POST"]),
+        ("GET", "/health", health),
+        ("GET", "/model_info", model_info),
+        ("GET", "/get_model_info", model_info),
+        ("POST", "/generate", generate),
+        ("PUT", "/generate", generate),
+        ("POST", "/pause_generation", pause),
+        ("POST", "/continue_generation", resume),
+        ("POST", "/abort_request", abort),
+        ("GET", "/flush_cache", flush),
+        ("POST", "/flush_cache", flush),
+        ("POST", "/update_weights_from_disk", update_from_disk),
+        ("POST", "/update_weight_version", update_version),
     ]
-    return Starlette(routes=routes)
+    app = web.Application()
+    for method, path, handler in routes:
+        app.router.add_route(method, path, endpoint(handler))
+    return app
 
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[tuple[StandIn, str]]:
     state = StandIn()
-    config = uvicorn.Config(
-        build_app(state), host="127.0.0.1", port=0, log_level="warning", lifespan="off"
-    )
-    uv = uvicorn.Server(config)
-    thread = threading.Thread(target=uv.run, daemon=True)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="standin", daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not uv.started:
-        assert time.monotonic() < deadline, "stand-in server did not start"
-        time.sleep(0.01)
-    port = uv.servers[0].sockets[0].getsockname()[1]
-    yield state, f"http://127.0.0.1:{port}"
-    uv.should_exit = True
-    thread.join(timeout=10)
+    runner = web.AppRunner(build_app(state), access_log=None)
+
+    async def start() -> int:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return int(runner.addresses[0][1])
+
+    try:
+        port = asyncio.run_coroutine_threadsafe(start(), loop).result(timeout=10)
+        yield state, f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
 
 
 @pytest.fixture
@@ -443,6 +468,60 @@ def test_stream_http_error_raises_before_any_chunk(standin: tuple[StandIn, str])
     assert info.value.status_code == 400
 
 
+def test_stream_chunk_longer_than_the_read_buffer(standin: tuple[StandIn, str]) -> None:
+    """One cumulative chunk of a long generation with log-probs is far over aiohttp's 128 KiB."""
+    _, url = standin
+    n = 8000
+    chunks = run(
+        url,
+        lambda c: collect(c, input_ids=[1], sampling_params={"max_new_tokens": n}, rid="one-chunk"),
+    )
+    assert len(chunks) == 1 and chunks[0].finished
+    assert chunks[0].output_ids == [100 + i for i in range(n)]
+    assert chunks[0].output_logprobs[-1] == -0.5 * n and len(chunks[0].delta_logprobs) == n
+
+
+def test_stream_cut_off_by_the_server_raises_without_status(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: collect(c, input_ids=[1], sampling_params={}, rid="drop-mid-stream"))
+    assert info.value.status_code is None and info.value.url == f"{url}/generate"
+
+
+@pytest.mark.parametrize(
+    "pieces",
+    [
+        [b"data: 1\n\ndata: 2\n\n"],
+        [b"da", b"ta: 1\r", b"\n\r\ndata: 2", b"\r\n", b"\r\n"],
+        [b"data: 1\r\rdata: 2"],
+        [b"data: 1\n", b"\n", b"data", b": ", b"2"],
+    ],
+)
+def test_sse_lines_across_chunk_boundaries(pieces: list[bytes]) -> None:
+    async def split() -> list[str]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+
+        return [line async for line in _lines(chunks())]
+
+    assert [line for line in asyncio.run(split()) if line] == ["data: 1", "data: 2"]
+
+
+def test_sse_lines_keep_a_character_split_between_chunks() -> None:
+    encoded = 'data: {"text": "héllo"}\n'.encode()
+    cut = encoded.index("é".encode()) + 1  # inside the two bytes of é
+
+    async def split() -> list[str]:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield encoded[:cut]
+            yield encoded[cut:]
+
+        return [line async for line in _lines(chunks())]
+
+    assert asyncio.run(split()) == ['data: {"text": "héllo"}']
+
+
 # --- errors ----------------------------------------------------------------------------------
 
 
@@ -488,6 +567,48 @@ def test_unreachable_server_raises_inference_error_without_status() -> None:
     with pytest.raises(InferenceError) as info:
         run(url, lambda c: c.generate(input_ids=[1], sampling_params={}), connect_timeout=2)
     assert info.value.status_code is None and info.value.url == f"{url}/generate"
+    with pytest.raises(InferenceError) as info:
+        run(url, lambda c: collect(c, input_ids=[1], sampling_params={}), connect_timeout=2)
+    assert info.value.status_code is None and info.value.url == f"{url}/generate"
+
+
+def test_a_slow_answer_times_out_without_status(standin: tuple[StandIn, str]) -> None:
+    state, url = standin
+    state.answer_delay = 1.0
+    for scenario in (
+        lambda c: c.generate(input_ids=[1], sampling_params={}),
+        lambda c: collect(c, input_ids=[1], sampling_params={}),
+    ):
+        with pytest.raises(InferenceError, match="Timeout") as info:
+            run(url, scenario, timeout=0.2)
+        assert info.value.status_code is None and info.value.url == f"{url}/generate"
+
+
+def test_timeout_bounds_each_wait_not_the_whole_stream(standin: tuple[StandIn, str]) -> None:
+    """A stream that keeps producing outlives ``timeout``, as with httpx's read timeout."""
+    state, url = standin
+    state.token_delay = 0.1
+    started = time.monotonic()
+    chunks = run(
+        url, lambda c: collect(c, input_ids=[1], sampling_params={"max_new_tokens": 8}), timeout=0.5
+    )
+    assert time.monotonic() - started > 0.5
+    assert chunks[-1].finished and len(chunks[-1].output_ids) == 8
+
+
+def test_client_made_outside_a_loop_and_closed(standin: tuple[StandIn, str]) -> None:
+    _, url = standin
+    client = InferenceClient(url)  # no running loop here: the session comes on first use
+
+    async def use() -> bool:
+        healthy = await client.health()
+        await client.aclose()
+        await client.aclose()  # closing twice is harmless
+        return healthy
+
+    assert asyncio.run(use()) is True
+    with pytest.raises(RuntimeError, match="closed"):
+        asyncio.run(client.model_info())
 
 
 def test_api_key_is_sent_as_bearer_token(standin: tuple[StandIn, str]) -> None:

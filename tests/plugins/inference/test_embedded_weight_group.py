@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from areal.plugins.inference.server_process import pick_free_port
+from areal.core.process import pick_free_port
 from areal.plugins.models.hf_io import load_model, to_checkpoint
 
 

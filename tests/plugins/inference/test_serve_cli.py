@@ -12,12 +12,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
-from areal.plugins.inference.server_process import (
+from areal.core.process import (
     ServerExitedError,
     ServerProcess,
     pick_free_port,
 )
+from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
 
 STARTUP_S = 90  # loading torch and the tokenizer on a busy 2-core box
 

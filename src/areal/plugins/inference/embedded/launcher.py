@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -20,7 +22,11 @@ class EmbeddedServerConfig:
     extra_args: list[str] = field(default_factory=list)
 
 
-def build_command(config: EmbeddedServerConfig) -> list[str]:
+def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]:
+    """``areal serve inference ...`` for ``config`` (a mapping of its fields is accepted, so code
+    that must not import this module can launch one through the backend registry)."""
+    if not isinstance(config, EmbeddedServerConfig):
+        config = EmbeddedServerConfig(**config)
     cmd = [
         sys.executable, "-m", "areal", "serve", "inference",
         "--model", config.model_path,

@@ -1,7 +1,7 @@
 """The embedded engine's HTTP server: the SGLang native API subset of DESIGN.md §3.
 
-Handlers validate, tokenize and hand sequences to the engine thread; results come back through
-``loop.call_soon_threadsafe`` into one asyncio queue per HTTP request. Any bad input gets a 4xx in
+Handlers (aiohttp) validate, tokenize and hand sequences to the engine thread; results come back
+through ``loop.call_soon_threadsafe`` into one asyncio queue per HTTP request. Any bad input gets a 4xx in
 SGLang's error shape; nothing a client sends can stop the server.
 """
 
@@ -11,19 +11,17 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
+from aiohttp import web
+from aiohttp.web import Request, Response
 from pydantic import ValidationError
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.routing import Route
 
+from areal.core.http_server import ServerThread
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
 from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
 from areal.plugins.inference.embedded.kv_pool import bytes_per_token
@@ -51,17 +49,15 @@ log = logging.getLogger("areal.inference")
 DEFAULT_MEM_FRACTION = 0.05
 
 
-def error_response(
-    status: int, message: str, err_type: str = "invalid_request_error"
-) -> JSONResponse:
+def error_response(status: int, message: str, err_type: str = "invalid_request_error") -> Response:
     body = {
         "error": {"message": message, "type": err_type, "code": status, "retryable": status >= 500}
     }
-    return JSONResponse(body, status_code=status)
+    return web.json_response(body, status=status)
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
-    raw = await request.body()
+    raw = await request.read()
     if not raw.strip():
         return {}
     try:
@@ -81,7 +77,7 @@ def _validate(model: type[Any], body: dict[str, Any]) -> Any:
 
 
 class InferenceServer:
-    """Holds the engine, the tokenizer and the model description; builds the ASGI app."""
+    """Holds the engine, the tokenizer and the model description; builds the aiohttp app."""
 
     def __init__(
         self,
@@ -134,16 +130,16 @@ class InferenceServer:
 
     async def health(self, request: Request) -> Response:
         ok = self.ready.is_set() and self.engine.alive
-        return Response(status_code=200 if ok else 503)
+        return Response(status=200 if ok else 503)
 
     async def get_model_info(self, request: Request) -> Response:
-        return JSONResponse(self.model_info())
+        return web.json_response(self.model_info())
 
     async def server_info(self, request: Request) -> Response:
         stats = await self.on_engine(self.engine.stats)
-        return JSONResponse({**self.model_info(), **stats, "version": _areal_version()})
+        return web.json_response({**self.model_info(), **stats, "version": _areal_version()})
 
-    async def generate(self, request: Request) -> Response:
+    async def generate(self, request: Request) -> web.StreamResponse:
         req = _validate(GenerateRequest, await _json_body(request))
         seqs, as_list = expand_generate(req, self.encode, self.vocab_size)
         if any(seq.params.json_schema or seq.params.regex or seq.params.ebnf for seq in seqs):
@@ -165,9 +161,7 @@ class InferenceServer:
             self.engine.submit(seq, emitter(i))
         rids = [s.rid for s in seqs]
         if req.stream:
-            return StreamingResponse(
-                self._stream(results, len(seqs), as_list, rids), media_type="text/event-stream"
-            )
+            return await self._stream(request, results, len(seqs), as_list, rids)
         outputs: list[dict[str, Any] | None] = [None] * len(seqs)
         try:
             remaining = len(seqs)
@@ -179,7 +173,7 @@ class InferenceServer:
         except asyncio.CancelledError:
             self._abort_rids(rids)
             raise
-        return JSONResponse(outputs if as_list else outputs[0])
+        return web.json_response(outputs if as_list else outputs[0])
 
     def _validate_all(self, seqs: list[SequenceRequest]) -> None:
         for seq in seqs:
@@ -187,11 +181,16 @@ class InferenceServer:
 
     async def _stream(
         self,
+        request: Request,
         results: asyncio.Queue[tuple[int, dict[str, Any], bool]],
         count: int,
         indexed: bool,
         rids: list[str],
-    ) -> AsyncIterator[str]:
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+        await response.prepare(request)
         remaining = count
         try:
             while remaining:
@@ -199,11 +198,12 @@ class InferenceServer:
                 if indexed:
                     payload["index"] = i
                 remaining -= final
-                yield f"data: {json.dumps(payload)}\n\n"
-            yield "data: [DONE]\n\n"
+                await response.write(f"data: {json.dumps(payload)}\n\n".encode())
+            await response.write(b"data: [DONE]\n\n")
         finally:
             if remaining:  # the client went away: stop spending compute on it
                 self._abort_rids(rids)
+        return response
 
     def _abort_rids(self, rids: list[str]) -> None:
         def abort() -> None:
@@ -230,7 +230,7 @@ class InferenceServer:
             raise
         except (RuntimeError, ValueError) as err:  # the store or the peers could not be reached
             return _failed(f"could not join weight update group {req.group_name!r}: {err}")
-        return JSONResponse(
+        return web.json_response(
             {"success": True, "message": f"joined {req.group_name!r} as rank {req.rank_offset}"}
         )
 
@@ -262,7 +262,7 @@ class InferenceServer:
     async def destroy_weights_update_group(self, request: Request) -> Response:
         req = _validate(DestroyWeightsUpdateGroupRequest, await _json_body(request))
         self.weight_groups.destroy(req.group_name)
-        return JSONResponse({"success": True, "message": f"left {req.group_name!r}"})
+        return web.json_response({"success": True, "message": f"left {req.group_name!r}"})
 
     async def _apply_weights(
         self, tensors: dict[str, torch.Tensor], version: str | None, abort_all: bool, source: str
@@ -274,7 +274,7 @@ class InferenceServer:
 
         new_version = await self.on_engine(apply)
         log.info("loaded weights from %s as version %s", source, new_version)
-        return JSONResponse(
+        return web.json_response(
             {
                 "success": True,
                 "message": f"Succeeded to update model weights (version {new_version}).",
@@ -286,12 +286,12 @@ class InferenceServer:
     async def pause_generation(self, request: Request) -> Response:
         req = _validate(PauseRequest, await _json_body(request))
         await self.on_engine(lambda: self.engine.pause(req.mode))
-        return JSONResponse({"message": "Generation paused successfully.", "status": "ok"})
+        return web.json_response({"message": "Generation paused successfully.", "status": "ok"})
 
     async def continue_generation(self, request: Request) -> Response:
         await _json_body(request)  # accepts SGLang's {"torch_empty_cache": ...}
         await self.on_engine(self.engine.resume)
-        return JSONResponse({"message": "Generation continued successfully.", "status": "ok"})
+        return web.json_response({"message": "Generation continued successfully.", "status": "ok"})
 
     async def abort_request(self, request: Request) -> Response:
         req = _validate(AbortRequest, await _json_body(request))
@@ -302,13 +302,13 @@ class InferenceServer:
             await self.on_engine(lambda: self.engine.abort(req.rid, message))
         else:
             raise RequestError("give a rid or abort_all: true")
-        return Response(status_code=200)
+        return Response(status=200)
 
     async def flush_cache(self, request: Request) -> Response:
         busy = await self.on_engine(lambda: bool(self.engine.running))
         if busy:
-            return PlainTextResponse("Cache not flushed: requests are running.", status_code=400)
-        return PlainTextResponse("Cache flushed.")
+            return Response(text="Cache not flushed: requests are running.", status=400)
+        return Response(text="Cache flushed.")
 
     async def update_weight_version(self, request: Request) -> Response:
         req = _validate(UpdateWeightVersionRequest, await _json_body(request))
@@ -319,60 +319,59 @@ class InferenceServer:
             self.engine.weight_version = req.new_version
 
         await self.on_engine(apply)
-        return JSONResponse({"success": True, "message": "ok", "new_version": req.new_version})
+        return web.json_response({"success": True, "message": "ok", "new_version": req.new_version})
 
-    def app(self) -> Starlette:
-        routes = [
-            Route("/health", self.health, methods=["GET"]),
-            Route("/model_info", self.get_model_info, methods=["GET"]),
-            Route("/get_model_info", self.get_model_info, methods=["GET"]),
-            Route("/server_info", self.server_info, methods=["GET"]),
-            Route("/get_server_info", self.server_info, methods=["GET"]),
-            Route("/generate", self.generate, methods=["POST", "PUT"]),
-            Route("/update_weights_from_disk", self.update_weights_from_disk, methods=["POST"]),
-            Route("/init_weights_update_group", self.init_weights_update_group, methods=["POST"]),
-            Route(
-                "/update_weights_from_distributed",
-                self.update_weights_from_distributed,
-                methods=["POST"],
-            ),
-            Route(
-                "/destroy_weights_update_group", self.destroy_weights_update_group, methods=["POST"]
-            ),
-            Route("/pause_generation", self.pause_generation, methods=["POST"]),
-            Route("/continue_generation", self.continue_generation, methods=["POST"]),
-            Route("/abort_request", self.abort_request, methods=["POST"]),
-            Route("/flush_cache", self.flush_cache, methods=["GET", "POST"]),
-            Route("/update_weight_version", self.update_weight_version, methods=["POST"]),
+    def app(self) -> web.Application:
+        app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
+        routes: list[tuple[str, str, Callable[[Request], Awaitable[web.StreamResponse]]]] = [
+            ("GET", "/health", self.health),
+            ("GET", "/model_info", self.get_model_info),
+            ("GET", "/get_model_info", self.get_model_info),
+            ("GET", "/server_info", self.server_info),
+            ("GET", "/get_server_info", self.server_info),
+            ("POST", "/generate", self.generate),
+            ("PUT", "/generate", self.generate),
+            ("POST", "/update_weights_from_disk", self.update_weights_from_disk),
+            ("POST", "/init_weights_update_group", self.init_weights_update_group),
+            ("POST", "/update_weights_from_distributed", self.update_weights_from_distributed),
+            ("POST", "/destroy_weights_update_group", self.destroy_weights_update_group),
+            ("POST", "/pause_generation", self.pause_generation),
+            ("POST", "/continue_generation", self.continue_generation),
+            ("POST", "/abort_request", self.abort_request),
+            ("GET", "/flush_cache", self.flush_cache),
+            ("POST", "/flush_cache", self.flush_cache),
+            ("POST", "/update_weight_version", self.update_weight_version),
         ]
-        handlers = {
-            RequestError: _request_error,
-            GrammarError: _request_error,
-            HTTPException: _http_error,
-            Exception: _internal_error,
-        }
-        return Starlette(routes=routes, exception_handlers=handlers)  # type: ignore[arg-type]
+        for method, path, handler in routes:
+            app.router.add_route(method, path, handler)
+        return app
 
 
-def _failed(message: str) -> JSONResponse:
+@web.middleware
+async def _errors(
+    request: Request, handler: Callable[[Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Every failure leaves in SGLang's error shape; nothing a client sends escapes as a crash."""
+    try:
+        return await handler(request)
+    except (RequestError, GrammarError) as exc:
+        return error_response(getattr(exc, "status_code", 400), str(exc))
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(exc.status, f"{request.method} {request.path}: {exc.reason}")
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        log.exception("unhandled error on %s", request.path)
+        return error_response(500, f"internal error: {exc}", "internal_error")
+
+
+def _failed(message: str) -> Response:
     """SGLang's answer to a weight update that did not happen: 400 with success false."""
-    return JSONResponse(
-        {"success": False, "message": message, "num_paused_requests": 0}, status_code=400
+    return web.json_response(
+        {"success": False, "message": message, "num_paused_requests": 0}, status=400
     )
-
-
-async def _request_error(request: Request, exc: Exception) -> Response:
-    return error_response(getattr(exc, "status_code", 400), str(exc))
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.exception("unhandled error on %s", request.url.path)
-    return error_response(500, f"internal error: {exc}", "internal_error")
 
 
 def _areal_version() -> str:
@@ -490,8 +489,6 @@ def serve(
     """
     import signal
 
-    import uvicorn
-
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -505,27 +502,19 @@ def serve(
         served_model_name=served_model_name,
         start_engine=False,
     )
-    config = uvicorn.Config(
-        server.app(), host=host, port=port, log_level=log_level, access_log=log_level == "debug"
-    )
-    http = uvicorn.Server(config)
-
-    def http_main() -> None:
-        try:
-            http.run()
-        finally:
-            server.engine.stop()  # the HTTP side ended (or could not bind): end the process
+    http = ServerThread(server.app(), host, port)
+    try:
+        http.start()
+    except OSError as err:
+        raise SystemExit(
+            f"error: the HTTP server could not start on {host}:{port}: {err}"
+        ) from None
 
     def on_signal(signum: int, frame: Any) -> None:
-        http.should_exit = True
-        server.engine.stop()
+        server.engine.stop()  # aborts what runs, so every open request gets its answer
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    http_thread = threading.Thread(target=http_main, name="areal-http", daemon=True)
-    http_thread.start()
+    log.info("serving on http://%s:%d", host, http.port)
     server.engine.run_forever()
-    http.should_exit = True
-    http_thread.join(timeout=10)
-    if not http.started:
-        raise SystemExit(f"error: the HTTP server could not start on {host}:{port}")
+    http.stop()

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import http.client
 import os
 import signal
 import socket
 import subprocess
 import time
+import urllib.error
+import urllib.request
 import weakref
 from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
-
-import httpx
 
 LOG_TAIL_LINES = 40
 
@@ -172,27 +173,21 @@ class ServerProcess:
         health_url = base + "/health"
         deadline = time.monotonic() + timeout
         last = "no answer yet"
-        with httpx.Client(trust_env=False) as http:
-            while True:
-                code = self._proc.poll()
-                if code is not None:
-                    raise ServerExitedError(
-                        self._failure(f"exited with code {code} before {health_url} was healthy")
-                    )
-                try:
-                    response = http.get(health_url, timeout=max(0.1, min(5.0, interval * 8)))
-                    if response.status_code == 200:
-                        return
-                    last = f"HTTP {response.status_code}"
-                except httpx.HTTPError as exc:
-                    last = type(exc).__name__
-                if time.monotonic() >= deadline:
-                    raise TimeoutError(
-                        self._failure(
-                            f"was not healthy at {health_url} after {timeout:g}s ({last})"
-                        )
-                    )
-                time.sleep(interval)
+        while True:
+            code = self._proc.poll()
+            if code is not None:
+                raise ServerExitedError(
+                    self._failure(f"exited with code {code} before {health_url} was healthy")
+                )
+            status = _health_status(health_url, timeout=max(0.1, min(5.0, interval * 8)))
+            if status == "HTTP 200":
+                return
+            last = status
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    self._failure(f"was not healthy at {health_url} after {timeout:g}s ({last})")
+                )
+            time.sleep(interval)
 
     def _failure(self, what: str) -> str:
         tail = self.log_tail()
@@ -202,6 +197,23 @@ class ServerProcess:
             f"command: {' '.join(self.command)}\n"
             f"last {LOG_TAIL_LINES} lines of {self.log_path}:\n{shown}"
         )
+
+
+# No proxies: the server is on 127.0.0.1 or the cluster network, never behind HTTP_PROXY.
+_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def _health_status(url: str, timeout: float) -> str:
+    """One ``GET`` of a health URL: ``"HTTP <code>"``, or the error's name when none came back."""
+    try:
+        with _NO_PROXY_OPENER.open(url, timeout=timeout) as response:
+            return f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:  # an answer, just not a 2xx one
+        exc.close()
+        return f"HTTP {exc.code}"
+    except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbled
+        reason = getattr(exc, "reason", None)
+        return type(reason if isinstance(reason, BaseException) else exc).__name__
 
 
 def _group_has_live_members(pgid: int) -> bool:

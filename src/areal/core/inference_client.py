@@ -13,7 +13,11 @@ stream. Pass ``"cumulative"`` or ``"incremental"`` to skip detection. Whatever t
 :meth:`InferenceClient.generate_stream` yields cumulative outputs plus the ``delta_*`` of each
 chunk.
 
-This module must stay torch-free: the gateway and the run supervisor import it.
+HTTP goes through aiohttp, areal's one HTTP stack. The session is made on first use, inside the
+running event loop, so a client can be built anywhere (a config, a constructor) and used later.
+
+It lives in ``areal.core`` because it is backend-neutral and must stay torch-free: the gateway and
+the run supervisor import it.
 """
 
 from __future__ import annotations
@@ -26,13 +30,17 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-import httpx
+import aiohttp
 
 StreamChunking = Literal["auto", "cumulative", "incremental"]
 PauseMode = Literal["abort", "retract", "in_place"]
 
 _PAUSE_MODES = ("abort", "retract", "in_place")
 _CHUNKINGS = ("auto", "cumulative", "incremental")
+
+# What aiohttp raises when no (whole) HTTP answer came back: refused or reset connections, broken
+# or malformed responses, and timeouts (a total timeout raises a bare ``asyncio.TimeoutError``).
+_TRANSPORT_ERRORS = (aiohttp.ClientError, asyncio.TimeoutError)
 
 
 class InferenceError(Exception):
@@ -301,26 +309,78 @@ def _delta(prev: Any, total: Any) -> Any:
     return total
 
 
+async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """Split a byte stream into lines at ``\\n``, ``\\r\\n`` or ``\\r``, however long a line is.
+
+    aiohttp's own line iterator refuses lines longer than its read buffer (128 KiB), and one
+    cumulative SSE chunk of a long generation with log-probs is longer than that.
+    """
+    pending: list[bytes] = []
+    async for chunk in chunks:
+        if b"\n" not in chunk and b"\r" not in chunk:
+            pending.append(chunk)
+            continue
+        lines = b"".join([*pending, chunk]).splitlines(keepends=True)
+        pending = []
+        if not lines[-1].endswith(b"\n"):  # unfinished, or a "\r" whose "\n" may come next
+            pending.append(lines.pop())
+        for line in lines:
+            yield line.rstrip(b"\r\n").decode("utf-8", errors="replace")
+    for line in b"".join(pending).splitlines():
+        yield line.decode("utf-8", errors="replace")
+
+
 def _sse_data(line: str) -> str | None:
     if not line.startswith("data:"):
         return None  # blank separators, comments, event: lines
     return line[5:].strip()
 
 
-# --- errors ----------------------------------------------------------------------------------
+# --- responses and errors --------------------------------------------------------------------
 
 
-def _error_from_response(response: httpx.Response) -> InferenceError:
-    url = str(response.request.url)
+@dataclass(frozen=True)
+class _Response:
+    """A whole HTTP answer, read before its connection went back to the pool."""
+
+    status_code: int
+    reason: str
+    url: str
+    content: bytes
+    charset: str | None
+
+    @property
+    def text(self) -> str:
+        try:
+            return self.content.decode(self.charset or "utf-8", errors="replace")
+        except LookupError:  # a charset Python does not know
+            return self.content.decode("utf-8", errors="replace")
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+
+async def _read(response: aiohttp.ClientResponse, url: str) -> _Response:
+    content = await response.read()
+    return _Response(response.status, response.reason or "", url, content, response.charset)
+
+
+def _transport_error(exc: BaseException, url: str) -> InferenceError:
+    detail = str(exc)
+    name = type(exc).__name__
+    return InferenceError(None, f"{name}: {detail}" if detail else name, url)
+
+
+def _error_from_response(response: _Response) -> InferenceError:
     try:
         body: Any = response.json()
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
         body = None
     message, err_type, retryable = _error_fields(body)
     if message is None:
-        message = response.text.strip() or response.reason_phrase or "error"
+        message = response.text.strip() or response.reason or "error"
     return InferenceError(
-        response.status_code, message, url, err_type=err_type, retryable=retryable
+        response.status_code, message, response.url, err_type=err_type, retryable=retryable
     )
 
 
@@ -353,6 +413,10 @@ class InferenceClient:
 
     ``trust_env`` is off by default: engines sit on the cluster network or on 127.0.0.1, where an
     ``HTTP_PROXY`` meant for the internet would only get in the way.
+
+    ``timeout`` bounds each wait (for a free connection, for the answer, between two stream
+    chunks), not a whole request, so a long stream that keeps producing is never cut off;
+    ``connect_timeout`` bounds opening a TCP connection. ``None`` waits forever.
     """
 
     def __init__(
@@ -373,18 +437,16 @@ class InferenceClient:
             )
         self.base_url = base_url.rstrip("/")
         self.stream_chunking: StreamChunking = stream_chunking
-        all_headers = dict(headers or {})
+        self._headers = dict(headers or {})
         if api_key:
-            all_headers["Authorization"] = f"Bearer {api_key}"
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=all_headers,
-            timeout=httpx.Timeout(timeout, connect=connect_timeout),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            trust_env=trust_env,
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._timeout = aiohttp.ClientTimeout(
+            connect=timeout, sock_connect=connect_timeout, sock_read=timeout
         )
+        self._max_connections = max_connections
+        self._trust_env = trust_env
+        self._http: aiohttp.ClientSession | None = None
+        self._closed = False
 
     async def __aenter__(self) -> InferenceClient:
         return self
@@ -393,12 +455,27 @@ class InferenceClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        self._closed = True
+        if self._http is not None:
+            await self._http.close()
 
     def __repr__(self) -> str:
         return f"InferenceClient({self.base_url!r})"
 
     # --- plumbing ----------------------------------------------------------------------------
+
+    def _session(self) -> aiohttp.ClientSession:
+        """The aiohttp session, made on first use: it must be made inside the running loop."""
+        if self._closed:
+            raise RuntimeError(f"{self!r} is closed")
+        if self._http is None:
+            self._http = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                headers=self._headers,
+                timeout=self._timeout,
+                trust_env=self._trust_env,
+            )
+        return self._http
 
     async def _request(
         self,
@@ -407,13 +484,15 @@ class InferenceClient:
         *,
         json_body: Any = None,
         allow_status: tuple[int, ...] = (),
-    ) -> httpx.Response:
+    ) -> _Response:
+        url = self.base_url + path
         try:
-            response = await self._http.request(method, path, json=json_body)
-        except httpx.TransportError as exc:
-            raise InferenceError(
-                None, f"{type(exc).__name__}: {exc}", self.base_url + path
-            ) from exc
+            async with self._session().request(
+                method, url, json=json_body, allow_redirects=False
+            ) as answer:
+                response = await _read(answer, url)
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, url) from exc
         if response.status_code >= 400 and response.status_code not in allow_status:
             raise _error_from_response(response)
         return response
@@ -426,10 +505,15 @@ class InferenceClient:
     async def health(self, timeout: float = 5.0) -> bool:
         """True when ``GET /health`` answers 200 (503 while starting or shutting down)."""
         try:
-            response = await self._http.get("/health", timeout=timeout)
-        except httpx.HTTPError:
+            async with self._session().get(
+                self.base_url + "/health",
+                timeout=aiohttp.ClientTimeout(total=timeout),
+                allow_redirects=False,
+            ) as response:
+                await response.read()
+                return response.status == 200
+        except _TRANSPORT_ERRORS:
             return False
-        return response.status_code == 200
 
     async def wait_healthy(self, timeout: float, interval: float = 0.5) -> None:
         """Poll ``/health`` until it answers 200; ``TimeoutError`` naming the URL otherwise."""
@@ -499,11 +583,10 @@ class InferenceClient:
         url = self.base_url + "/generate"
         last: GenerateOutput | None = None
         try:
-            async with self._http.stream("POST", "/generate", json=body) as response:
-                if response.status_code >= 400:
-                    await response.aread()
-                    raise _error_from_response(response)
-                async for line in response.aiter_lines():
+            async with self._session().post(url, json=body, allow_redirects=False) as response:
+                if response.status >= 400:
+                    raise _error_from_response(await _read(response, url))
+                async for line in _lines(response.content.iter_any()):
                     payload = _sse_data(line)
                     if not payload:
                         continue
@@ -519,8 +602,8 @@ class InferenceClient:
                         raise _stream_error(data, url)
                     last = assembler.add(data)
                     yield last
-        except httpx.TransportError as exc:
-            raise InferenceError(None, f"{type(exc).__name__}: {exc}", url) from exc
+        except _TRANSPORT_ERRORS as exc:
+            raise _transport_error(exc, url) from exc
         if last is None or not last.finished:
             raise InferenceError(None, "stream ended before the request finished", url)
 
@@ -677,12 +760,10 @@ def _stream_error(data: Mapping[str, Any], url: str) -> InferenceError:
     )
 
 
-def _json(response: httpx.Response) -> Any:
+def _json(response: _Response) -> Any:
     try:
         return response.json()
     except (json.JSONDecodeError, UnicodeDecodeError, ValueError) as exc:
         raise InferenceError(
-            response.status_code,
-            f"expected JSON, got {response.text[:200]!r}",
-            str(response.request.url),
+            response.status_code, f"expected JSON, got {response.text[:200]!r}", response.url
         ) from exc

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from areal.plugins.inference.server_process import (
+from areal.core.process import (
     ServerExitedError,
     ServerProcess,
     pick_free_port,

@@ -1,0 +1,88 @@
+"""Serving an aiohttp application on a thread of its own (one HTTP stack for the whole project).
+
+The embedded engine wants the process's main thread for torch, so its HTTP side runs here; tests
+use the same class to start real servers on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+from aiohttp import web
+
+
+class ServerThread:
+    """An aiohttp app on its own event loop and thread. ``start`` raises if the port cannot be bound."""
+
+    def __init__(
+        self,
+        app: web.Application,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        shutdown_timeout: float = 5.0,
+    ) -> None:
+        self.app = app
+        self.host = host
+        self.port = port
+        self.shutdown_timeout = shutdown_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerThread:
+        self._thread = threading.Thread(target=self._run, name="areal-http", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError(
+                f"the HTTP server on {self.host}:{self.port} did not start in {timeout}s"
+            )
+        if self._error is not None:
+            raise self._error
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        loop = self._loop
+        if loop is not None and loop.is_running():
+            loop.call_soon_threadsafe(loop.stop)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        runner = web.AppRunner(
+            self.app, handle_signals=False, access_log=None, shutdown_timeout=self.shutdown_timeout
+        )
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, self.host, self.port)
+            loop.run_until_complete(site.start())
+            if self.port == 0:
+                self.port = runner.addresses[0][1]
+        except BaseException as exc:  # bind errors surface in start()
+            self._error = exc
+            self._started.set()
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+            return
+        self._runner = runner
+        self._started.set()
+        try:
+            loop.run_forever()
+        finally:
+            loop.run_until_complete(runner.cleanup())
+            loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,87 @@
+"""The records that flow from the gateway to the trainer: completions, samples, trajectories.
+
+Token ids, behaviour log-probs and policy versions are kept exactly as the engine generated them,
+never re-tokenized. Versions are integers (the engine's weight version strings end in a number).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+_TRAILING_INT = re.compile(r"(\d+)$")
+
+
+def version_number(version: str | int | None) -> int:
+    """``"3"`` or ``"v3"`` -> 3; -1 when a version carries no number (e.g. SGLang's "default")."""
+    if isinstance(version, int):
+        return version
+    match = _TRAILING_INT.search(version or "")
+    return int(match.group(1)) if match else -1
+
+
+@dataclass
+class Completion:
+    """One model call as generated: what the trainer will see of it."""
+
+    completion_id: str
+    session_id: str | None
+    turn: int
+    model: str
+    prompt_ids: list[int]
+    output_ids: list[int]
+    output_logprobs: list[float]
+    output_versions: list[int]
+    finish_reason: str
+    reward: float | None = None
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sample:
+    """One training sequence: turns whose prompts extend each other merged token for token.
+
+    ``loss_mask`` is 1 on generated tokens; ``logprobs`` and ``versions`` are 0 and -1 elsewhere.
+    """
+
+    input_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    reward: float = 0.0
+    completion_ids: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        n = len(self.input_ids)
+        if not len(self.loss_mask) == len(self.logprobs) == len(self.versions) == n:
+            raise ValueError("a sample's ids, mask, logprobs and versions must have one length")
+
+    @property
+    def min_version(self) -> int:
+        generated = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+        return min(generated) if generated else -1
+
+
+@dataclass
+class Trajectory:
+    """A finished episode: its samples and rewards, ready for the trajectory queue."""
+
+    session_id: str
+    samples: list[Sample]
+    reward: float | None
+    completions: int
+    metadata: dict[str, Any] = field(default_factory=dict)
+    created: float = field(default_factory=time.time)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Trajectory:
+        samples = [Sample(**s) for s in data["samples"]]
+        return cls(**{**data, "samples": samples})

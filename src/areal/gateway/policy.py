@@ -1,0 +1,237 @@
+"""The policy as the gateway sees it: the chat template, the engines, token-exact generations.
+
+Prompts are rendered with the policy tokenizer's chat template and tokenized here; the output
+tokens, log-probs and per-token versions are taken from the engine as generated, never
+re-tokenized. Engines are picked round-robin, or sticky per session (the same conversation keeps
+landing on the engine that holds its prefix).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from areal.core.config import ModelRoute
+from areal.core.inference_client import GenerateOutput, InferenceClient, InferenceError
+from areal.core.types import version_number
+from areal.gateway.errors import GatewayError
+
+DEFAULT_ALIASES = ("default",)
+
+
+@dataclass
+class Generation:
+    """What one policy call produced (cumulative while streaming; ``finished`` at the end)."""
+
+    text: str
+    output_ids: list[int]
+    logprobs: list[float]
+    versions: list[int]
+    prompt_ids: list[int]
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    matched_stop: Any = None
+    engine: str = ""
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @classmethod
+    def from_output(cls, out: GenerateOutput, prompt_ids: list[int], engine: str) -> Generation:
+        versions = [version_number(v) for v in out.token_versions(default=out.weight_version)]
+        reason = out.finish_reason
+        return cls(
+            text=out.text or "",
+            output_ids=list(out.output_ids),
+            logprobs=list(out.output_logprobs),
+            versions=versions,
+            prompt_ids=prompt_ids,
+            finish_reason=reason.type if reason else None,
+            matched_stop=reason.matched if reason else None,
+            engine=engine,
+            meta=out.meta_info,
+        )
+
+
+class PolicyService:
+    """Renders chats for the policy and runs them on its engines."""
+
+    def __init__(
+        self,
+        engines: Sequence[str],
+        route: ModelRoute,
+        *,
+        tokenizer_path: str | None = None,
+        context_length: int | None = None,
+        aliases: Sequence[str] = DEFAULT_ALIASES,
+    ) -> None:
+        if not engines:
+            raise ValueError(
+                "the gateway needs at least one inference engine (--engine URL or --model DIR)"
+            )
+        self.route = route
+        self.engine_urls = list(engines)
+        self.clients = [InferenceClient(url) for url in self.engine_urls]
+        self.tokenizer_path = tokenizer_path
+        self.context_length = context_length
+        self.aliases = tuple(aliases)
+        self.tokenizer: Any = None
+        self._round_robin = itertools.cycle(range(len(self.clients)))
+
+    @property
+    def model_id(self) -> str:
+        return self.route.model_id
+
+    def serves(self, model: str | None) -> bool:
+        """Is ``model`` the policy? (Clients may also say ``default``, or nothing.)"""
+        return not model or model == self.model_id or model in self.aliases
+
+    async def start(self) -> None:
+        """Ask the first engine for its tokenizer and context length, and load the tokenizer."""
+        info = await self._call(0, self.clients[0].model_info())
+        self.tokenizer_path = (
+            self.tokenizer_path or info.get("tokenizer_path") or info.get("model_path")
+        )
+        self.context_length = (
+            self.context_length or info.get("context_length") or info.get("max_context_length")
+        )
+        if not self.tokenizer_path:
+            raise ValueError("the engine does not say where its tokenizer is: pass --tokenizer DIR")
+        self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.tokenizer_path)
+
+    async def close(self) -> None:
+        for client in self.clients:
+            await client.aclose()
+
+    # --- prompts ----------------------------------------------------------------------------
+
+    def render(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        prefix: str = "",
+    ) -> list[int]:
+        """Prompt token ids for an OpenAI-shaped chat (plus a forced ``prefix`` of the reply)."""
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+            )
+        except Exception as err:  # template errors are the client's (bad roles, content parts)
+            raise GatewayError(
+                400, f"messages cannot be rendered with the policy's chat template: {err}"
+            ) from None
+        ids: list[int] = self.tokenizer.encode(str(text) + prefix, add_special_tokens=False)
+        return ids
+
+    def sampling(
+        self,
+        prompt_len: int,
+        *,
+        max_tokens: int | None,
+        temperature: float | None = None,
+        top_p: float | None = None,
+        stop: list[str] | None = None,
+        seed: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """SGLang sampling params: the route's defaults, the client's values, and the caps.
+
+        ``max_tokens`` is clamped (never refused) to the route's cap and to what the context has
+        left; a prompt that leaves no room at all is a 400.
+        """
+        limit = self.context_length or 0
+        if limit and prompt_len >= limit:
+            raise GatewayError(
+                400,
+                f"the prompt is {prompt_len} tokens; the policy's context is {limit} tokens",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        budget = max_tokens or self.route.max_tokens or 1024
+        if self.route.max_tokens:
+            budget = min(budget, self.route.max_tokens)
+        if limit:
+            budget = min(budget, limit - prompt_len)
+        params: dict[str, Any] = {"max_new_tokens": budget}
+        temp = temperature if temperature is not None else self.route.temperature
+        if temp is not None:
+            params["temperature"] = temp
+        p = top_p if top_p is not None else self.route.top_p
+        if p is not None:
+            params["top_p"] = p
+        if stop:
+            params["stop"] = stop
+        if seed is not None:
+            params["sampling_seed"] = seed
+        params.update(extra or {})
+        return params
+
+    # --- generation -------------------------------------------------------------------------
+
+    def pick(self, sticky: str | None) -> int:
+        if sticky is None or len(self.clients) == 1:
+            return next(self._round_robin)
+        return zlib.crc32(sticky.encode()) % len(self.clients)
+
+    async def generate(
+        self, prompt_ids: list[int], sampling: dict[str, Any], *, sticky: str | None = None
+    ) -> Generation:
+        i = self.pick(sticky)
+        out = await self._call(
+            i, self.clients[i].generate(input_ids=prompt_ids, sampling_params=sampling)
+        )
+        return Generation.from_output(out, prompt_ids, self.engine_urls[i])
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: dict[str, Any], *, sticky: str | None = None
+    ) -> AsyncIterator[Generation]:
+        """Cumulative generations as the engine produces tokens; the last one is finished."""
+        i = self.pick(sticky)
+        try:
+            async for out in self.clients[i].generate_stream(
+                input_ids=prompt_ids, sampling_params=sampling
+            ):
+                yield Generation.from_output(out, prompt_ids, self.engine_urls[i])
+        except InferenceError as err:
+            raise _engine_error(self.engine_urls[i], err) from None
+
+    async def _call(self, i: int, coro: Any) -> Any:
+        try:
+            return await coro
+        except InferenceError as err:
+            raise _engine_error(self.engine_urls[i], err) from None
+
+
+def _engine_error(url: str, err: InferenceError) -> GatewayError:
+    if err.status_code is None:
+        return GatewayError(503, f"the inference engine at {url} is unreachable: {err.message}")
+    if 400 <= err.status_code < 500:
+        return GatewayError(400, f"the inference engine refused the request: {err.message}")
+    return GatewayError(502, f"the inference engine at {url} failed: {err.message}")
+
+
+def _load_tokenizer(path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+class TextDeltas:
+    """Turns cumulative texts into deltas, holding back a trailing partial UTF-8 character (the
+    replacement char) until the next token completes it."""
+
+    def __init__(self) -> None:
+        self.sent = ""
+
+    def delta(self, text: str, final: bool = False) -> str:
+        stable = text if final else text.rstrip("\ufffd")
+        if not stable.startswith(self.sent):  # decoding changed earlier text: send nothing new
+            return ""
+        out = stable[len(self.sent) :]
+        self.sent = stable
+        return out

@@ -1,0 +1,170 @@
+"""Start the gateway: ``areal serve gateway`` and the seed article's
+``python -m areal.gateway.server --config configs/taotoken_router.yaml --port 9000 --log-level info``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import secrets
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from aiohttp import web
+
+from areal.core.config import RouterConfig
+from areal.gateway.access_log import AccessLog
+from areal.gateway.app import GatewayState, build_app
+from areal.gateway.policy import PolicyService
+from areal.gateway.sessions import SessionManager
+
+log = logging.getLogger("areal.gateway")
+
+
+def gateway_key_from(cli_key: str | None) -> tuple[str, bool]:
+    """The key plain calls need: --api-key, else AREAL_GATEWAY_KEY, else a fresh random one."""
+    key = cli_key or os.environ.get("AREAL_GATEWAY_KEY")
+    if key:
+        return key, False
+    return "areal-" + secrets.token_urlsafe(24), True
+
+
+def build_state(
+    config: RouterConfig,
+    engines: Sequence[str],
+    *,
+    gateway_key: str,
+    admin_token: str | None,
+    tokenizer: str | None = None,
+    log_dir: str | Path | None = None,
+) -> GatewayState:
+    policy = PolicyService(engines, config.policy, tokenizer_path=tokenizer)
+    upstream = None
+    if config.api_gateway is not None:
+        from areal.gateway.upstream import UpstreamChannel
+
+        upstream = UpstreamChannel(config.api_gateway, config.model_routing)
+    secrets_to_hide = tuple(
+        s
+        for s in (
+            gateway_key,
+            admin_token,
+            config.api_gateway.api_key if config.api_gateway else None,
+        )
+        if s
+    )
+    access_log = AccessLog(Path(log_dir) / "gateway.log" if log_dir else None, secrets_to_hide)
+    return GatewayState(
+        config=config,
+        policy=policy,
+        sessions=SessionManager(admin_token),
+        gateway_key=gateway_key,
+        admin_token=admin_token,
+        upstream=upstream,
+        access_log=access_log,
+    )
+
+
+@contextlib.contextmanager
+def embedded_engine(model_dir: str, log_dir: Path) -> Iterator[str]:
+    """``--model DIR``: an embedded engine in its own process, found through the backend registry."""
+    from areal.core.plugins import registry
+    from areal.core.process import ServerProcess, pick_free_port
+
+    build_command = registry("inference_backends").get("embedded").load_launcher()
+    port = pick_free_port()
+    command = build_command({"model_path": model_dir, "port": port, "log_level": "warning"})
+    with ServerProcess(
+        command, log_path=log_dir / "engine.log", env=dict(os.environ), name="engine"
+    ) as proc:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_healthy(url, timeout=180)
+        yield url
+
+
+def serve(
+    config_path: str | None,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 9000,
+    engines: Sequence[str] = (),
+    model: str | None = None,
+    tokenizer: str | None = None,
+    api_key: str | None = None,
+    log_dir: str | None = None,
+    log_level: str = "info",
+) -> None:
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    config = RouterConfig.load(config_path) if config_path else RouterConfig()
+    if not engines and not model:
+        raise SystemExit(
+            "error: say where the policy runs: --engine URL (repeatable) or --model DIR"
+        )
+    key, generated = gateway_key_from(api_key)
+    admin = os.environ.get("AREAL_ADMIN_TOKEN") or None
+    logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="areal-gateway-"))
+    with contextlib.ExitStack() as stack:
+        urls = list(engines)
+        if model:
+            urls.append(stack.enter_context(embedded_engine(model, logs)))
+        state = build_state(
+            config, urls, gateway_key=key, admin_token=admin, tokenizer=tokenizer, log_dir=logs
+        )
+        if generated:
+            print(
+                f"gateway key (shown once; set AREAL_GATEWAY_KEY to choose one): {key}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if admin is None:
+            log.info("AREAL_ADMIN_TOKEN is not set: the session API (/rl/sessions) is off")
+        log.info(
+            "policy %s on %s; log %s", config.policy.model_id, ", ".join(urls), logs / "gateway.log"
+        )
+        web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m areal.gateway.server", description="The areal agent gateway."
+    )
+    parser.add_argument("--config", help="router YAML (api_gateway + model_routing)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument(
+        "--engine", action="append", default=[], help="inference engine URL (repeatable)"
+    )
+    parser.add_argument("--model", help="start an embedded engine on this model dir")
+    parser.add_argument("--tokenizer", help="tokenizer dir (default: the engine's)")
+    parser.add_argument(
+        "--api-key", help="key for plain calls (default: $AREAL_GATEWAY_KEY, else random)"
+    )
+    parser.add_argument("--log-dir", help="where gateway.log goes (default: a temp dir)")
+    parser.add_argument("--log-level", default="info")
+    args = parser.parse_args(argv)
+    try:
+        serve(
+            args.config,
+            host=args.host,
+            port=args.port,
+            engines=args.engine,
+            model=args.model,
+            tokenizer=args.tokenizer,
+            api_key=args.api_key,
+            log_dir=args.log_dir,
+            log_level=args.log_level,
+        )
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
