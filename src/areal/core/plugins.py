@@ -30,6 +30,8 @@ ENTRY_POINT_GROUP = "areal"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.models.register",
     "areal.plugins.inference.register",
+    "areal.plugins.tool_parsers.register",
+    "areal.plugins.queues.register",
     "areal.cli.builtin_commands",
 )
 

@@ -52,7 +52,7 @@ class GatewayState:
 
     async def record(self, request: web.Request, generation: Generation) -> str | None:
         """Record a finished policy completion into the caller's session, if it has one."""
-        caller: Caller = request["caller"]
+        caller = request[CALLER]
         if caller.session is None:
             return None
         return await self.sessions.record(
@@ -60,9 +60,17 @@ class GatewayState:
         )
 
 
+STATE = web.AppKey("state", GatewayState)
+CALLER = web.RequestKey("caller", Caller)
+LOG_FIELDS = web.RequestKey("log", dict)  # what a handler adds to its gateway.log line
+
+
 def state_of(request: web.Request) -> GatewayState:
-    state: GatewayState = request.app["state"]
-    return state
+    return request.app[STATE]
+
+
+def caller_of(request: web.Request) -> Caller:
+    return request[CALLER]
 
 
 def presented_key(request: web.Request) -> str | None:
@@ -99,9 +107,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     """Authenticate, turn every failure into the protocol's error schema, log one line."""
     state = state_of(request)
     started = time.perf_counter()
-    request["log"] = {}
+    request[LOG_FIELDS] = {}
     caller = identify(state, request)
-    request["caller"] = caller
+    request[CALLER] = caller
     status = 500
     try:
         if (
@@ -140,7 +148,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             request.path, GatewayError(500, f"internal error: {type(err).__name__}")
         )
     finally:
-        info = request["log"]
+        info = request[LOG_FIELDS]
         state.access_log.write(
             session=caller.session.session_id if caller.session else info.get("session"),
             model=info.get("model"),
@@ -174,7 +182,7 @@ def build_app(state: GatewayState) -> web.Application:
     from areal.gateway import anthropic, models, openai_chat, openai_responses
 
     app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
-    app["state"] = state
+    app[STATE] = state
     app.router.add_get("/health", health)
     for module in (openai_chat, openai_responses, anthropic, models):
         module.add_routes(app, API_PREFIXES)

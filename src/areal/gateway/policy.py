@@ -17,6 +17,8 @@ from typing import Any
 
 from areal.core.config import ModelRoute
 from areal.core.inference_client import GenerateOutput, InferenceClient, InferenceError
+from areal.core.plugins import registry
+from areal.core.tool_calls import ToolCallParser
 from areal.core.types import version_number
 from areal.gateway.errors import GatewayError
 
@@ -69,6 +71,7 @@ class PolicyService:
         tokenizer_path: str | None = None,
         context_length: int | None = None,
         aliases: Sequence[str] = DEFAULT_ALIASES,
+        tool_parser: str = "hermes",
     ) -> None:
         if not engines:
             raise ValueError(
@@ -82,6 +85,9 @@ class PolicyService:
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
         self._round_robin = itertools.cycle(range(len(self.clients)))
+        self.tool_parser: ToolCallParser = registry("tool_parsers").get(
+            tool_parser, key="tool_parser"
+        )()
 
     @property
     def model_id(self) -> str:

@@ -1,0 +1,1 @@
+"""Built-in tool-call parsers, one per chat-template family."""

@@ -1,0 +1,102 @@
+"""A real gateway in front of a real embedded engine, both on 127.0.0.1, for the gateway tests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal.core.config import RouterConfig
+from areal.core.http_server import ServerThread
+from areal.gateway.app import GatewayState, build_app
+from areal.gateway.server import build_state
+from areal.plugins.inference.embedded.server import InferenceServer, build_server
+from areal.plugins.models.tiny import init_tiny
+
+GATEWAY_KEY = "test-gateway-key-0123456789"
+ADMIN_TOKEN = "test-admin-token-0123456789"
+POLICY = "areal-tiny"
+
+
+@dataclass
+class RunningGateway:
+    url: str  # http://127.0.0.1:PORT (clients add /v1 themselves)
+    state: GatewayState
+    log_dir: Path
+    engine: InferenceServer
+    key: str = GATEWAY_KEY
+    admin: str = ADMIN_TOKEN
+    model: str = POLICY
+
+    @property
+    def v1(self) -> str:
+        return self.url + "/v1"
+
+    def headers(self, key: str | None = None) -> dict[str, str]:
+        return {"Authorization": f"Bearer {key or self.key}"}
+
+
+@pytest.fixture(scope="session")
+def gateway_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("gateway-model") / "nano"
+    init_tiny(path, size="nano", seed=0)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def engine(gateway_model_dir: str) -> Iterator[tuple[str, InferenceServer]]:
+    """The real embedded engine on 127.0.0.1, shared by every gateway test."""
+    server = build_server(gateway_model_dir, max_total_tokens=16384)
+    http = ServerThread(server.app(), "127.0.0.1", 0).start()
+    try:
+        yield http.url, server
+    finally:
+        server.engine.stop()
+        http.stop()
+
+
+def _router(overrides: dict[str, Any] | None) -> RouterConfig:
+    data: dict[str, Any] = {
+        "model_routing": {"policy_model": {"model_id": POLICY, "max_tokens": 256}}
+    }
+    data.update(overrides or {})
+    return RouterConfig.model_validate(data)
+
+
+@contextmanager
+def running_gateway(
+    engine_url: str, engine: InferenceServer, log_dir: Path, config: dict[str, Any] | None = None
+) -> Iterator[RunningGateway]:
+    state = build_state(
+        _router(config),
+        [engine_url],
+        gateway_key=GATEWAY_KEY,
+        admin_token=ADMIN_TOKEN,
+        log_dir=log_dir,
+    )
+    http = ServerThread(build_app(state), "127.0.0.1", 0).start()
+    try:
+        yield RunningGateway(http.url, state, log_dir, engine)
+    finally:
+        http.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(
+    engine: tuple[str, InferenceServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[RunningGateway]:
+    """A gateway shared by a test module (the policy only, no upstream channel)."""
+    with running_gateway(*engine, tmp_path_factory.mktemp("gateway-logs")) as gw:
+        yield gw
+
+
+@pytest.fixture
+def start_gateway(
+    engine: tuple[str, InferenceServer], tmp_path: Path
+) -> Callable[..., AbstractContextManager[RunningGateway]]:
+    """A private gateway with router overrides, e.g. ``start_gateway(config={"api_gateway": {...}})``."""
+    return lambda config=None: running_gateway(*engine, tmp_path, config)
