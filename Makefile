@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/demo
+CLAUDE_CODE_VERSION := 2.1.332
 
 .PHONY: setup demo test lint typecheck clean bench
 
@@ -13,6 +14,12 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev]'
+	@# The Claude Code CLI for tests/gateway/test_claude_code.py (the test skips without npm).
+	@if command -v npm >/dev/null 2>&1; then \
+		npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
+			@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
+		|| echo "warning: could not install Claude Code; its gateway test will skip"; \
+	else echo "npm not found: the Claude Code gateway test will skip"; fi
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -30,6 +37,15 @@ test: $(STAMP) lint typecheck
 
 bench: $(STAMP)
 	$(PY) bench/generate.py
+
+# The gateway vs an instant stub engine, with LiteLLM's proxy as the peer. LiteLLM gets a venv of
+# its own: installed into .venv it would downgrade huggingface_hub, rich and websockets.
+LITELLM := $(VENV)/litellm/bin/litellm
+.PHONY: bench-gateway
+bench-gateway: $(STAMP)
+	test -x $(LITELLM) || ($(PYTHON) -m venv $(VENV)/litellm && \
+		$(VENV)/litellm/bin/pip install --quiet 'litellm[proxy]')
+	$(PY) bench/gateway.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

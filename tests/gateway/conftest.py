@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import asyncio
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -20,6 +21,7 @@ from areal.plugins.models.tiny import init_tiny
 GATEWAY_KEY = "test-gateway-key-0123456789"
 ADMIN_TOKEN = "test-admin-token-0123456789"
 POLICY = "areal-tiny"
+T = TypeVar("T")
 
 
 @dataclass
@@ -31,6 +33,12 @@ class RunningGateway:
     key: str = GATEWAY_KEY
     admin: str = ADMIN_TOKEN
     model: str = POLICY
+    http: ServerThread | None = None
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 60.0) -> T:
+        """Run ``coro`` on the gateway's own event loop (its engine clients live there)."""
+        assert self.http is not None and self.http.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.http.loop).result(timeout)
 
     @property
     def v1(self) -> str:
@@ -69,18 +77,20 @@ def _router(overrides: dict[str, Any] | None) -> RouterConfig:
 
 @contextmanager
 def running_gateway(
-    engine_url: str, engine: InferenceServer, log_dir: Path, config: dict[str, Any] | None = None
+    engine_url: str,
+    engine: InferenceServer,
+    log_dir: Path,
+    config: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Iterator[RunningGateway]:
+    """``options`` go to ``build_state`` (e.g. ``admin_token=None``, ``budget=...``)."""
+    options = {"admin_token": ADMIN_TOKEN, **options}
     state = build_state(
-        _router(config),
-        [engine_url],
-        gateway_key=GATEWAY_KEY,
-        admin_token=ADMIN_TOKEN,
-        log_dir=log_dir,
+        _router(config), [engine_url], gateway_key=GATEWAY_KEY, log_dir=log_dir, **options
     )
     http = ServerThread(build_app(state), "127.0.0.1", 0).start()
     try:
-        yield RunningGateway(http.url, state, log_dir, engine)
+        yield RunningGateway(http.url, state, log_dir, engine, http=http)
     finally:
         http.stop()
 
@@ -98,5 +108,6 @@ def gateway(
 def start_gateway(
     engine: tuple[str, InferenceServer], tmp_path: Path
 ) -> Callable[..., AbstractContextManager[RunningGateway]]:
-    """A private gateway with router overrides, e.g. ``start_gateway(config={"api_gateway": {...}})``."""
-    return lambda config=None: running_gateway(*engine, tmp_path, config)
+    """A private gateway with router overrides, e.g. ``start_gateway(config={"api_gateway": {...}})``,
+    and ``build_state`` options, e.g. ``start_gateway(budget=StalenessBudget(...))``."""
+    return lambda config=None, **options: running_gateway(*engine, tmp_path, config, **options)

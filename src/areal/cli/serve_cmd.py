@@ -1,4 +1,4 @@
-"""``areal serve``: start one process of a run on its own (here: an inference server)."""
+"""``areal serve``: start one process of a run on its own (an inference server, the gateway)."""
 
 from __future__ import annotations
 
@@ -55,3 +55,58 @@ def inference_command(
         log_level=log_level,
         served_model_name=served_model_name,
     )
+
+
+@app.command("gateway")
+def gateway_command(
+    config: Path = typer.Option(
+        ..., "--config", help="Router YAML: api_gateway (upstream channel) + model_routing."
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    port: int = typer.Option(9000, "--port", help="Port to listen on."),
+    engine: list[str] = typer.Option(
+        [], "--engine", help="URL of a running inference engine (repeatable)."
+    ),
+    model: Path | None = typer.Option(
+        None, "--model", help="Start an embedded engine on this checkpoint directory."
+    ),
+    tokenizer: Path | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory (default: the engine's)."
+    ),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        help="Key for plain calls (default: $AREAL_GATEWAY_KEY, else a random one, printed once).",
+    ),
+    log_dir: Path | None = typer.Option(
+        None, "--log-dir", help="Where gateway.log goes (default: a new temp directory)."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+) -> None:
+    """Serve the OpenAI/Anthropic-compatible agent gateway in front of the policy's engines.
+
+    Example: [bold]areal serve gateway --config configs/router.yaml --model ./tiny[/bold]
+    """
+    from areal.cli.errors import CLIError
+    from areal.core.config import ConfigError
+    from areal.gateway.errors import GatewayError
+    from areal.gateway.server import serve
+
+    if not engine and model is None:
+        raise CLIError("say where the policy runs: --engine URL (repeatable) or --model DIR")
+    try:
+        serve(
+            str(config),
+            host=host,
+            port=port,
+            engines=engine,
+            model=str(model) if model else None,
+            tokenizer=str(tokenizer) if tokenizer else None,
+            api_key=api_key,
+            log_dir=str(log_dir) if log_dir else None,
+            log_level=log_level,
+        )
+    except ConfigError as err:
+        raise CLIError(str(err)) from None
+    except GatewayError as err:  # e.g. the engine is unreachable at start-up
+        raise CLIError(err.message) from None

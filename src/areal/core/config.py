@@ -10,9 +10,10 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -21,17 +22,26 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file, the key and the fix."""
 
 
-def substitute_env(value: Any, where: str = "") -> Any:
-    """Replace ``${VAR}`` (or ``${VAR:-default}``) in every string of a parsed YAML document."""
+def substitute_env(value: Any, where: str = "", used: dict[str, list[str]] | None = None) -> Any:
+    """Replace ``${VAR}`` (or ``${VAR:-default}``) in every string of a parsed YAML document.
+
+    ``used`` collects the variable names found at each key path (``api_gateway.api_key`` ->
+    ``["TAOTOKEN_API_KEY"]``), so later errors can say which variable holds a bad value.
+    """
     if isinstance(value, dict):
-        return {k: substitute_env(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        return {
+            k: substitute_env(v, f"{where}.{k}" if where else str(k), used)
+            for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [substitute_env(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [substitute_env(v, f"{where}[{i}]", used) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
     def replace(match: re.Match[str]) -> str:
         name, default = match.group(1), match.group(2)
+        if used is not None:
+            used.setdefault(where, []).append(name)
         if name in os.environ:
             return os.environ[name]
         if default is not None:
@@ -41,7 +51,8 @@ def substitute_env(value: Any, where: str = "") -> Any:
     return _ENV.sub(replace, value)
 
 
-def load_yaml(path: str | Path) -> dict[str, Any]:
+def load_yaml(path: str | Path, used: dict[str, list[str]] | None = None) -> dict[str, Any]:
+    """A YAML mapping with ``${ENV}`` substituted (see :func:`substitute_env` for ``used``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -52,7 +63,7 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     try:
-        return dict(substitute_env(data))
+        return dict(substitute_env(data, used=used))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
 
@@ -62,7 +73,8 @@ def describe_errors(err: ValidationError) -> str:
     for e in err.errors():
         loc = ".".join(str(p) for p in e["loc"])
         msg = "unknown key (check its spelling)" if e["type"] == "extra_forbidden" else e["msg"]
-        parts.append(f"{loc}: {msg}")
+        msg = msg.removeprefix("Value error, ")
+        parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
 
 
@@ -70,14 +82,60 @@ def describe_errors(err: ValidationError) -> str:
 
 
 class ApiGatewayConfig(BaseModel):
-    """The upstream channel every non-policy model id is forwarded to (OpenAI-compatible)."""
+    """The upstream channel every non-policy model id is forwarded to (OpenAI-compatible).
+
+    ``api_key_env`` names the environment variable that holds the key, so an upstream that
+    rejects it can be answered with "check TAOTOKEN_API_KEY" without ever showing the key. It is
+    filled in from ``api_key: ${VAR}``; set it instead of ``api_key`` to read the key from there.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     base_url: str
     api_key: str | None = Field(default=None, repr=False)
-    timeout: float = Field(60.0, gt=0)
-    max_retries: int = Field(3, ge=0, le=20)
+    api_key_env: str | None = None
+    timeout: float = Field(default=60.0, gt=0)
+    max_retries: int = Field(default=3, ge=0, le=20)
+    # Seconds before the first retry, doubled for each next one (with jitter) up to the max.
+    retry_backoff: float = Field(default=0.5, ge=0)
+    retry_backoff_max: float = Field(default=8.0, ge=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_from_env(cls, data: Any) -> Any:
+        """``api_key: ${VAR}`` given as a plain mapping (not through a YAML file), or only
+        ``api_key_env``: read the key from the environment and remember the variable's name."""
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        key = data.get("api_key")
+        if isinstance(key, str) and _ENV.search(key):
+            used: dict[str, list[str]] = {}
+            data["api_key"] = substitute_env(key, "api_key", used)
+            data.setdefault("api_key_env", used["api_key"][0])
+        elif key is None and isinstance(data.get("api_key_env"), str):
+            name = data["api_key_env"]
+            if name not in os.environ:
+                raise ValueError(f"environment variable {name} is not set (export {name}=...)")
+            data["api_key"] = os.environ[name]
+        return data
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parsed = urlsplit(value.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(
+                f"{value!r} is not an http(s) URL; write the upstream's OpenAI-compatible base, "
+                "e.g. https://api.taotoken.net/v1"
+            )
+        return value.strip().rstrip("/")
+
+    @property
+    def host(self) -> str:
+        """The upstream's host (and port when one is written), as ``gateway.log`` shows it."""
+        parsed = urlsplit(self.base_url)
+        return parsed.netloc.rpartition("@")[2]
 
 
 class ModelRoute(BaseModel):
@@ -85,30 +143,53 @@ class ModelRoute(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_id: str
+    model_id: str = Field(min_length=1)
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, gt=0)
 
 
 class ModelRouting(BaseModel):
-    model_config = ConfigDict(extra="allow")  # more named roles (critic_model, ...) are routes too
+    """Named routes: the policy, the seed's reward and judge models, and any more roles
+    (``critic_model: {...}``), each a :class:`ModelRoute`."""
+
+    model_config = ConfigDict(extra="allow")
 
     policy_model: ModelRoute = ModelRoute(model_id="policy")
     reward_model: ModelRoute | None = None
     judge_model: ModelRoute | None = None
+
+    @model_validator(mode="after")
+    def _extra_roles_are_routes(self) -> ModelRouting:
+        for name, value in (self.model_extra or {}).items():
+            if isinstance(value, ModelRoute):
+                continue
+            if not isinstance(value, dict):
+                raise ValueError(
+                    f"{name}: each entry of model_routing is a route "
+                    "{model_id, temperature, top_p, max_tokens}"
+                )
+            try:
+                route = ModelRoute.model_validate(value)
+            except ValidationError as err:
+                raise ValueError(
+                    "; ".join(
+                        f"{'.'.join(str(p) for p in (name, *e['loc']))}: "
+                        + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+                        for e in err.errors()
+                    )
+                ) from None
+            assert self.model_extra is not None
+            self.model_extra[name] = route
+        return self
 
     def routes(self) -> dict[str, ModelRoute]:
         """Every configured route by model id."""
         found: dict[str, ModelRoute] = {}
         for name in ("policy_model", "reward_model", "judge_model", *(self.model_extra or {})):
             value = getattr(self, name, None)
-            if value is None and self.model_extra:
-                value = self.model_extra.get(name)
-            if isinstance(value, dict):
-                value = ModelRoute.model_validate(value)
             if isinstance(value, ModelRoute):
-                found[value.model_id] = value
+                found.setdefault(value.model_id, value)
         return found
 
 
@@ -124,7 +205,12 @@ class RouterConfig(BaseModel):
 
     @classmethod
     def load(cls, path: str | Path) -> RouterConfig:
-        data = load_yaml(path)
+        used: dict[str, list[str]] = {}
+        data = load_yaml(path, used)
+        gateway = data.get("api_gateway")
+        env_names = used.get("api_gateway.api_key")
+        if isinstance(gateway, dict) and env_names:
+            gateway.setdefault("api_key_env", env_names[0])
         try:
             return cls.model_validate(data)
         except ValidationError as err:

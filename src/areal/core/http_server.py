@@ -36,6 +36,11 @@ class ServerThread:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop | None:
+        """The server's event loop while it runs (for ``asyncio.run_coroutine_threadsafe``)."""
+        return self._loop
+
     def start(self, timeout: float = 30.0) -> ServerThread:
         self._thread = threading.Thread(target=self._run, name="areal-http", daemon=True)
         self._thread.start()

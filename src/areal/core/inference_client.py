@@ -292,7 +292,10 @@ class _StreamAssembler:
     def _text_mode(self, chunk: str) -> str:
         if self.text_mode is not None:
             return self.text_mode
-        acc = self.text or ""
+        if self.ids_mode is not None:  # text is chunked as the ids are, and their test is exact
+            return self.ids_mode
+        # A trailing partial UTF-8 character (U+FFFD) may come back completed in the next chunk.
+        acc = (self.text or "").rstrip("\ufffd")
         if not acc:
             return "cumulative"
         if not chunk.startswith(acc):

@@ -77,6 +77,7 @@ class Trajectory:
     completions: int
     metadata: dict[str, Any] = field(default_factory=dict)
     created: float = field(default_factory=time.time)
+    turns: list[Completion] = field(default_factory=list)  # the completions, as generated
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -84,4 +85,5 @@ class Trajectory:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trajectory:
         samples = [Sample(**s) for s in data["samples"]]
-        return cls(**{**data, "samples": samples})
+        turns = [Completion(**c) for c in data.get("turns", [])]
+        return cls(**{**data, "samples": samples, "turns": turns})

@@ -13,16 +13,21 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from areal.core.config import RouterConfig
+from areal.core.queue import TrajectorySink, make_sink
+from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
 from areal.gateway.app import GatewayState, build_app
 from areal.gateway.policy import PolicyService
 from areal.gateway.sessions import SessionManager
 
 log = logging.getLogger("areal.gateway")
+
+TRAJECTORIES_FILE = "trajectories.jsonl"
 
 
 def gateway_key_from(cli_key: str | None) -> tuple[str, bool]:
@@ -41,7 +46,13 @@ def build_state(
     admin_token: str | None,
     tokenizer: str | None = None,
     log_dir: str | Path | None = None,
+    sink: str | None = "jsonl",
+    sink_options: dict[str, Any] | None = None,
+    discount: float = 1.0,
+    budget: StalenessBudget | None = None,
 ) -> GatewayState:
+    """Everything the app needs. Finished RL episodes go to the ``sink`` trajectory queue plugin;
+    the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink)."""
     policy = PolicyService(engines, config.policy, tokenizer_path=tokenizer)
     upstream = None
     if config.api_gateway is not None:
@@ -61,12 +72,28 @@ def build_state(
     return GatewayState(
         config=config,
         policy=policy,
-        sessions=SessionManager(admin_token),
+        sessions=SessionManager(
+            admin_token,
+            sink=_trajectory_sink(sink, sink_options, log_dir) if admin_token else None,
+            discount=discount,
+            budget=budget,
+        ),
         gateway_key=gateway_key,
         admin_token=admin_token,
         upstream=upstream,
         access_log=access_log,
     )
+
+
+def _trajectory_sink(
+    name: str | None, options: dict[str, Any] | None, log_dir: str | Path | None
+) -> TrajectorySink | None:
+    options = dict(options or {})
+    if name == "jsonl" and "path" not in options:
+        if log_dir is None:
+            return None
+        options["path"] = str(Path(log_dir) / TRAJECTORIES_FILE)
+    return make_sink(name, options) if name else None
 
 
 @contextlib.contextmanager
@@ -124,6 +151,8 @@ def serve(
             )
         if admin is None:
             log.info("AREAL_ADMIN_TOKEN is not set: the session API (/rl/sessions) is off")
+        else:
+            log.info("session API on; finished episodes go to %s", logs / TRAJECTORIES_FILE)
         log.info(
             "policy %s on %s; log %s", config.policy.model_id, ", ".join(urls), logs / "gateway.log"
         )

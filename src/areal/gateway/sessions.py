@@ -1,45 +1,437 @@
 """RL sessions: episode keys, the session API, and recording completions into trajectories.
 
-(Interface in place; the issue on the gateway's recording fills it in.)
+An RL driver (the trainer's rollout worker, or a script) opens a session with the admin token
+(``AREAL_ADMIN_TOKEN``) and hands the returned key to an unmodified agent as its API key. Every
+policy call made with that key is served as usual and recorded token for token (prompt ids as the
+gateway rendered them; output ids, log-probs and versions as the engine generated them). The driver
+then sets rewards and ends the session; ``end`` turns the completions into a
+:class:`~areal.core.types.Trajectory` and hands it to the trajectory sink.
+
+Routes, under ``/rl`` and ``/gateway/rl``:
+
+- ``POST /rl/sessions`` (admin) ``{"metadata": {...}, "task_id": ..., "hint": ...}`` ->
+  ``{"session_id", "api_key"}``; ``429`` + ``Retry-After`` when the staleness budget is full.
+- ``POST /rl/sessions/{id}/reward`` ``{"reward": float, "completion_id": optional}``: a turn's
+  reward, or the episode's when no completion is named (the last value set wins).
+- ``POST /rl/sessions/{id}/end`` ``{"reward": optional float, "discard": optional bool}``.
+- ``GET /rl/sessions/{id}``: status. ``GET /rl/sessions`` (admin): open sessions and the budget.
+
+The per-session routes take the admin token or that session's own key; a session key stops
+working (``401``) once its session ends. Only finished, non-aborted generations are recorded: an
+aborted one was cut short by the engine (a client disconnect or an abort request), the client
+never got a complete answer, so it is counted in the status but not trained on; if the agent goes
+on with the partial text, the next turn's prompt carries it as context. Records that arrive after
+``end`` are dropped. Everything runs on the gateway's event loop and changes state between awaits,
+so no locks are needed.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import secrets
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
+from areal.core.queue import TrajectorySink
+from areal.core.staleness import StalenessBudget
+from areal.core.trajectory import build_trajectory
+from areal.core.types import Completion
+from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
+
+if TYPE_CHECKING:
+    from areal.gateway.app import Caller
+
+log = logging.getLogger("areal.gateway.sessions")
+
+ENDED_KEPT = 4096  # ended sessions whose status can still be asked for
 
 
 @dataclass
 class Session:
+    """One episode: its key, what the driver said about it, and the completions recorded so far."""
+
     session_id: str
     api_key: str = field(repr=False)
     metadata: dict[str, Any] = field(default_factory=dict)
+    task_id: Any = None
+    hint: str | None = None
+    created: float = field(default_factory=time.time)
+    completions: list[Completion] = field(default_factory=list, repr=False)
+    reward: float | None = None
+    aborted: int = 0
+    ended_at: float | None = None
+    summary: dict[str, Any] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
+
+    def completion(self, completion_id: str) -> Completion | None:
+        return next((c for c in self.completions if c.completion_id == completion_id), None)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "status": "open" if self.is_open else "ended",
+            "task_id": self.task_id,
+            "metadata": self.metadata,
+            "created": self.created,
+            "ended": self.ended_at,
+            "reward": self.reward,
+            "aborted": self.aborted,
+        }
+        if self.is_open:
+            out["completions"] = len(self.completions)
+            out["turn_rewards"] = {
+                c.completion_id: c.reward for c in self.completions if c.reward is not None
+            }
+        else:
+            out.update(self.summary or {})
+        return out
 
 
 class SessionManager:
-    """Owns the sessions of this gateway; ``lookup`` maps a key to its session."""
+    """Owns the sessions of this gateway; ``lookup`` maps a key to its open session.
 
-    def __init__(self, admin_token: str | None) -> None:
+    ``sink`` receives finished trajectories (``None``: they are dropped, with a warning);
+    ``discount`` carries the episode reward back over earlier samples; ``budget`` is the staleness
+    budget new sessions must fit in (default: unbounded).
+    """
+
+    def __init__(
+        self,
+        admin_token: str | None,
+        *,
+        sink: TrajectorySink | None = None,
+        discount: float = 1.0,
+        budget: StalenessBudget | None = None,
+    ) -> None:
+        if not 0.0 <= discount <= 1.0:
+            raise ValueError(f"the reward discount must be within [0, 1], got {discount}")
         self.admin_token = admin_token
+        self.sink = sink
+        self.discount = discount
+        self.budget = budget or StalenessBudget()
         self._by_key: dict[str, Session] = {}
+        self._by_id: dict[str, Session] = {}
+        self._by_hint: dict[str, Session] = {}
+        self._ended: OrderedDict[str, Session] = OrderedDict()
+        self._closed = False
+
+    # --- used by the app ------------------------------------------------------------------------
 
     def lookup(self, api_key: str) -> Session | None:
         return self._by_key.get(api_key)
 
     def hint(self, session_hint: str) -> Session | None:
-        """A session named by a client's own grouping hint (used when no session key is given)."""
-        return None
+        """The open session a client's own grouping hint was bound to (``hint`` at creation)."""
+        return self._by_hint.get(session_hint)
 
     async def record(self, session: Session, *, model: str, generation: Generation) -> str | None:
-        """Record one finished completion of ``session``; returns its completion id."""
-        return None
+        """Record one finished completion of ``session``; returns its completion id.
+
+        ``None`` when nothing was recorded: the session has ended, or the generation is not
+        finished or was aborted (see the module docstring).
+        """
+        if not session.is_open:
+            log.info("session %s has ended; a late completion is not recorded", session.session_id)
+            return None
+        if not generation.finished or generation.finish_reason == "abort":
+            session.aborted += 1
+            return None
+        n = len(generation.output_ids)
+        if not len(generation.logprobs) == len(generation.versions) == n:
+            raise GatewayError(
+                502,
+                f"the engine at {generation.engine} returned {n} output tokens but "
+                f"{len(generation.logprobs)} log-probs and {len(generation.versions)} versions; "
+                "the completion cannot be recorded",
+            )
+        completion = Completion(
+            completion_id="cmpl-" + secrets.token_hex(12),
+            session_id=session.session_id,
+            turn=len(session.completions),
+            model=model,
+            prompt_ids=list(generation.prompt_ids),
+            output_ids=list(generation.output_ids),
+            output_logprobs=list(generation.logprobs),
+            output_versions=list(generation.versions),
+            finish_reason=generation.finish_reason or "stop",
+        )
+        session.completions.append(completion)
+        if generation.versions:  # the engines' weights show how far the trainer has got
+            self.budget.set_version(max(generation.versions))
+        return completion.completion_id
 
     def add_routes(self, app: web.Application, prefixes: tuple[str, ...]) -> None:
-        """``/rl/sessions`` and friends (admin token)."""
+        """``/rl/sessions`` and friends (admin token, or a session's own key for its session)."""
+        for prefix in prefixes:
+            app.router.add_post(f"{prefix}/sessions", self._create)
+            app.router.add_get(f"{prefix}/sessions", self._list)
+            app.router.add_get(f"{prefix}/sessions/{{session_id}}", self._status)
+            app.router.add_post(f"{prefix}/sessions/{{session_id}}/reward", self._reward)
+            app.router.add_post(f"{prefix}/sessions/{{session_id}}/end", self._end)
 
     async def close(self) -> None:
-        """Flush what is pending to the trajectory sink."""
+        """Drop the sessions still open (an unfinished episode is not trained on) and close the
+        sink, which flushes and syncs what it holds."""
+        if self._closed:
+            return
+        self._closed = True
+        for session in list(self._by_id.values()):
+            if session.is_open:
+                self._retire(session)
+                self.budget.finish(accepted=False)
+        if self.sink is not None:
+            await self.sink.close()
+
+    # --- the session life cycle, callable without HTTP ------------------------------------------
+
+    def open(
+        self,
+        *,
+        metadata: dict[str, Any] | None = None,
+        task_id: Any = None,
+        hint: str | None = None,
+    ) -> Session:
+        """Start an episode if the staleness budget has room (else a 429 with Retry-After)."""
+        if self._closed:
+            raise GatewayError(503, "the gateway is shutting down; no new sessions")
+        if not self.budget.try_start():
+            snap = self.budget.snapshot()
+            wait = max(1, math.ceil(self.budget.retry_after_s))
+            raise GatewayError(
+                429,
+                f"no capacity under the staleness budget (version {snap.version}, "
+                f"{snap.accepted} accepted, {snap.running} running); retry after {wait}s",
+                code="staleness_budget_full",
+                headers={"Retry-After": str(wait)},
+            )
+        session = Session(
+            session_id="s_" + secrets.token_hex(8),
+            api_key="areal-session-" + secrets.token_urlsafe(32),
+            metadata=dict(metadata or {}),
+            task_id=task_id,
+            hint=hint,
+        )
+        self._by_id[session.session_id] = session
+        self._by_key[session.api_key] = session
+        if hint:
+            self._by_hint[hint] = session
+        return session
+
+    def set_reward(
+        self, session: Session, reward: float, completion_id: str | None = None
+    ) -> Completion | None:
+        """A turn's reward (``completion_id``) or the episode's; the last value set wins."""
+        if not session.is_open:
+            raise GatewayError(409, f"session {session.session_id} has ended", code="session_ended")
+        if completion_id is None:
+            session.reward = reward
+            return None
+        completion = session.completion(completion_id)
+        if completion is None:
+            raise GatewayError(
+                404,
+                f"session {session.session_id} has no completion {completion_id!r}",
+                param="completion_id",
+                code="completion_not_found",
+            )
+        completion.reward = reward
+        return completion
+
+    async def end(self, session: Session, *, discard: bool = False) -> dict[str, Any]:
+        """Close ``session``: its key stops working, its trajectory goes to the sink.
+
+        A discarded or empty episode goes nowhere and gives its budget slot back unused.
+        """
+        if not session.is_open:
+            raise GatewayError(409, f"session {session.session_id} has ended", code="session_ended")
+        self._retire(session)  # from here on, late records and rewards are refused
+        trajectory = build_trajectory(
+            session.session_id,
+            session.completions,
+            episode_reward=session.reward,
+            discount=self.discount,
+            metadata={**session.metadata, "task_id": session.task_id},
+        )
+        send = not discard and bool(trajectory.samples) and self.sink is not None
+        if not discard and trajectory.samples and self.sink is None:
+            log.warning("no trajectory sink: episode %s is dropped", session.session_id)
+        try:
+            if send:
+                assert self.sink is not None
+                await self.sink.put(trajectory)
+        except Exception as err:
+            self.budget.finish(accepted=False)
+            log.exception("the trajectory sink failed on session %s", session.session_id)
+            raise GatewayError(
+                500, f"the trajectory of session {session.session_id} could not be sent: {err}"
+            ) from None
+        self.budget.finish(accepted=send)
+        session.summary = {
+            "completions": trajectory.completions,
+            "samples": len(trajectory.samples),
+            "tokens": sum(len(c.output_ids) for c in session.completions),
+            "reward": session.reward,
+            "sent": send,
+        }
+        session.completions = []  # the trajectory has them now; keep the status small
+        return {"session_id": session.session_id, **session.summary}
+
+    def _retire(self, session: Session) -> None:
+        session.ended_at = time.time()
+        self._by_key.pop(session.api_key, None)
+        if session.hint and self._by_hint.get(session.hint) is session:
+            del self._by_hint[session.hint]
+        self._by_id.pop(session.session_id, None)
+        self._ended[session.session_id] = session
+        while len(self._ended) > ENDED_KEPT:
+            self._ended.popitem(last=False)
+
+    def get(self, session_id: str) -> Session | None:
+        return self._by_id.get(session_id) or self._ended.get(session_id)
+
+    # --- HTTP -----------------------------------------------------------------------------------
+
+    def _enabled(self) -> None:
+        if self.admin_token is None:
+            raise GatewayError(
+                404,
+                "the session API is off: set AREAL_ADMIN_TOKEN in the gateway's environment and "
+                "restart it to enable /rl/sessions",
+                code="session_api_off",
+            )
+
+    def _authenticated(self, request: web.Request) -> Caller:
+        from areal.gateway.app import caller_of
+
+        self._enabled()
+        caller = caller_of(request)
+        if caller.kind == "anonymous":
+            raise GatewayError(
+                401,
+                "missing or wrong key: send the admin token (AREAL_ADMIN_TOKEN), or for a "
+                "session's own routes its session key, as 'Authorization: Bearer <key>'",
+                code="invalid_api_key",
+            )
+        return caller
+
+    def _admin(self, request: web.Request) -> None:
+        if self._authenticated(request).kind != "admin":
+            raise GatewayError(
+                403,
+                "this route needs the admin token (AREAL_ADMIN_TOKEN); gateway and session keys "
+                "are refused",
+                code="admin_required",
+            )
+
+    def _session_for(self, request: web.Request) -> Session:
+        """The session in the path, if the caller is the admin or that session itself."""
+        from areal.gateway.app import LOG_FIELDS
+
+        caller = self._authenticated(request)
+        session_id = request.match_info["session_id"]
+        request[LOG_FIELDS]["session"] = session_id
+        if caller.kind == "session" and caller.session is not None:
+            if caller.session.session_id != session_id:
+                raise GatewayError(
+                    403, "a session key can only act on its own session", code="wrong_session"
+                )
+            return caller.session
+        if caller.kind != "admin":
+            raise GatewayError(
+                403,
+                "this route needs the admin token (AREAL_ADMIN_TOKEN) or the session's own key",
+                code="admin_required",
+            )
+        session = self.get(session_id)
+        if session is None:
+            raise GatewayError(
+                404, f"no session {session_id!r} on this gateway", code="session_not_found"
+            )
+        return session
+
+    async def _create(self, request: web.Request) -> web.Response:
+        from areal.gateway.app import LOG_FIELDS
+
+        self._admin(request)
+        body = await _optional_json(request)
+        metadata = body.get("metadata", {})
+        if metadata is None:
+            metadata = {}
+        if not isinstance(metadata, dict):
+            raise GatewayError(400, "metadata must be a JSON object", param="metadata")
+        hint = body.get("hint")
+        if hint is not None and (not isinstance(hint, str) or not hint):
+            raise GatewayError(400, "hint must be a non-empty string", param="hint")
+        task_id = body.get("task_id")
+        if task_id is not None and not isinstance(task_id, (str, int)):
+            raise GatewayError(400, "task_id must be a string or an integer", param="task_id")
+        session = self.open(metadata=metadata, task_id=task_id, hint=hint)
+        request[LOG_FIELDS]["session"] = session.session_id
+        return web.json_response({"session_id": session.session_id, "api_key": session.api_key})
+
+    async def _list(self, request: web.Request) -> web.Response:
+        self._admin(request)
+        return web.json_response(
+            {
+                "open": sorted(self._by_id),
+                "budget": self.budget.snapshot().to_json(),
+                "discount": self.discount,
+            }
+        )
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self._session_for(request).status())
+
+    async def _reward(self, request: web.Request) -> web.Response:
+        from areal.gateway.app import read_json
+
+        session = self._session_for(request)
+        body = await read_json(request)
+        reward = _reward_value(body.get("reward"), required=True)
+        assert reward is not None
+        completion_id = body.get("completion_id")
+        if completion_id is not None and not isinstance(completion_id, str):
+            raise GatewayError(400, "completion_id must be a string", param="completion_id")
+        self.set_reward(session, reward, completion_id)
+        return web.json_response(
+            {"session_id": session.session_id, "completion_id": completion_id, "reward": reward}
+        )
+
+    async def _end(self, request: web.Request) -> web.Response:
+        session = self._session_for(request)
+        body = await _optional_json(request)
+        reward = _reward_value(body.get("reward"), required=False)
+        discard = body.get("discard", False)
+        if not isinstance(discard, bool):
+            raise GatewayError(400, "discard must be true or false", param="discard")
+        if reward is not None:
+            self.set_reward(session, reward)
+        return web.json_response(await self.end(session, discard=discard))
+
+
+def _reward_value(value: Any, *, required: bool) -> float | None:
+    if value is None and not required:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise GatewayError(
+            400, f"reward must be a finite number, got {value!r}", param="reward", code="bad_reward"
+        )
+    return float(value)
+
+
+async def _optional_json(request: web.Request) -> dict[str, Any]:
+    """The body as a JSON object; an empty body is ``{}`` (these routes' fields are optional)."""
+    from areal.gateway.app import read_json
+
+    if not (await request.read()).strip():
+        return {}
+    return await read_json(request)

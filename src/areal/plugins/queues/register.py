@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from areal.core.hookspecs import Register, hookimpl
+from areal.plugins.queues.jsonl import jsonl_sink
 
 
 @hookimpl
 def areal_register_queues(register: Register) -> None:
-    """(The JSONL sink and the ZeroMQ queue register here.)"""
+    """The JSONL sink; the ZeroMQ queue registers here with the asynchronous core."""
+    register("jsonl", jsonl_sink)

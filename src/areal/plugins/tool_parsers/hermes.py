@@ -1,17 +1,17 @@
 """Qwen / Hermes tool calls: ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``.
 
 Text that looks like a call but is not valid JSON stays content, so nothing the model wrote is lost.
+A call ends at ``</tool_call>``, at the next ``<tool_call>`` (the model forgot to close it) or at
+the end of the output; whole texts and streams are parsed by the same code, so they always agree.
 """
 
 from __future__ import annotations
 
 import json
-import re
 
 from areal.core.tool_calls import ParsedOutput, StreamEvent, ToolCall
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_CALL = re.compile(re.escape(OPEN) + r"(.*?)(?:" + re.escape(CLOSE) + r"|\Z)", re.DOTALL)
 
 
 def parse_call(body: str) -> ToolCall | None:
@@ -22,7 +22,9 @@ def parse_call(body: str) -> ToolCall | None:
         return None
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
-    arguments = value.get("arguments", value.get("parameters", {}))
+    arguments = value.get("arguments", value.get("parameters"))
+    if arguments is None:  # a call of a function without arguments
+        arguments = {}
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -38,18 +40,14 @@ class HermesParser:
         return OPEN + "\n"
 
     def parse(self, text: str) -> ParsedOutput:
-        calls: list[ToolCall] = []
-        content: list[str] = []
-        position = 0
-        for match in _CALL.finditer(text):
-            call = parse_call(match.group(1).strip())
-            if call is None:
-                continue
-            content.append(text[position : match.start()])
-            position = match.end()
-            calls.append(call)
-        content.append(text[position:])
-        return ParsedOutput(content="".join(content).strip() if calls else text, tool_calls=calls)
+        # The whole text goes through the streaming parser, so both ways always agree.
+        stream = HermesStream()
+        events = stream.feed(text) + stream.finish()
+        calls = [e.call for e in events if e.kind == "tool_call" and e.call is not None]
+        if not calls:
+            return ParsedOutput(content=text, tool_calls=[])
+        content = "".join(e.text for e in events if e.kind == "text")
+        return ParsedOutput(content=content.strip(), tool_calls=calls)
 
     def new_stream(self) -> HermesStream:
         return HermesStream()
@@ -68,6 +66,13 @@ class HermesStream:
         while True:
             if self.inside:
                 end = self.buffer.find(CLOSE)
+                reopen = self.buffer.find(OPEN)
+                if reopen >= 0 and (end < 0 or reopen < end):
+                    # A new call opens before this one closed: this one ends here, unclosed.
+                    body, self.buffer = self.buffer[:reopen], self.buffer[reopen:]
+                    self.inside = False
+                    events.append(self._call_or_text(body, closed=False))
+                    continue
                 if end < 0:
                     return events
                 body, self.buffer = self.buffer[:end], self.buffer[end + len(CLOSE) :]

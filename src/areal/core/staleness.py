@@ -1,0 +1,142 @@
+"""How far rollouts may run ahead of the trainer: the version clock and AReaL's admission rule.
+
+A sample's staleness is ``trainer_version - min(version of its generated tokens)``. To keep every
+sample within ``staleness_threshold`` versions of the weights it trains, a producer starts a new
+episode only while
+
+    (staleness_threshold + version + 1) * trigger_batch_size > accepted + running
+
+(``accepted`` counts every episode handed to the trainer since the start, ``running`` the ones in
+flight), and while ``running`` is under the concurrency cap. Each trainer step consumes
+``trigger_batch_size`` episodes and advances ``version`` by one, which opens room for one more
+batch. The gateway answers ``429`` with ``Retry-After`` when :meth:`StalenessBudget.try_start`
+says no. Pure Python (no torch), thread-safe: the trainer may move the clock from another thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+
+def staleness(trainer_version: int, token_versions: Iterable[int]) -> int:
+    """How many versions behind ``trainer_version`` the oldest generated token is (0 if none).
+
+    Tokens with an unknown version (negative) do not count.
+    """
+    known = [v for v in token_versions if v >= 0]
+    return max(0, trainer_version - min(known)) if known else 0
+
+
+@dataclass
+class BudgetSnapshot:
+    """The counters at one instant (for status routes and logs)."""
+
+    version: int
+    accepted: int
+    running: int
+    rejected: int
+    capacity: int | None  # None: unbounded
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "accepted": self.accepted,
+            "running": self.running,
+            "rejected": self.rejected,
+            "capacity": self.capacity,
+        }
+
+
+class StalenessBudget:
+    """The version clock plus the admission counters of one run.
+
+    ``staleness_threshold=None`` turns the version rule off and ``max_concurrent=None`` the cap, so
+    the default budget admits everything (a gateway not attached to a trainer).
+    """
+
+    def __init__(
+        self,
+        *,
+        trigger_batch_size: int = 1,
+        staleness_threshold: int | None = None,
+        max_concurrent: int | None = None,
+        version: int = 0,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if trigger_batch_size < 1:
+            raise ValueError(f"trigger_batch_size must be >= 1, got {trigger_batch_size}")
+        if staleness_threshold is not None and staleness_threshold < 0:
+            raise ValueError(f"staleness_threshold must be >= 0, got {staleness_threshold}")
+        if max_concurrent is not None and max_concurrent < 1:
+            raise ValueError(f"max_concurrent must be >= 1, got {max_concurrent}")
+        if retry_after_s <= 0:
+            raise ValueError(f"retry_after_s must be > 0, got {retry_after_s}")
+        self.trigger_batch_size = trigger_batch_size
+        self.staleness_threshold = staleness_threshold
+        self.max_concurrent = max_concurrent
+        self.retry_after_s = retry_after_s
+        self._version = version
+        self._accepted = 0
+        self._running = 0
+        self._rejected = 0
+        self._lock = threading.Lock()
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    @property
+    def accepted(self) -> int:
+        return self._accepted
+
+    @property
+    def running(self) -> int:
+        return self._running
+
+    def _capacity(self) -> int | None:
+        limits = []
+        if self.staleness_threshold is not None:
+            allowed = (self.staleness_threshold + self._version + 1) * self.trigger_batch_size
+            limits.append(allowed - (self._accepted + self._running))
+        if self.max_concurrent is not None:
+            limits.append(self.max_concurrent - self._running)
+        return max(0, min(limits)) if limits else None
+
+    def capacity(self) -> int | None:
+        """How many more episodes may start now; ``None`` when nothing limits them."""
+        with self._lock:
+            return self._capacity()
+
+    def try_start(self) -> bool:
+        """Admit one episode (it is now running) if there is room; ``False`` means retry later."""
+        with self._lock:
+            room = self._capacity()
+            if room is not None and room <= 0:
+                return False
+            self._running += 1
+            return True
+
+    def finish(self, *, accepted: bool) -> None:
+        """A running episode ended: handed to the trainer (``accepted``) or dropped."""
+        with self._lock:
+            if self._running <= 0:
+                raise RuntimeError("finish() without a running episode")
+            self._running -= 1
+            if accepted:
+                self._accepted += 1
+            else:
+                self._rejected += 1
+
+    def set_version(self, version: int) -> None:
+        """The trainer's weights are now ``version`` (the clock never moves back)."""
+        with self._lock:
+            self._version = max(self._version, version)
+
+    def snapshot(self) -> BudgetSnapshot:
+        with self._lock:
+            return BudgetSnapshot(
+                self._version, self._accepted, self._running, self._rejected, self._capacity()
+            )

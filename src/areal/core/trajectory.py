@@ -1,0 +1,130 @@
+"""Completions of one episode -> training samples, as pure functions.
+
+An agent's calls usually replay the whole conversation: turn 2's prompt is turn 1's prompt, its
+output, then the new messages. When that holds token for token, both turns become one sequence
+(the earlier output is trained in place, the new messages are context with loss mask 0), which
+saves recomputing the shared prefix. When it does not hold (the agent rewrote or dropped history,
+or the chat template renders past turns differently) the turn starts a new sample of the episode.
+
+Rewards: each completion may carry its own (per-turn) reward; the episode reward ``R`` goes to the
+last sample, and every sample gets the discounted return of what follows it:
+``G_last = r_last + R`` and ``G_i = r_i + discount * G_{i+1}``, where ``r_i`` sums the turn
+rewards of the completions merged into sample ``i``. With only an episode reward, the ``k``-th
+sample from the end gets ``R * discount**k``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from areal.core.types import Completion, Sample, Trajectory
+
+PROMPT_LOGPROB = 0.0
+PROMPT_VERSION = -1
+
+
+def extends(prefix: Sequence[int], ids: Sequence[int]) -> bool:
+    """Does ``ids`` start with all of ``prefix``?"""
+    return len(ids) >= len(prefix) and list(ids[: len(prefix)]) == list(prefix)
+
+
+def _check(completion: Completion) -> None:
+    n = len(completion.output_ids)
+    if not len(completion.output_logprobs) == len(completion.output_versions) == n:
+        raise ValueError(
+            f"completion {completion.completion_id}: {n} output ids but "
+            f"{len(completion.output_logprobs)} logprobs and "
+            f"{len(completion.output_versions)} versions"
+        )
+
+
+def _start(completion: Completion) -> Sample:
+    n = len(completion.prompt_ids)
+    return Sample(
+        input_ids=list(completion.prompt_ids),
+        loss_mask=[0] * n,
+        logprobs=[PROMPT_LOGPROB] * n,
+        versions=[PROMPT_VERSION] * n,
+    )
+
+
+def _append(sample: Sample, completion: Completion) -> None:
+    """Add ``completion`` (whose prompt extends ``sample``) to it: new context, then the output."""
+    context = completion.prompt_ids[len(sample.input_ids) :]
+    sample.input_ids += context
+    sample.loss_mask += [0] * len(context)
+    sample.logprobs += [PROMPT_LOGPROB] * len(context)
+    sample.versions += [PROMPT_VERSION] * len(context)
+    sample.input_ids += completion.output_ids
+    sample.loss_mask += [1] * len(completion.output_ids)
+    sample.logprobs += completion.output_logprobs
+    sample.versions += completion.output_versions
+    sample.completion_ids.append(completion.completion_id)
+
+
+def merge_completions(completions: Sequence[Completion]) -> list[Sample]:
+    """Samples from completions in turn order, merging each turn into the previous sample when its
+    prompt extends that sample's tokens (the previous prompt and output) exactly.
+
+    Rewards are left at 0; :func:`assign_rewards` sets them.
+    """
+    samples: list[Sample] = []
+    for completion in sorted(completions, key=lambda c: c.turn):
+        _check(completion)
+        if not samples or not extends(samples[-1].input_ids, completion.prompt_ids):
+            samples.append(_start(completion))
+        _append(samples[-1], completion)
+    return samples
+
+
+def discounted_returns(
+    turn_rewards: Sequence[float], episode_reward: float | None, discount: float
+) -> list[float]:
+    """Per-sample returns: ``G_last = r_last + R``, ``G_i = r_i + discount * G_{i+1}``."""
+    returns = [0.0] * len(turn_rewards)
+    following = episode_reward or 0.0
+    for i in range(len(turn_rewards) - 1, -1, -1):
+        returns[i] = turn_rewards[i] + following
+        following = discount * returns[i]
+    return returns
+
+
+def assign_rewards(
+    samples: list[Sample],
+    completions: Sequence[Completion],
+    episode_reward: float | None,
+    discount: float = 1.0,
+) -> None:
+    """Set each sample's reward to its discounted return (see the module docstring)."""
+    turn_reward = {c.completion_id: c.reward or 0.0 for c in completions}
+    own = [sum(turn_reward.get(cid, 0.0) for cid in s.completion_ids) for s in samples]
+    for sample, value in zip(
+        samples, discounted_returns(own, episode_reward, discount), strict=True
+    ):
+        sample.reward = value
+
+
+def build_trajectory(
+    session_id: str,
+    completions: Sequence[Completion],
+    *,
+    episode_reward: float | None,
+    discount: float = 1.0,
+    metadata: dict[str, Any] | None = None,
+) -> Trajectory:
+    """The finished episode as the trainer will receive it."""
+    if not (0.0 <= discount <= 1.0) or math.isnan(discount):
+        raise ValueError(f"the reward discount must be within [0, 1], got {discount}")
+    ordered = sorted(completions, key=lambda c: c.turn)
+    samples = merge_completions(ordered)
+    assign_rewards(samples, ordered, episode_reward, discount)
+    return Trajectory(
+        session_id=session_id,
+        samples=samples,
+        reward=episode_reward,
+        completions=len(ordered),
+        metadata=dict(metadata or {}),
+        turns=list(ordered),
+    )

@@ -1,0 +1,65 @@
+"""The JSONL trajectory sink: one finished episode per line, so users can see what would be trained.
+
+Append-only; each line is written whole and flushed (a reader tailing the file never sees half a
+trajectory), and the file is fsynced on close. Writes run in a worker thread under a lock, so
+concurrent ``put`` calls from many sessions neither interleave nor block the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+from areal.core.types import Trajectory
+
+
+class JsonlSink:
+    """``TrajectorySink`` writing ``Trajectory.to_json()`` lines to ``path``."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+        self.written = 0
+
+    def _write(self, line: str) -> None:
+        with self._lock:
+            if self._file is None:
+                raise RuntimeError(f"the JSONL sink {self.path} is closed")
+            self._file.write(line)
+            self._file.flush()
+            self.written += 1
+
+    async def put(self, trajectory: Trajectory) -> None:
+        line = json.dumps(trajectory.to_json(), separators=(",", ":")) + "\n"
+        await asyncio.to_thread(self._write, line)
+
+    def _close(self) -> None:
+        with self._lock:
+            if self._file is None:
+                return
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+            self._file = None
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self._close)
+
+
+def jsonl_sink(options: dict[str, Any]) -> JsonlSink:
+    """The registered factory: ``options["path"]`` names the file (created if missing)."""
+    path = options.get("path")
+    if not path or not isinstance(path, (str, os.PathLike)):
+        raise ValueError(
+            "the jsonl trajectory sink needs options.path (the file to append trajectories to)"
+        )
+    unknown = sorted(set(options) - {"path"})
+    if unknown:
+        raise ValueError(f"the jsonl trajectory sink has no option(s) {', '.join(unknown)}")
+    return JsonlSink(Path(path))

@@ -1,0 +1,91 @@
+"""AReaL's admission rule and the version clock, against hand-computed counts."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from areal.core.staleness import StalenessBudget, staleness
+
+
+def test_staleness_is_trainer_version_minus_the_oldest_token() -> None:
+    assert staleness(5, [3, 4, 5]) == 2
+    assert staleness(5, [-1, 4, -1]) == 1  # prompt/unknown versions do not count
+    assert staleness(5, []) == 0
+    assert staleness(2, [3]) == 0  # a token newer than the trainer is not stale
+
+
+def test_version_rule_admits_staleness_plus_one_batches() -> None:
+    # (threshold 1 + version 0 + 1) * batch 4 = 8 episodes before the trainer moves.
+    budget = StalenessBudget(trigger_batch_size=4, staleness_threshold=1)
+    assert budget.capacity() == 8
+    assert all(budget.try_start() for _ in range(8))
+    assert not budget.try_start() and budget.capacity() == 0
+    for _ in range(3):
+        budget.finish(accepted=True)
+    # accepted 3 + running 5 = 8: accepting frees nothing until the version moves.
+    assert budget.capacity() == 0 and (budget.accepted, budget.running) == (3, 5)
+    budget.set_version(1)  # (1 + 1 + 1) * 4 = 12 > 8
+    assert budget.capacity() == 4
+    budget.set_version(0)  # the clock never moves back
+    assert budget.version == 1 and budget.capacity() == 4
+
+
+def test_rejected_episodes_give_their_slot_back() -> None:
+    budget = StalenessBudget(trigger_batch_size=2, staleness_threshold=0)
+    assert budget.try_start() and budget.try_start() and not budget.try_start()
+    budget.finish(accepted=False)  # accepted 0 + running 1 < 2
+    snap = budget.snapshot()
+    assert (snap.accepted, snap.running, snap.rejected, snap.capacity) == (0, 1, 1, 1)
+    assert snap.to_json()["capacity"] == 1
+
+
+def test_concurrency_cap_and_the_tighter_limit_wins() -> None:
+    capped = StalenessBudget(max_concurrent=2)
+    assert capped.try_start() and capped.try_start() and not capped.try_start()
+    capped.finish(accepted=True)
+    assert capped.capacity() == 1  # no version rule: only the cap counts
+    both = StalenessBudget(trigger_batch_size=8, staleness_threshold=0, max_concurrent=3)
+    assert both.capacity() == 3  # min(8 - 0, 3 - 0)
+    for _ in range(3):
+        both.try_start()
+        both.finish(accepted=True)
+    assert both.capacity() == 3  # min(8 - 3, 3)
+    for _ in range(3):
+        both.try_start()
+        both.finish(accepted=True)
+    assert both.capacity() == 2  # min(8 - 6, 3)
+
+
+def test_unbounded_by_default() -> None:
+    budget = StalenessBudget()
+    assert budget.capacity() is None
+    assert all(budget.try_start() for _ in range(1000))
+    assert budget.snapshot().capacity is None
+
+
+def test_threads_never_overshoot() -> None:
+    budget = StalenessBudget(trigger_batch_size=10, staleness_threshold=2)  # room for 30
+    admitted: list[int] = []
+
+    def worker() -> None:
+        admitted.extend(1 for _ in range(20) if budget.try_start())
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(admitted) == 30 and budget.running == 30
+
+
+def test_bad_settings_and_misuse_are_refused() -> None:
+    with pytest.raises(ValueError, match="trigger_batch_size"):
+        StalenessBudget(trigger_batch_size=0)
+    with pytest.raises(ValueError, match="staleness_threshold"):
+        StalenessBudget(staleness_threshold=-1)
+    with pytest.raises(ValueError, match="max_concurrent"):
+        StalenessBudget(max_concurrent=0)
+    with pytest.raises(RuntimeError, match="without a running episode"):
+        StalenessBudget().finish(accepted=True)

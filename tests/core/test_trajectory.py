@@ -1,0 +1,126 @@
+"""Completions -> samples: token-for-token merging, loss masks, versions, discounted rewards."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from areal.core.trajectory import (
+    build_trajectory,
+    discounted_returns,
+    extends,
+    merge_completions,
+)
+from areal.core.types import Completion, Trajectory
+
+
+def completion(
+    turn: int,
+    prompt: list[int],
+    output: list[int],
+    *,
+    version: int = 0,
+    reward: float | None = None,
+) -> Completion:
+    return Completion(
+        completion_id=f"c{turn}",
+        session_id="s",
+        turn=turn,
+        model="policy",
+        prompt_ids=prompt,
+        output_ids=output,
+        output_logprobs=[-(turn + 1) / 10 - i / 100 for i in range(len(output))],
+        output_versions=[version] * len(output),
+        finish_reason="stop",
+        reward=reward,
+    )
+
+
+def four_turns(**rewards: float) -> list[Completion]:
+    return [
+        completion(0, [1, 2, 3], [4, 5], reward=rewards.get("c0")),
+        completion(1, [1, 2, 3, 4, 5, 6, 7], [8], version=1, reward=rewards.get("c1")),
+        completion(
+            2, [1, 2, 9], [10, 11], version=1, reward=rewards.get("c2")
+        ),  # history rewritten
+        completion(
+            3, [1, 2, 9, 10, 11], [12], version=2, reward=rewards.get("c3")
+        ),  # no new context
+    ]
+
+
+def test_extends() -> None:
+    assert extends([1, 2], [1, 2, 3]) and extends([1, 2], [1, 2]) and extends([], [7])
+    assert not extends([1, 2, 3], [1, 2]) and not extends([1, 2], [1, 3, 2])
+
+
+def test_turns_that_extend_merge_and_others_start_a_sample() -> None:
+    first, second = merge_completions(four_turns())
+    assert first.input_ids == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
+    assert first.logprobs == [0.0, 0.0, 0.0, -0.1, -0.11, 0.0, 0.0, -0.2]
+    assert first.versions == [-1, -1, -1, 0, 0, -1, -1, 1]
+    assert first.completion_ids == ["c0", "c1"] and first.min_version == 0
+    assert second.input_ids == [1, 2, 9, 10, 11, 12]
+    assert second.loss_mask == [0, 0, 0, 1, 1, 1]
+    assert second.versions == [-1, -1, -1, 1, 1, 2]
+    assert second.completion_ids == ["c2", "c3"] and second.min_version == 1
+
+
+def test_turn_order_not_arrival_order_decides() -> None:
+    turns = four_turns()
+    shuffled = [turns[2], turns[0], turns[3], turns[1]]
+    assert merge_completions(shuffled) == merge_completions(turns)
+
+
+def test_a_re_tokenized_or_shortened_history_is_a_new_sample() -> None:
+    retokenized = [completion(0, [1, 2], [3, 4]), completion(1, [1, 2, 3, 5, 6], [7])]
+    assert len(merge_completions(retokenized)) == 2
+    truncated = [completion(0, [1, 2, 3], [4]), completion(1, [1, 2], [5])]
+    assert [s.input_ids for s in merge_completions(truncated)] == [[1, 2, 3, 4], [1, 2, 5]]
+
+
+def test_mismatched_lengths_are_refused() -> None:
+    bad = completion(0, [1], [2, 3])
+    bad.output_versions = [0]
+    with pytest.raises(ValueError, match="2 output ids but 2 logprobs and 1 versions"):
+        merge_completions([bad])
+
+
+def test_episode_reward_is_discounted_back_over_samples() -> None:
+    assert discounted_returns([0.0, 0.0, 0.0], 2.0, 0.9) == pytest.approx([1.62, 1.8, 2.0])
+    traj = build_trajectory("s", four_turns(), episode_reward=1.0, discount=0.5)
+    assert [s.reward for s in traj.samples] == [0.5, 1.0]
+    assert traj.reward == 1.0 and traj.completions == 4
+    flat = build_trajectory("s", four_turns(), episode_reward=1.0)
+    assert [s.reward for s in flat.samples] == [1.0, 1.0]
+
+
+def test_turn_rewards_add_to_the_return() -> None:
+    # sample 1: own -0.4 (c2) + R 1.0 = 0.6; sample 0: own 0.2 + 0.2 (c0, c1) + 0.5 * 0.6 = 0.7.
+    traj = build_trajectory(
+        "s", four_turns(c0=0.2, c1=0.2, c2=-0.4), episode_reward=1.0, discount=0.5
+    )
+    assert [s.reward for s in traj.samples] == pytest.approx([0.7, 0.6])
+    assert [t.reward for t in traj.turns] == [0.2, 0.2, -0.4, None]
+
+
+def test_no_reward_at_all() -> None:
+    traj = build_trajectory("s", four_turns(), episode_reward=None, discount=0.9)
+    assert traj.reward is None and [s.reward for s in traj.samples] == [0.0, 0.0]
+    assert build_trajectory("s", [], episode_reward=1.0).samples == []
+
+
+def test_bad_discount_is_refused() -> None:
+    for bad in (-0.1, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="discount"):
+            build_trajectory("s", four_turns(), episode_reward=1.0, discount=bad)
+
+
+def test_trajectory_survives_json() -> None:
+    traj = build_trajectory(
+        "s", four_turns(c1=0.5), episode_reward=1.0, discount=0.5, metadata={"task_id": "t1"}
+    )
+    back = Trajectory.from_json(json.loads(json.dumps(traj.to_json())))
+    assert back == traj and back.turns[1].reward == 0.5 and back.metadata == {"task_id": "t1"}

@@ -1,0 +1,134 @@
+"""Starting the gateway as users do: the seed's ``python -m areal.gateway.server`` and
+``areal serve gateway``, as real subprocesses on 127.0.0.1."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from areal.core.process import ServerProcess, pick_free_port
+from areal.plugins.inference.embedded.server import InferenceServer
+
+ROOT = Path(__file__).resolve().parents[2]
+ROUTER = str(ROOT / "configs" / "router.yaml")
+SEED_ROUTER = str(ROOT / "configs" / "taotoken_router.yaml")
+SERVER = [sys.executable, "-m", "areal.gateway.server"]
+CLI = [sys.executable, "-m", "areal", "serve", "gateway"]
+KEY_LINE = re.compile(r"gateway key \(shown once[^)]*\): (\S+)")
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No keys from the developer's shell: the gateway must make its own."""
+    for name in ("AREAL_GATEWAY_KEY", "AREAL_ADMIN_TOKEN", "TAOTOKEN_API_KEY"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def models(url: str, key: str) -> httpx.Response:
+    return httpx.get(f"{url}/v1/models", headers={"Authorization": f"Bearer {key}"}, timeout=10)
+
+
+def is_up(url: str) -> bool:
+    try:
+        httpx.get(f"{url}/health", timeout=2)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("clean_env")
+def test_seed_command_with_an_embedded_engine(gateway_model_dir: str, tmp_path: Path) -> None:
+    port = pick_free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [*SERVER, "--config", ROUTER, "--model", gateway_model_dir, "--port", str(port)]
+    command += ["--log-dir", str(tmp_path / "logs"), "--log-level", "info"]
+    proc = ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway").start()
+    try:
+        proc.wait_healthy(url, timeout=180)
+        output = proc.log_tail(200)
+        keys = KEY_LINE.findall(output)
+        assert len(keys) == 1, output  # printed once
+        key = keys[0]
+        resp = models(url, key)
+        assert resp.status_code == 200 and resp.json()["data"][0]["id"] == "areal-tiny"
+        assert models(url, "not-the-key").status_code == 401
+        engine = re.search(r"policy areal-tiny on (http://127\.0\.0\.1:\d+)", output)
+        assert engine is not None, output
+        assert is_up(engine.group(1))
+        started = time.monotonic()
+    finally:
+        code = proc.stop(timeout=20)
+    assert time.monotonic() - started < 15, "SIGTERM did not stop the gateway promptly"
+    assert code is not None
+    assert not is_up(url) and not is_up(engine.group(1)), "the embedded engine outlived the gateway"
+    assert key not in (tmp_path / "logs" / "gateway.log").read_text()
+
+
+def test_areal_serve_gateway_with_an_engine_url(
+    engine: tuple[str, InferenceServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AREAL_GATEWAY_KEY", "chosen-gateway-key-0123456789")
+    monkeypatch.delenv("AREAL_ADMIN_TOKEN", raising=False)
+    port = pick_free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [*CLI, "--config", ROUTER, "--engine", engine[0], "--port", str(port)]
+    command += ["--log-dir", str(tmp_path / "logs")]
+    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
+        proc.wait_healthy(url, timeout=120)
+        resp = models(url, "chosen-gateway-key-0123456789")
+        assert resp.status_code == 200 and resp.json()["data"][0]["id"] == "areal-tiny"
+        assert not KEY_LINE.search(proc.log_tail(200))  # a chosen key is not printed
+        started = time.monotonic()
+        code = proc.stop(timeout=20)
+    assert time.monotonic() - started < 10 and code is not None
+    assert "path=/v1/models" in (tmp_path / "logs" / "gateway.log").read_text()
+
+
+def one_line_error(command: list[str]) -> str:
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    return lines[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_missing_engine_is_one_clear_line() -> None:
+    for command in ([*SERVER, "--config", ROUTER], [*CLI, "--config", ROUTER]):
+        line = one_line_error(command)
+        assert "--engine" in line and "--model" in line
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_unset_key_variable_is_one_clear_line() -> None:
+    for command in (
+        [*SERVER, "--config", SEED_ROUTER, "--engine", "http://127.0.0.1:9"],
+        [*CLI, "--config", SEED_ROUTER, "--engine", "http://127.0.0.1:9"],
+    ):
+        line = one_line_error(command)
+        assert "TAOTOKEN_API_KEY" in line and "api_gateway.api_key" in line
+        assert "Traceback" not in line
+
+
+def test_help_is_light() -> None:
+    script = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from areal.cli.main import app\n"
+        "result = CliRunner().invoke(app, ['serve', 'gateway', '--help'])\n"
+        "assert result.exit_code == 0, result.output\n"
+        "assert '--engine' in result.output and 'Example' in result.output\n"
+        "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
