@@ -7,6 +7,7 @@ use the same class to start real servers on 127.0.0.1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 
 from aiohttp import web
@@ -53,8 +54,13 @@ class ServerThread:
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        loop = self._loop
+        """Close the listener and the open requests (within ``shutdown_timeout``), then the loop."""
+        loop, runner = self._loop, self._runner
         if loop is not None and loop.is_running():
+            if runner is not None:
+                done = asyncio.run_coroutine_threadsafe(runner.cleanup(), loop)
+                with contextlib.suppress(Exception):
+                    done.result(timeout)
             loop.call_soon_threadsafe(loop.stop)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)

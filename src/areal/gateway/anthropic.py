@@ -24,15 +24,14 @@ from typing import Any, TypeGuard, cast
 from aiohttp import web
 
 from areal.core.tool_calls import ToolCall, new_call_id
-from areal.gateway.app import LOG_FIELDS, GatewayState, caller_of, read_json, state_of
+from areal.gateway.app import LOG_FIELDS, GatewayState, read_json, state_of
+from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
 from areal.gateway.policy import Generation, TextDeltas
-from areal.gateway.sessions import Session
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 _CHOICES = ("auto", "any", "tool", "none")
-_SESSION_HINT_MAX = 128
 
 
 # --- the request -----------------------------------------------------------------------------
@@ -480,67 +479,7 @@ def stop_reason(gen: Generation, stops: list[str], called: bool) -> tuple[str, s
     return "end_turn", None
 
 
-def check_not_aborted(gen: Generation | None) -> Generation:
-    """An aborted generation (engine shutdown, an abort request) is no answer: retry it."""
-    if gen is not None and gen.finished and gen.finish_reason != "abort":
-        return gen
-    reason = gen.meta.get("finish_reason") if gen is not None else None
-    detail = reason.get("message") if isinstance(reason, dict) else None
-    where = f" at {gen.engine}" if gen is not None and gen.engine else ""
-    raise GatewayError(
-        503, f"the inference engine{where} aborted the generation ({detail or 'abort'}); retry"
-    )
-
-
 # --- handlers --------------------------------------------------------------------------------
-
-
-def session_hint(request: web.Request, body: dict[str, Any]) -> str | None:
-    """A client's own grouping of calls: Claude Code's session header, else ``metadata.user_id``
-    (Claude Code writes a JSON object there whose ``session_id`` is the same session)."""
-    hint = request.headers.get("x-claude-code-session-id")
-    metadata = body.get("metadata")
-    if not hint and isinstance(metadata, dict) and isinstance(metadata.get("user_id"), str):
-        hint = metadata["user_id"]
-        try:
-            decoded = json.loads(hint)
-        except json.JSONDecodeError:
-            decoded = None
-        if isinstance(decoded, dict) and isinstance(decoded.get("session_id"), str):
-            hint = decoded["session_id"]
-    return hint[:_SESSION_HINT_MAX] if hint else None
-
-
-@dataclass
-class Episode:
-    """Which episode a call belongs to: the caller's session (session key), else the session a
-    driver bound to the client's own hint (``POST /rl/sessions {"hint": ...}``), else just the
-    hint, which still groups the calls in ``gateway.log`` and keeps them on one engine."""
-
-    sticky: str | None = None
-    bound: Session | None = None  # a hinted session; recorded into although the key is plain
-
-    @classmethod
-    def of(cls, request: web.Request, state: GatewayState, body: dict[str, Any]) -> Episode:
-        caller = caller_of(request)
-        if caller.session is not None:
-            return cls(caller.session.session_id)
-        hint = session_hint(request, body)
-        if not hint:
-            return cls()
-        bound = state.sessions.hint(hint)
-        name = bound.session_id if bound is not None else hint
-        request[LOG_FIELDS]["session"] = re.sub(r"[^A-Za-z0-9._:@-]", "_", name)
-        return cls(name, bound)
-
-    async def record(
-        self, request: web.Request, state: GatewayState, gen: Generation
-    ) -> str | None:
-        if self.bound is not None:
-            return await state.sessions.record(
-                self.bound, model=state.policy.model_id, generation=gen
-            )
-        return await state.record(request, gen)
 
 
 async def create_message(request: web.Request) -> web.StreamResponse:

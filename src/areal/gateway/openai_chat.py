@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import json
 import math
-import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from typing import Any
 from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
-from areal.gateway.app import LOG_FIELDS, GatewayState, caller_of, read_json, state_of
+from areal.gateway.app import LOG_FIELDS, GatewayState, read_json, state_of
 from areal.gateway.chat_messages import (
     StreamText,
     ToolPlan,
@@ -41,12 +40,11 @@ from areal.gateway.chat_messages import (
     stop_strings,
     type_name,
 )
+from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, openai_error_body
 from areal.gateway.policy import Generation
-from areal.gateway.sessions import Session
 
 MAX_CHOICES = 64
-HINT_MAX = 128  # characters of a client's session hint kept
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -56,52 +54,6 @@ SSE_HEADERS = {
 
 
 # --- the request ----------------------------------------------------------------------------
-
-
-def session_hint(body: dict[str, Any]) -> str | None:
-    """An OpenAI client's own grouping of calls: ``prompt_cache_key`` (one per conversation in
-    Codex and others), else ``metadata.user_id``."""
-    metadata = body.get("metadata")
-    for value in (
-        body.get("prompt_cache_key"),
-        metadata.get("user_id") if isinstance(metadata, dict) else None,
-    ):
-        if isinstance(value, str) and value:
-            return value[:HINT_MAX]
-    return None
-
-
-@dataclass
-class Episode:
-    """Which episode a call belongs to: the caller's session (session key), else the session a
-    driver bound to the client's hint (``POST /rl/sessions {"hint": ...}``), else just the hint,
-    which still groups the calls in ``gateway.log`` and keeps them on one engine's KV cache."""
-
-    sticky: str | None = None
-    bound: Session | None = None  # recorded into although the caller's key is the plain one
-
-    @classmethod
-    def of(cls, request: web.Request, state: GatewayState, body: dict[str, Any]) -> Episode:
-        caller = caller_of(request)
-        if caller.session is not None:
-            return cls(caller.session.session_id)
-        hint = session_hint(body)
-        if hint is None:
-            return cls()
-        bound = state.sessions.hint(hint)
-        name = bound.session_id if bound is not None else hint
-        request[LOG_FIELDS]["session"] = re.sub(r"[^A-Za-z0-9._:@-]", "_", name)
-        return cls(name, bound)
-
-    async def record(
-        self, request: web.Request, state: GatewayState, gen: Generation
-    ) -> str | None:
-        """Record a policy generation (an aborted or unfinished one is counted, not kept)."""
-        if self.bound is not None:
-            return await state.sessions.record(
-                self.bound, model=state.policy.model_id, generation=gen
-            )
-        return await state.record(request, gen)
 
 
 @dataclass
@@ -282,19 +234,6 @@ def finish_reason(gen: Generation, calls: bool) -> str:
     if calls:
         return "tool_calls"
     return "length" if gen.finish_reason == "length" else "stop"
-
-
-def check_not_aborted(gen: Generation) -> None:
-    """An aborted generation is no answer: the client should retry."""
-    if gen.finish_reason != "abort":
-        return
-    reason = gen.meta.get("finish_reason")
-    detail = reason.get("message") if isinstance(reason, dict) else None
-    status = reason.get("status_code") if isinstance(reason, dict) else None
-    code = 502 if isinstance(status, int) and status >= 500 else 503
-    raise GatewayError(
-        code, f"the inference engine at {gen.engine} aborted the generation: {detail or 'abort'}"
-    )
 
 
 def token_logprobs(tokenizer: Any, ids: list[int], logprobs: list[float]) -> list[dict[str, Any]]:
