@@ -32,6 +32,8 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.inference.register",
     "areal.plugins.tool_parsers.register",
     "areal.plugins.queues.register",
+    "areal.plugins.rewards.register",
+    "areal.plugins.losses.register",
     "areal.cli.builtin_commands",
 )
 

@@ -1,7 +1,8 @@
 """The seam between the gateway (producer) and the trainer (consumer) of trajectories.
 
-A queue plugin (``areal_register_queues``) registers a factory ``(options: dict) -> TrajectorySink``;
-the JSONL sink ships now, the ZeroMQ queue comes with the asynchronous core.
+A queue plugin (``areal_register_queues``) registers a factory ``(options: dict) -> TrajectorySink``.
+Built in: ``jsonl`` (a file, to inspect what would be trained) and ``zmq`` (acknowledged, bounded
+delivery to the trainer's ``ZmqTrajectorySource``).
 """
 
 from __future__ import annotations

@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from areal.core.hookspecs import Register, hookimpl
 from areal.plugins.queues.jsonl import jsonl_sink
+
+if TYPE_CHECKING:
+    from areal.plugins.queues.zmq_queue import ZmqTrajectorySink
+
+
+def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
+    """The ZeroMQ producer; imported on use, so start-up does not pay for zmq and numpy."""
+    from areal.plugins.queues.zmq_queue import zmq_sink as make
+
+    return make(options)
 
 
 @hookimpl
 def areal_register_queues(register: Register) -> None:
-    """The JSONL sink; the ZeroMQ queue registers here with the asynchronous core."""
+    """The JSONL sink and the ZeroMQ trajectory queue (``options.address``: the trainer's)."""
     register("jsonl", jsonl_sink)
+    register("zmq", zmq_sink)

@@ -1,0 +1,91 @@
+"""``areal config``: check a run config before a run spends time starting processes.
+
+``validate`` separates what is wrong with the file (errors, exit 1) from what this machine cannot
+provide (warnings, exit 0 unless ``--strict``): a config written for an 8-GPU node is still a
+correct config on a laptop. torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from areal.cli.errors import CLIError
+from areal.core.config import ConfigError
+from areal.core.run_config import RunConfig, RunConfigError, check_machine, load_run_config
+
+app = typer.Typer(
+    help="Validate, show and describe run configs.\n\n"
+    "Example: [bold]areal config validate configs/quickstart.yaml --set train.max_steps=5[/bold]",
+    no_args_is_help=True,
+    rich_markup_mode="rich",
+)
+
+CONFIG_ARG = typer.Argument(..., help="Run config YAML (${VAR} read from the environment).")
+SET_OPTION = typer.Option(
+    [], "--set", help="Override one key, e.g. --set async.enabled=false (the value is YAML)."
+)
+
+
+@app.command("validate")
+def validate_command(
+    config: Path = CONFIG_ARG,
+    overrides: list[str] = SET_OPTION,
+    strict: bool = typer.Option(
+        False, "--strict", help="Exit 1 also when this machine cannot run the config."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Check a run config: keys, types, consistency, names; then warn about this machine.
+
+    Example: [bold]areal config validate configs/agent_async_train.yaml --strict[/bold]
+    """
+    errors: list[str] = []
+    warnings: list[str] = []
+    message = ""  # the errors as one line, with the file name
+    try:
+        warnings = check_machine(load_run_config(config, overrides))
+    except RunConfigError as err:
+        errors, message = err.errors, str(err)
+    except ConfigError as err:
+        errors, message = [str(err)], str(err)
+    failed = bool(errors) or (strict and bool(warnings))
+    if as_json:
+        report = {"config": str(config), "valid": not errors, "errors": errors}
+        typer.echo(json.dumps({**report, "warnings": warnings}, indent=2, ensure_ascii=False))
+        if failed:
+            raise typer.Exit(1)
+        return
+    if errors:
+        raise CLIError(message)
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    note = f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''} about this machine)"
+    typer.echo(f"{config}: valid{note if warnings else ''}")
+    if failed:
+        raise CLIError(f"{config}: this machine cannot run it (--strict)")
+
+
+@app.command("show")
+def show_command(config: Path = CONFIG_ARG, overrides: list[str] = SET_OPTION) -> None:
+    """Print the resolved config as YAML: defaults filled, ${VAR} and --set applied.
+
+    Example: [bold]areal config show configs/quickstart.yaml --set async.enabled=false[/bold]
+    """
+    try:
+        resolved = load_run_config(config, overrides)
+    except ConfigError as err:
+        raise CLIError(str(err)) from None
+    typer.echo(resolved.to_yaml(), nl=False)
+
+
+@app.command("schema")
+def schema_command() -> None:
+    """Print the JSON schema of run configs (for editors and docs).
+
+    Example: [bold]areal config schema > run_config.schema.json[/bold]
+    """
+    schema = RunConfig.model_json_schema(by_alias=True)
+    typer.echo(json.dumps(schema, indent=2, ensure_ascii=False))

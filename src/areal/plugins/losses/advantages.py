@@ -1,0 +1,225 @@
+"""Advantage estimators and reward shaping: pure functions over tensors, CPU-testable.
+
+Shapes: ``N`` samples, ``T`` token positions. Sequence-level quantities are ``[N]``; token-level
+ones are ``[N, T]`` with a ``loss_mask`` ``[N, T]`` (1 = a generated token the policy is trained
+on; prompt, padding and environment tokens in between are 0). ``group_ids`` ``[N]`` (any integers)
+say which samples answer the same task: GRPO and RLOO compare a sample only with its group.
+
+The pipeline AReaL uses and these pieces compose into: sequence rewards → optionally
+group-normalised (:func:`grpo_advantages`) → placed on the last generated token, with an optional
+per-token KL-to-reference penalty (:func:`kl_penalized_rewards`) → GAE without a critic
+(:func:`gae_no_critic_advantages`, values ≡ 0). With γ = λ = 1 and no KL term that is exactly
+"broadcast the sequence advantage to every generated token" (:func:`broadcast_to_tokens`).
+
+The ``*_token_advantages`` functions at the end share one keyword signature and are what the
+``advantage/<name>`` registry entries point to, so the trainer can pick one by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "broadcast_to_tokens",
+    "gae_advantages",
+    "gae_no_critic_advantages",
+    "gae_token_advantages",
+    "grpo_advantages",
+    "grpo_token_advantages",
+    "kl_penalized_rewards",
+    "rloo_advantages",
+    "rloo_token_advantages",
+    "sequence_rewards_to_tokens",
+]
+
+
+# --- sequence level: [N] -> [N] ---------------------------------------------------------------
+
+
+def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per sample: its group's size, sum of rewards and sum of squared deviations, each ``[N]``."""
+    if rewards.dim() != 1 or rewards.shape != group_ids.shape:
+        raise ValueError(
+            f"rewards and group_ids must both be [N]; got {tuple(rewards.shape)} "
+            f"and {tuple(group_ids.shape)}"
+        )
+    _, inverse = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(inverse.max()) + 1 if inverse.numel() else 0
+    r = rewards.to(torch.float64)  # sums of many rewards: keep precision, cast back at the end
+    size = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(
+        0, inverse, torch.ones_like(r)
+    )
+    total = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(0, inverse, r)
+    mean = total / size
+    sq_dev = torch.zeros(n_groups, dtype=r.dtype, device=r.device).index_add_(
+        0, inverse, (r - mean[inverse]) ** 2
+    )
+    return size[inverse], total[inverse], sq_dev[inverse]
+
+
+def grpo_advantages(
+    rewards: Tensor, group_ids: Tensor, eps: float = 1e-6, normalize_std: bool = True
+) -> Tensor:
+    """GRPO (Shao et al. 2024): ``A_i = (r_i − mean_g) / (std_g + eps)`` over sample i's group g.
+
+    ``rewards`` ``[N]`` → advantages ``[N]``. ``std_g`` is the unbiased (n − 1) standard deviation,
+    as in DeepSeekMath and TRL; a group of one has no baseline and gets advantage 0.
+    ``normalize_std=False`` keeps only the mean baseline (Dr. GRPO, Liu et al. 2025), which does
+    not up-weight tasks whose rewards barely differ.
+    """
+    size, total, sq_dev = _group_stats(rewards, group_ids)
+    centred = rewards.to(torch.float64) - total / size
+    if normalize_std:
+        std = torch.sqrt(sq_dev / (size - 1).clamp(min=1))
+        centred = centred / (std + eps)
+    return centred.to(_floating(rewards).dtype)
+
+
+def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """REINFORCE leave-one-out (Ahmadian et al. 2024): ``A_i = r_i − mean_{j≠i, j∈g} r_j``.
+
+    ``rewards`` ``[N]`` → ``[N]``. The baseline excludes the sample itself, so it is unbiased;
+    a group of one has no other sample and gets advantage 0.
+    """
+    size, total, _ = _group_stats(rewards, group_ids)
+    r = rewards.to(torch.float64)
+    others = (size - 1).clamp(min=1)
+    adv = torch.where(size > 1, r - (total - r) / others, 0.0)
+    return adv.to(_floating(rewards).dtype)
+
+
+# --- sequence -> token ------------------------------------------------------------------------
+
+
+def _floating(x: Tensor) -> Tensor:
+    """Integer rewards (0/1 from a rule) become the default float type; float types are kept."""
+    return x if x.is_floating_point() else x.to(torch.get_default_dtype())
+
+
+def _check_tokens(loss_mask: Tensor, *tensors: Tensor) -> None:
+    if loss_mask.dim() != 2:
+        raise ValueError(f"loss_mask must be [N, T]; got {tuple(loss_mask.shape)}")
+    for t in tensors:
+        if t.shape != loss_mask.shape:
+            raise ValueError(f"expected [N, T] = {tuple(loss_mask.shape)}; got {tuple(t.shape)}")
+
+
+def broadcast_to_tokens(values: Tensor, loss_mask: Tensor) -> Tensor:
+    """A sequence-level value ``[N]`` copied onto each generated token of its sample ``[N, T]``
+    (zero elsewhere): how GRPO and RLOO advantages reach the token-level loss."""
+    _check_tokens(loss_mask)
+    mask = loss_mask.bool()
+    return torch.where(mask, _floating(values)[:, None], 0.0)
+
+
+def sequence_rewards_to_tokens(rewards: Tensor, loss_mask: Tensor) -> Tensor:
+    """A sequence reward ``[N]`` placed on the last generated token of its sample ``[N, T]``.
+
+    The reward arrives when the episode ends, so the last action gets it; GAE carries it back. A
+    sample with no generated token gets nothing.
+    """
+    _check_tokens(loss_mask)
+    mask = loss_mask.bool()
+    n, t = mask.shape
+    last = (t - 1) - mask.flip(-1).to(torch.int8).argmax(dim=-1)  # [N]
+    rewards = _floating(rewards)
+    out = torch.zeros(n, t, dtype=rewards.dtype, device=rewards.device)
+    out[torch.arange(n, device=out.device), last] = rewards
+    return torch.where(mask, out, 0.0)
+
+
+def kl_penalized_rewards(
+    rewards: Tensor, logprobs: Tensor, ref_logprobs: Tensor, loss_mask: Tensor, kl_coef: float
+) -> Tensor:
+    """Token rewards ``[N, T]`` with a KL-to-reference penalty, as in InstructGPT and AReaL.
+
+    Each generated token gets ``−kl_coef · (log π(a_t) − log π_ref(a_t))`` (the k1 estimate of
+    KL(π ‖ π_ref) along the sampled sequence, using the rollout's ``logprobs`` ``[N, T]``); the
+    sequence reward ``rewards`` ``[N]`` is added on the last generated token. Feed the result to
+    :func:`gae_no_critic_advantages` or :func:`gae_advantages`. Masked positions may hold -inf.
+    """
+    _check_tokens(loss_mask, logprobs, ref_logprobs)
+    mask = loss_mask.bool()
+    kl = torch.where(mask, logprobs.detach(), 0.0) - torch.where(mask, ref_logprobs.detach(), 0.0)
+    return sequence_rewards_to_tokens(rewards, loss_mask) - kl_coef * kl
+
+
+# --- token level: GAE -------------------------------------------------------------------------
+
+
+def gae_advantages(
+    rewards_per_token: Tensor, values: Tensor, loss_mask: Tensor, gamma: float, lam: float
+) -> Tensor:
+    """Generalised advantage estimation (Schulman et al. 2016) over the generated tokens.
+
+    ``rewards_per_token``, ``values`` and ``loss_mask`` are ``[N, T]``; returns advantages
+    ``[N, T]`` (zero at masked positions; the critic's targets are ``advantages + values``)::
+
+        δ_t = r_t + γ · V_{t'} − V_t,   A_t = δ_t + γλ · A_{t'}
+
+    where t' is the *next generated token* of the same sample (V = A = 0 after the last one). The
+    recursion skips masked positions, so tool results or other environment tokens between two turns
+    merged into one sequence are not steps of the MDP; rewards placed on masked positions are
+    ignored. Computed by a backward loop over T on [N]-vectors.
+    """
+    _check_tokens(loss_mask, rewards_per_token, values)
+    mask = loss_mask.bool()
+    r = torch.where(mask, _floating(rewards_per_token), 0.0)
+    dtype = r.dtype
+    v = torch.where(mask, values.detach(), 0.0).to(dtype)
+    n, t_len = mask.shape
+    adv = torch.zeros(n, t_len, dtype=dtype, device=r.device)
+    next_value = torch.zeros(n, dtype=dtype, device=r.device)
+    next_adv = torch.zeros(n, dtype=dtype, device=r.device)
+    for t in range(t_len - 1, -1, -1):
+        delta = r[:, t] + gamma * next_value - v[:, t]
+        a_t = delta + gamma * lam * next_adv
+        m = mask[:, t]
+        adv[:, t] = torch.where(m, a_t, 0.0)
+        next_value = torch.where(m, v[:, t], next_value)
+        next_adv = torch.where(m, a_t, next_adv)
+    return adv
+
+
+def gae_no_critic_advantages(
+    rewards_per_token: Tensor, loss_mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+) -> Tensor:
+    """GAE with values ≡ 0, as AReaL uses it without a critic: ``A_t = Σ_{k≥t} (γλ)^{k−t} r_k``
+    over the generated tokens. ``[N, T]`` → ``[N, T]``."""
+    values = torch.zeros_like(_floating(rewards_per_token))
+    return gae_advantages(rewards_per_token, values, loss_mask, gamma, lam)
+
+
+# --- the registered estimators: one keyword signature, [N] rewards -> [N, T] advantages ---------
+
+
+def grpo_token_advantages(
+    *, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor, **options: Any
+) -> Tensor:
+    """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``) on every token."""
+    return broadcast_to_tokens(grpo_advantages(rewards, group_ids, **options), loss_mask)
+
+
+def rloo_token_advantages(*, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
+    """``advantage/rloo``: :func:`rloo_advantages` on every token."""
+    return broadcast_to_tokens(rloo_advantages(rewards, group_ids), loss_mask)
+
+
+def gae_token_advantages(
+    *,
+    rewards: Tensor,
+    group_ids: Tensor,
+    loss_mask: Tensor,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> Tensor:
+    """``advantage/gae``: the sequence reward on the last token, then GAE without a critic.
+
+    ``group_ids`` is accepted for the common signature and unused: GAE needs no group.
+    """
+    del group_ids
+    token_rewards = sequence_rewards_to_tokens(rewards, loss_mask)
+    return gae_no_critic_advantages(token_rewards, loss_mask, gamma, lam)

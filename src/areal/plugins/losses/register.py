@@ -1,0 +1,57 @@
+"""Built-in losses and advantage estimators, registered through ``areal_register_losses``.
+
+The registry holds :class:`LazyFunction` stand-ins that import their module (and torch) on the
+first call, so loading plugins, listing them or validating a config never imports torch. Names:
+
+- ``decoupled_ppo``: :func:`areal.plugins.losses.ppo.decoupled_ppo_loss`;
+- ``advantage/grpo``, ``advantage/rloo``, ``advantage/gae``: token-level advantage estimators with
+  one keyword signature ``(*, rewards [N], group_ids [N], loss_mask [N, T], **options) -> [N, T]``
+  (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
+  the trainer picks both by name from the same ``algorithm`` section.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from areal.core.hookspecs import Register, hookimpl
+from areal.core.specs import load_object
+
+_PKG = "areal.plugins.losses"
+
+ADVANTAGE_PREFIX = "advantage/"
+
+BUILTIN_LOSSES: dict[str, str] = {
+    "decoupled_ppo": f"{_PKG}.ppo:decoupled_ppo_loss",
+    f"{ADVANTAGE_PREFIX}grpo": f"{_PKG}.advantages:grpo_token_advantages",
+    f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
+    f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",
+}
+
+
+class LazyFunction:
+    """A ``"module:attr"`` function imported on first call, then called directly.
+
+    Hot loops should still resolve it once (:meth:`load`) and keep the real function.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fn: Any = None
+
+    def load(self) -> Any:
+        if self._fn is None:
+            self._fn = load_object(self.path)
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.load()(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"LazyFunction({self.path!r})"
+
+
+@hookimpl
+def areal_register_losses(register: Register) -> None:
+    for name, path in BUILTIN_LOSSES.items():
+        register(name, LazyFunction(path))

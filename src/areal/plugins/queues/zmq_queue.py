@@ -1,0 +1,407 @@
+"""The trajectory queue on ZeroMQ: many producers (gateways, rollout workers), one trainer.
+
+Why acknowledgements: a PUSH socket closed right after its last send was seen to lose that
+message (MEASURED.md), and a bounded queue must make producers wait rather than drop. So each
+producer is a DEALER that numbers its trajectories and keeps them until the consumer (a ROUTER,
+bound by the trainer) acknowledges them; ``put`` returns only then.
+
+What is guaranteed (docs/training.md, "Trajectory queue"):
+
+- ``put`` returned  =>  the trajectory is in the consumer's buffer (or already handed out by
+  ``get``). The consumer acknowledges only after decoding it and appending it to its buffer.
+- Back-pressure: the consumer reads its socket only while it holds fewer than
+  ``queue_max_size`` trajectories; beyond that, trajectories wait unacknowledged in ZeroMQ's
+  pipes and their ``put`` calls wait. Nothing is dropped.
+- Exactly once per consumer: a producer resends its unacknowledged trajectories when it
+  reconnects; the consumer drops duplicates by (producer id, sequence number).
+- ``close`` waits (up to ``close_timeout``) for every acknowledgement, and raises ``QueueError``
+  naming how many are missing rather than returning as if they had arrived.
+- Not guaranteed: a consumer that crashes loses what it had acknowledged but not yet handed to
+  the trainer (its buffer) unless the trainer persisted it (after ``close``, ``get`` still
+  returns the buffer, so a checkpoint can save it); a producer that crashes loses what it had
+  sent but not yet seen acknowledged.
+
+Wire format, producer -> consumer: ``[b"areal.put/1", seq, low, *codec frames]`` where ``low``
+is the producer's lowest unacknowledged sequence number (the consumer forgets the ids below it);
+consumer -> producer: ``[b"A", seq]`` or ``[b"N", seq, reason]`` for frames it cannot decode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import threading
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import zmq
+import zmq.asyncio
+from zmq.utils.monitor import parse_monitor_message
+
+from areal.core.types import Trajectory
+from areal.plugins.queues import codec
+from areal.plugins.queues.codec import CodecError
+
+log = logging.getLogger(__name__)
+
+PUT = b"areal.put/1"
+ACK = b"A"
+NACK = b"N"
+
+
+class QueueError(RuntimeError):
+    """The queue could not deliver: closed, rejected by the consumer, or acks that never came."""
+
+
+def _u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
+@dataclass
+class _Pending:
+    future: asyncio.Future[None]
+    frames: list[bytes]
+
+
+class ZmqTrajectorySink:
+    """Producer side (``TrajectorySink``): ``put`` returns once the consumer has the trajectory.
+
+    Use it from one event loop; the socket is created on the first ``put``. Counters for metrics:
+    ``sent``, ``acked``, ``pending`` (sent or sending, not yet acknowledged), ``resent``,
+    ``rejected``.
+    """
+
+    def __init__(self, address: str, *, close_timeout: float = 30.0) -> None:
+        self.address = address
+        self.close_timeout = close_timeout
+        self.sent = 0
+        self.acked = 0
+        self.resent = 0
+        self.rejected = 0
+        self._identity = uuid.uuid4().bytes  # stable across reconnects, so resends dedupe
+        self._pending: dict[int, _Pending] = {}
+        self._next_seq = 0
+        self._closed = False
+        self._ctx: zmq.asyncio.Context | None = None
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._send_lock: asyncio.Lock | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "sent": self.sent,
+            "acked": self.acked,
+            "pending": self.pending,
+            "resent": self.resent,
+            "rejected": self.rejected,
+        }
+
+    def _connect(self) -> zmq.asyncio.Socket:
+        if self._sock is not None:
+            return self._sock
+        self._ctx = zmq.asyncio.Context()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.ROUTING_ID, self._identity)
+        sock.setsockopt(zmq.LINGER, 0)  # close() waits for acks itself; nothing left to linger
+        self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+        sock.connect(self.address)
+        self._sock = sock
+        self._send_lock = asyncio.Lock()
+        self._tasks = [
+            asyncio.create_task(self._read_acks(sock)),
+            asyncio.create_task(self._resend_on_reconnect(self._monitor)),
+        ]
+        return sock
+
+    async def _send(self, seq: int) -> bool:
+        """Send ``seq`` unless it was acknowledged meanwhile (then a resend would be stale).
+
+        Sends are serialised and ``low`` is read under the lock, so no message for ``seq``
+        follows one whose ``low`` already tells the consumer to forget ``seq``.
+        """
+        assert self._sock is not None and self._send_lock is not None
+        async with self._send_lock:
+            entry = self._pending.get(seq)
+            if entry is None:
+                return False
+            low = min(self._pending)
+            await self._sock.send_multipart([PUT, _u64(seq), _u64(low), *entry.frames], copy=False)
+            return True
+
+    async def put(self, trajectory: Trajectory) -> None:
+        """Send ``trajectory`` and wait for its acknowledgement (back-pressure: may wait long)."""
+        if self._closed:
+            raise QueueError(f"the trajectory sink to {self.address} is closed")
+        frames = codec.encode(trajectory)  # a CodecError reaches the caller before any send
+        self._connect()
+        seq = self._next_seq
+        self._next_seq += 1
+        entry = _Pending(asyncio.get_running_loop().create_future(), frames)
+        self._pending[seq] = entry
+        await self._send(seq)
+        self.sent += 1
+        # A cancelled put leaves the trajectory pending: close() still waits for its ack.
+        await asyncio.shield(entry.future)
+
+    async def _read_acks(self, sock: zmq.asyncio.Socket) -> None:
+        while True:
+            reply = await sock.recv_multipart()
+            if len(reply) < 2:
+                continue
+            entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
+            if entry is None or entry.future.done():
+                continue  # the second ack of a resent trajectory
+            if reply[0] == ACK:
+                self.acked += 1
+                entry.future.set_result(None)
+            else:
+                self.rejected += 1
+                reason = reply[2].decode(errors="replace") if len(reply) > 2 else "no reason"
+                entry.future.set_exception(QueueError(f"the consumer rejected it: {reason}"))
+
+    async def _resend_on_reconnect(self, monitor: zmq.asyncio.Socket) -> None:
+        """A new connection after the first may be a restarted consumer: resend what is unacked."""
+        handshakes = 0
+        while True:
+            event = parse_monitor_message(await monitor.recv_multipart())
+            if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                continue
+            handshakes += 1
+            if handshakes == 1:
+                continue
+            for seq in sorted(self._pending):
+                if await self._send(seq):
+                    self.resent += 1
+            log.info("reconnected to %s: resent %d trajectories", self.address, self.resent)
+
+    async def close(self) -> None:
+        """Wait up to ``close_timeout`` for every acknowledgement, then close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._sock is None:
+            return
+        try:
+            waiting = [e.future for e in self._pending.values()]
+            if waiting:
+                _, missing = await asyncio.wait(waiting, timeout=self.close_timeout)
+                if missing:
+                    raise QueueError(
+                        f"{len(missing)} trajectories sent to {self.address} were not "
+                        f"acknowledged within {self.close_timeout:g} s; they may be lost"
+                    )
+        finally:
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        for entry in self._pending.values():
+            if not entry.future.done():
+                entry.future.set_exception(QueueError("the sink closed before an ack came"))
+                entry.future.exception()  # retrieved: a cancelled put no longer awaits it
+        assert self._sock is not None and self._ctx is not None
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.disable_monitor()
+        if self._monitor is not None:
+            self._monitor.close(linger=0)
+        self._sock.close(linger=0)
+        self._ctx.term()
+
+
+class ZmqTrajectorySource:
+    """Consumer side, bound by the trainer: holds at most ``queue_max_size`` trajectories.
+
+    A background thread owns the ROUTER socket, decodes and acknowledges; ``get`` (sync) and
+    ``aget`` (async) hand trajectories out in arrival order. After ``close``, ``get`` still
+    returns what was buffered (so a checkpoint can save it), then ``None``. ``address`` is the
+    bound endpoint (``tcp://127.0.0.1:*`` picks a free port). Counters: ``received``,
+    ``delivered``, ``buffered``, ``duplicates``, ``rejected``.
+    """
+
+    def __init__(self, address: str, *, queue_max_size: int = 64, ack_linger_ms: int = 500) -> None:
+        if queue_max_size < 1:
+            raise ValueError(f"queue_max_size must be at least 1, got {queue_max_size}")
+        self.queue_max_size = queue_max_size
+        self.received = 0
+        self.delivered = 0
+        self.duplicates = 0
+        self.rejected = 0
+        self._ack_linger_ms = ack_linger_ms
+        self._buffer: deque[Trajectory] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._error: BaseException | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._ready = threading.Event()
+        self._address = ""
+        self._thread = threading.Thread(
+            target=self._serve, args=(address,), name="areal-trajectory-source", daemon=True
+        )
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            self._close_pipe()
+            raise QueueError(f"cannot bind the trajectory queue to {address}: {self._error}")
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    @property
+    def buffered(self) -> int:
+        with self._cond:
+            return len(self._buffer)
+
+    def counters(self) -> dict[str, int]:
+        return {
+            "received": self.received,
+            "delivered": self.delivered,
+            "buffered": self.buffered,
+            "duplicates": self.duplicates,
+            "rejected": self.rejected,
+        }
+
+    def get(self, timeout: float | None = None) -> Trajectory | None:
+        """The next trajectory, or ``None`` after ``timeout`` seconds (or once closed and empty)."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._buffer or self._stopping, timeout)
+            if not self._buffer:
+                if self._error is not None:
+                    raise QueueError(f"the trajectory queue failed: {self._error}")
+                return None
+            was_full = len(self._buffer) >= self.queue_max_size
+            item = self._buffer.popleft()
+            self.delivered += 1
+        if was_full:
+            self._wake()  # there is room again: let the socket thread read (and ack) the next
+        return item
+
+    async def aget(self, timeout: float | None = None) -> Trajectory | None:
+        """``get`` for an event loop (it waits in a worker thread; pass a timeout)."""
+        return await asyncio.to_thread(self.get, timeout)
+
+    def close(self) -> None:
+        """Stop receiving and unbind; what is buffered stays available to ``get``."""
+        if self._stopping:
+            return
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._wake()
+        self._thread.join(timeout=10)
+        self._close_pipe()
+
+    def __enter__(self) -> ZmqTrajectorySource:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- the socket thread -------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):
+            os.write(self._wake_w, b"x")
+
+    def _close_pipe(self) -> None:
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _serve(self, address: str) -> None:
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.ROUTER)
+        try:
+            sock.setsockopt(zmq.LINGER, self._ack_linger_ms)  # the last acks still go out
+            sock.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a reconnecting producer keeps its id
+            sock.bind(address)
+            self._address = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        except zmq.ZMQError as err:
+            self._error = err
+            sock.close(linger=0)
+            ctx.term()
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(sock)
+        except Exception as err:  # surfaced to get(); the socket thread must not die silently
+            log.exception("the trajectory queue at %s failed", self._address)
+            with self._cond:
+                self._error = err
+                self._stopping = True
+                self._cond.notify_all()
+        finally:
+            sock.close()
+            ctx.term()
+
+    def _loop(self, sock: zmq.Socket) -> None:
+        reading, full = zmq.Poller(), zmq.Poller()
+        reading.register(sock, zmq.POLLIN)
+        for poller in (reading, full):
+            poller.register(self._wake_r, zmq.POLLIN)
+        seen: dict[bytes, set[int]] = {}  # producer id -> acked sequence numbers >= its low
+        while not self._stopping:
+            room = self.buffered < self.queue_max_size
+            events = dict((reading if room else full).poll())
+            if self._wake_r in events:
+                os.read(self._wake_r, 4096)
+            while room and not self._stopping and sock.poll(0, zmq.POLLIN):
+                self._handle(sock, sock.recv_multipart(), seen)
+                room = self.buffered < self.queue_max_size
+
+    def _handle(self, sock: zmq.Socket, message: list[bytes], seen: dict[bytes, set[int]]) -> None:
+        if len(message) < 4 or message[1] != PUT:
+            self.rejected += 1
+            log.warning("dropped a message that is not an %s put", PUT.decode())
+            return
+        producer, seq_bytes = message[0], message[2]
+        seq, low = int.from_bytes(seq_bytes, "big"), int.from_bytes(message[3], "big")
+        acked = seen.setdefault(producer, set())
+        acked.difference_update([s for s in acked if s < low])
+        if seq in acked:
+            self.duplicates += 1
+            sock.send_multipart([producer, ACK, seq_bytes])
+            return
+        try:
+            trajectory = codec.decode(message[4:])
+        except CodecError as err:
+            self.rejected += 1
+            log.warning("rejected a trajectory: %s", err)
+            sock.send_multipart([producer, NACK, seq_bytes, str(err).encode()])
+            return
+        with self._cond:
+            self._buffer.append(trajectory)
+            self.received += 1
+            self._cond.notify()
+        acked.add(seq)
+        sock.send_multipart([producer, ACK, seq_bytes])
+
+
+_SINK_OPTIONS = {"address", "close_timeout"}
+
+
+def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
+    """The registered factory: ``options["address"]`` is the trainer's queue endpoint."""
+    address = options.get("address")
+    if not address or not isinstance(address, str):
+        raise ValueError(
+            "the zmq trajectory sink needs options.address "
+            "(the trainer's queue endpoint, e.g. tcp://127.0.0.1:5557 or ipc:///tmp/areal.queue)"
+        )
+    unknown = sorted(set(options) - _SINK_OPTIONS)
+    if unknown:
+        raise ValueError(f"the zmq trajectory sink has no option(s) {', '.join(unknown)}")
+    return ZmqTrajectorySink(address, close_timeout=float(options.get("close_timeout", 30.0)))

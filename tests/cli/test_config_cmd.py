@@ -1,0 +1,200 @@
+"""``areal config validate|show|schema``: exact outputs, exit codes, and no torch on the way."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from areal.cli.main import main, make_app
+from areal.core.run_config import RunConfig, load_run_config
+
+ROOT = Path(__file__).resolve().parents[2]
+runner = CliRunner()
+
+SEED_WARNINGS = [
+    "inference.backend: sglang needs GPUs and this machine has none; use inference.backend: "
+    "embedded to generate on CPU",
+    "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
+    "(inference.engines) need 8 GPUs; this machine has 0",
+    "model.path: Qwen/Qwen2.5-7B-Instruct is not a local directory and HF_HUB_OFFLINE is set",
+    "dataset.path: data/agent_tasks.jsonl is not a file; write the tasks there (JSONL) or use a "
+    "built-in task set with dataset.name",
+    "agent.gateway_config: configs/taotoken_router.yaml: api_gateway.api_key: environment "
+    "variable TAOTOKEN_API_KEY is not set (export TAOTOKEN_API_KEY=...)",
+]
+QUICKSTART_WARNING = (
+    "model.path: runs/quickstart/model does not exist; create a tiny model there with "
+    "`areal model init-tiny runs/quickstart/model` or point it at a checkpoint"
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_gpu_in_a_fresh_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The same machine answers everywhere: a checkout with only configs/ (no model made by
+    ``make demo``), no visible GPU, offline Hub, no API key."""
+    shutil.copytree(ROOT / "configs", tmp_path / "configs")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("TAOTOKEN_API_KEY", "AREAL_MODEL_PATH", "AREAL_DATASET"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def test_validate_seed_config_json() -> None:
+    result = runner.invoke(
+        make_app(), ["config", "validate", "configs/agent_async_train.yaml", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "config": "configs/agent_async_train.yaml",
+        "valid": True,
+        "errors": [],
+        "warnings": SEED_WARNINGS,
+    }
+    strict = runner.invoke(
+        make_app(), ["config", "validate", "configs/agent_async_train.yaml", "--json", "--strict"]
+    )
+    assert strict.exit_code == 1
+    assert json.loads(strict.stdout)["valid"] is True
+
+
+def test_validate_prints_warnings_on_stderr() -> None:
+    result = runner.invoke(make_app(), ["config", "validate", "configs/quickstart.yaml"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == "configs/quickstart.yaml: valid (1 warning about this machine)\n"
+    assert result.stderr == f"warning: {QUICKSTART_WARNING}\n"
+
+
+def test_validate_clean_config(tmp_path: Path) -> None:
+    (tmp_path / "model").mkdir()
+    args = ["config", "validate", "configs/quickstart.yaml", "--strict"]
+    result = runner.invoke(make_app(), [*args, "--set", f"model.path={tmp_path / 'model'}"])
+    assert result.exit_code == 0, result.output
+    assert (result.stdout, result.stderr) == ("configs/quickstart.yaml: valid\n", "")
+
+
+def test_validate_strict_fails_on_warnings(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "validate", "configs/quickstart.yaml", "--strict"]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == "configs/quickstart.yaml: valid (1 warning about this machine)\n"
+    assert captured.err == (
+        f"warning: {QUICKSTART_WARNING}\n"
+        "error: configs/quickstart.yaml: this machine cannot run it (--strict)\n"
+    )
+
+
+def test_validate_errors_json_and_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["config", "validate", "configs/quickstart.yaml", "--set", "train.mini_batch_size=6"]
+    result = runner.invoke(make_app(), [*args, "--set", "async.queue_max_size=8", "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {
+        "config": "configs/quickstart.yaml",
+        "valid": False,
+        "errors": [
+            "train.mini_batch_size: 6 does not divide train.global_batch_size 16; use a divisor "
+            "such as 4",
+            "async.trigger_batch_size: 16 is more than async.queue_max_size 8, so a step could "
+            "never trigger; raise queue_max_size to at least 16",
+        ],
+        "warnings": [],
+    }
+    assert main(args) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (
+        "error: configs/quickstart.yaml: train.mini_batch_size: 6 does not divide "
+        "train.global_batch_size 16; use a divisor such as 4\n"
+    )
+
+
+def test_validate_missing_file_and_unset_variable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert main(["config", "validate", "no/such.yaml"]) == 1
+    assert capsys.readouterr().err == "error: config file no/such.yaml does not exist\n"
+    monkeypatch.delenv("AREAL_TEST_DATA", raising=False)
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {path: m}\ndataset: {path: '${AREAL_TEST_DATA}'}\n")
+    result = runner.invoke(make_app(), ["config", "validate", str(path), "--json"])
+    assert result.exit_code == 1
+    assert json.loads(result.stdout)["errors"] == [
+        f"{path}: dataset.path: environment variable AREAL_TEST_DATA is not set "
+        "(export AREAL_TEST_DATA=...)"
+    ]
+
+
+def test_show_prints_the_resolved_config() -> None:
+    result = runner.invoke(
+        make_app(),
+        ["config", "show", "configs/quickstart.yaml", "--set", "async.enabled=false"],
+    )
+    assert result.exit_code == 0, result.output
+    shown = yaml.safe_load(result.stdout)
+    assert shown["async"] == {
+        "enabled": False,
+        "rollout_workers": 1,
+        "train_workers": 1,
+        "staleness_threshold": 0,  # sync mode
+        "queue_max_size": 64,
+        "trigger_batch_size": 16,
+    }
+    expected = load_run_config("configs/quickstart.yaml", ["async.enabled=false"])
+    assert shown == expected.model_dump(mode="json", by_alias=True)
+    assert RunConfig.model_validate(shown) == expected  # what show prints loads back
+
+
+def test_show_reports_errors_as_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["config", "show", "configs/quickstart.yaml", "--set", "train.lr=1"]) == 1
+    assert capsys.readouterr().err == (
+        "error: configs/quickstart.yaml: train.lr: unknown key; known keys: engine, device, "
+        "parallelism, global_batch_size, mini_batch_size, learning_rate, max_steps\n"
+    )
+
+
+def test_schema_is_the_run_config_schema() -> None:
+    result = runner.invoke(make_app(), ["config", "schema"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == RunConfig.model_json_schema(by_alias=True)
+
+
+NO_TORCH_SCRIPT = """
+import sys
+from typer.testing import CliRunner
+from areal.cli.main import app
+
+runner = CliRunner()
+for args, code in (
+    (["config", "--help"], 0),
+    (["config", "validate", "--help"], 0),
+    (["config", "validate", "configs/agent_async_train.yaml"], 0),
+    (["config", "show", "configs/quickstart.yaml"], 0),
+    (["config", "schema"], 0),
+):
+    result = runner.invoke(app, args)
+    assert result.exit_code == code, (args, result.output)
+heavy = sorted(m for m in ("torch", "transformers", "xgrammar", "sglang") if m in sys.modules)
+print("heavy:", heavy)
+"""
+
+
+def test_config_commands_never_import_torch() -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AREAL_")}
+    result = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(NO_TORCH_SCRIPT)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=Path.cwd(),
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "heavy: []"

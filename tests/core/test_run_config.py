@@ -1,0 +1,318 @@
+"""The run config: the shipped configs load, each inconsistency names its key and the fix, and
+what this machine lacks is reported separately as warnings."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from areal.core.config import ConfigError
+from areal.core.run_config import (
+    BUILTIN_ADAPTERS,
+    RunConfig,
+    RunConfigError,
+    apply_overrides,
+    check_machine,
+    load_run_config,
+    parse_override,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+SEED = ROOT / "configs" / "agent_async_train.yaml"
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _in_a_fresh_checkout(
+    monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Relative paths in the configs (router files, model dirs) are read from the working
+    directory: one holding only configs/, as a fresh checkout before ``make demo``."""
+    checkout = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(ROOT / "configs", checkout / "configs")
+    monkeypatch.chdir(checkout)
+    for name in ("TAOTOKEN_API_KEY", "AREAL_MODEL_PATH", "AREAL_DATASET"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def errors_of(overrides: list[str], path: Path = QUICKSTART) -> list[str]:
+    with pytest.raises(RunConfigError) as err:
+        load_run_config(path, overrides)
+    assert str(err.value) == f"{path}: " + "; ".join(err.value.errors)
+    return err.value.errors
+
+
+def test_seed_config_loads_as_written() -> None:
+    config = load_run_config(SEED)
+    par = config.train.parallelism
+    assert (config.train.engine, par.dp, par.tp, par.pp, par.cp, par.ep) == ("fsdp", 2, 2, 1, 1, 1)
+    run = config.async_
+    assert (run.enabled, run.rollout_workers, run.train_workers) == (True, 4, 4)
+    assert (run.staleness_threshold, run.queue_max_size, run.trigger_batch_size) == (2, 1024, 64)
+    assert config.agent.gateway_config == "configs/taotoken_router.yaml"
+    assert (config.agent.framework, config.agent.max_turns, config.agent.reward_source) == (
+        "openai_sdk",
+        8,
+        "rule",
+    )
+    assert config.logging.log_dir == "./logs"
+    assert config.model.path == "Qwen/Qwen2.5-7B-Instruct"  # ${AREAL_MODEL_PATH:-...}
+    assert config.train.learning_rate == 1e-6
+
+
+def test_seed_config_on_a_machine_without_gpus_warns_by_key() -> None:
+    warnings = check_machine(load_run_config(SEED), gpus=0)
+    assert [w.split(":")[0] for w in warnings] == [
+        "inference.backend",
+        "async.train_workers",
+        "model.path",
+        "dataset.path",
+        "agent.gateway_config",
+    ]
+    assert warnings[1] == (
+        "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
+        "(inference.engines) need 8 GPUs; this machine has 0"
+    )
+    assert "export TAOTOKEN_API_KEY=" in warnings[4]
+
+
+def test_seed_config_on_an_eight_gpu_node_with_its_files_has_no_warnings(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "tasks.jsonl").write_text('{"prompt": "hi"}\n')
+    (tmp_path / "model").mkdir()
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-test-0000000000")
+    monkeypatch.setenv("AREAL_DATASET", str(tmp_path / "tasks.jsonl"))
+    monkeypatch.setenv("AREAL_MODEL_PATH", str(tmp_path / "model"))
+    assert check_machine(load_run_config(SEED), gpus=8) == []
+    assert check_machine(load_run_config(SEED), gpus=7)[0].startswith("async.train_workers: ")
+
+
+def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> None:
+    config = load_run_config(QUICKSTART)
+    assert (config.async_.rollout_workers, config.async_.train_workers) == (1, 1)
+    assert (config.inference.backend, config.train.device) == ("embedded", "cpu")
+    assert check_machine(config, gpus=0) == [
+        "model.path: runs/quickstart/model does not exist; create a tiny model there with "
+        "`areal model init-tiny runs/quickstart/model` or point it at a checkpoint"
+    ]
+    (tmp_path / "model").mkdir()
+    moved = load_run_config(QUICKSTART, [f"model.path={tmp_path / 'model'}"])
+    assert check_machine(moved, gpus=0) == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        (
+            ["train.mini_batch_size=6"],
+            "train.mini_batch_size: 6 does not divide train.global_batch_size 16; "
+            "use a divisor such as 4",
+        ),
+        (
+            ["async.trigger_batch_size=128"],
+            "async.trigger_batch_size: 128 is more than async.queue_max_size 64, so a step "
+            "could never trigger; raise queue_max_size to at least 128",
+        ),
+        (
+            ["train.parallelism.dp=2", "train.parallelism.tp=2"],
+            "async.train_workers: 1 ranks, but train.parallelism needs dp×tp×pp×cp = "
+            "2×2×1×1 = 4; set async.train_workers: 4 or change the parallel sizes",
+        ),
+        (
+            ["train.parallelism.dp=3", "train.parallelism.ep=2", "async.train_workers=3"],
+            "train.parallelism.ep: 2 does not divide dp×cp = 3 (experts are sharded over "
+            "data/context-parallel ranks); use a divisor of dp×cp",
+        ),
+        (
+            ["async.enabled=false", "train.global_batch_size=128", "train.mini_batch_size=8"],
+            "async.queue_max_size: 64 cannot hold one sync batch of train.global_batch_size 128; "
+            "raise it to at least 128",
+        ),
+        (
+            ["algorithm.advantage=rloo", "algorithm.group_size=1"],
+            "algorithm.group_size: rloo needs at least 2 samples per task (each is compared "
+            "with the others); set group_size >= 2",
+        ),
+        (
+            ["sampling.max_new_tokens=20000"],
+            "sampling.max_new_tokens: 20000 exceeds inference.max_total_tokens 16384; "
+            "lower it or raise the engine's capacity",
+        ),
+        (
+            ["agent.reward_source=judge", "agent.gateway_config=null"],
+            "agent.gateway_config: reward_source 'judge' calls the router's judge_model; set "
+            "gateway_config to a router config whose model_routing has it",
+        ),
+        (
+            ["dataset.path=tasks.jsonl"],
+            "dataset: give exactly one of dataset.path (a tasks file) and dataset.name "
+            "(a built-in task set)",
+        ),
+    ],
+)
+def test_each_inconsistency_names_the_key_and_the_fix(overrides: list[str], expected: str) -> None:
+    assert errors_of(overrides)[0] == expected
+
+
+def test_group_size_must_divide_the_batches() -> None:
+    assert errors_of(["algorithm.group_size=6"]) == [
+        "train.global_batch_size: 16 is not a multiple of algorithm.group_size 6 (grpo trains "
+        "whole groups); use a multiple of 6",
+        "async.trigger_batch_size: 16 is not a multiple of algorithm.group_size 6 (grpo trains "
+        "whole groups); use a multiple of 6",
+    ]
+    # gae has no groups
+    assert load_run_config(QUICKSTART, ["algorithm.group_size=6", "algorithm.advantage=gae"])
+
+
+def test_unknown_keys_list_the_known_ones() -> None:
+    assert errors_of(["train.parallelism.dq=2"]) == [
+        "train.parallelism.dq: unknown key; did you mean dp? known keys: dp, tp, pp, cp, ep"
+    ]
+    assert errors_of(["asyn.enabled=false"]) == [
+        "asyn: unknown key; did you mean async? known keys: model, dataset, train, algorithm, "
+        "sampling, inference, async, agent, logging"
+    ]
+
+
+def test_wrong_types_and_ranges_name_the_key_and_the_value() -> None:
+    assert errors_of(["async.train_workers=four", "sampling.top_p=1.5"]) == [
+        "sampling.top_p: Input should be less than or equal to 1 (got 1.5)",
+        "async.train_workers: Input should be a valid integer, unable to parse string as an "
+        "integer (got 'four')",
+    ]
+    assert errors_of(["algorithm.prox_logp=exact"]) == [
+        "algorithm.prox_logp: Input should be 'recompute' or 'loglinear' (got 'exact')"
+    ]
+
+
+def test_a_missing_section_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("dataset: {name: x}\n")
+    with pytest.raises(RunConfigError) as err:
+        load_run_config(path)
+    assert err.value.errors == ["model: missing; this key is required"]
+
+
+def test_unknown_names_are_listed_against_the_known_ones() -> None:
+    assert errors_of(["agent.framework=crewai", "algorithm.advantage=ppo"]) == [
+        f"agent.framework: unknown name 'crewai'; known: {', '.join(sorted(BUILTIN_ADAPTERS))}",
+        "algorithm.advantage: unknown name 'ppo'; known: gae, grpo, rloo",
+    ]
+    assert errors_of(["inference.backend=vllm"]) == [
+        "inference.backend: unknown name 'vllm'; known: embedded, sglang"
+    ]
+    # Names can be left unchecked (a tool that only reads the file, without the plugins).
+    assert load_run_config(QUICKSTART, ["agent.framework=crewai"], check_names=False)
+
+
+def test_set_overrides_are_yaml_values() -> None:
+    config = load_run_config(
+        QUICKSTART,
+        [
+            "train.learning_rate=1e-5",
+            "async.enabled=false",
+            "agent.max_turns=3",
+            "model.tokenizer=runs/tok",
+            "logging.log_dir=/tmp/x=y",  # only the first = splits
+        ],
+    )
+    assert config.train.learning_rate == 1e-5
+    assert config.agent.max_turns == 3 and config.model.tokenizer == "runs/tok"
+    assert config.logging.log_dir == "/tmp/x=y"
+    # sync mode runs the same code with the staleness bound at 0, whatever the file says
+    assert config.async_.enabled is False and config.async_.staleness_threshold == 0
+    assert parse_override("a.b=[1, 2]") == (["a", "b"], [1, 2])
+    assert parse_override("a=") == (["a"], None)
+    assert apply_overrides({}, ["x.y.z=on"]) == {"x": {"y": {"z": True}}}
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        (
+            "train.max_steps",
+            "--set 'train.max_steps': write key=value, e.g. --set train.max_steps=10",
+        ),
+        ("train..x=1", "--set 'train..x=1': write key=value, e.g. --set train.max_steps=10"),
+        (
+            "train.max_steps.x=1",
+            "--set 'train.max_steps.x=1': train.max_steps is a value, not a section",
+        ),
+    ],
+)
+def test_malformed_overrides(override: str, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_run_config(QUICKSTART, [override])
+    assert str(err.value) == message
+
+
+def test_unset_variable_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AREAL_TEST_MODEL_DIR", raising=False)
+    path = tmp_path / "run.yaml"
+    path.write_text("model:\n  path: ${AREAL_TEST_MODEL_DIR}\ndataset:\n  name: x\n")
+    with pytest.raises(ConfigError) as err:
+        load_run_config(path)
+    assert str(err.value) == (
+        f"{path}: model.path: environment variable AREAL_TEST_MODEL_DIR is not set "
+        "(export AREAL_TEST_MODEL_DIR=...)"
+    )
+    monkeypatch.setenv("AREAL_TEST_MODEL_DIR", "/models/m")
+    assert load_run_config(path).model.path == "/models/m"
+
+
+def test_defaults_of_a_minimal_config() -> None:
+    config = RunConfig.model_validate({"model": {"path": "m"}, "dataset": {"name": "t"}})
+    assert config.async_.staleness_threshold == 2 and config.async_.train_workers == 1
+    assert config.algorithm.loss == "decoupled_ppo" and config.algorithm.prox_logp == "recompute"
+    assert config.inference.backend == "embedded" and config.train.device == "auto"
+
+
+def test_cuda_device_without_gpus_is_a_machine_warning() -> None:
+    config = load_run_config(QUICKSTART, ["train.device=cuda", "model.path=."])
+    assert check_machine(config, gpus=0) == [
+        "async.train_workers: 1 trainer ranks (dp×tp×pp×cp) + 0 inference engines "
+        "(inference.engines) need 1 GPUs; this machine has 0"
+    ]
+    assert check_machine(config, gpus=1) == []
+
+
+def test_the_schema_uses_the_seed_key_names() -> None:
+    schema = RunConfig.model_json_schema(by_alias=True)
+    assert list(schema["properties"]) == [
+        "model",
+        "dataset",
+        "train",
+        "algorithm",
+        "sampling",
+        "inference",
+        "async",
+        "agent",
+        "logging",
+    ]
+    assert schema["required"] == ["model", "dataset"]
+    json.dumps(schema)
+
+
+def _all_keys(model: type, prefix: str = "") -> list[str]:
+    keys = []
+    for name, field in model.model_fields.items():  # type: ignore[attr-defined]
+        key = f"{prefix}{field.alias or name}"
+        annotation = field.annotation
+        if isinstance(annotation, type) and hasattr(annotation, "model_fields"):
+            keys.extend(_all_keys(annotation, f"{key}."))
+        else:
+            keys.append(key)
+    return keys
+
+
+def test_every_key_is_documented() -> None:
+    text = (ROOT / "docs" / "training.md").read_text()
+    missing = [k for k in _all_keys(RunConfig) if not re.search(rf"`{re.escape(k)}`", text)]
+    assert not missing, f"docs/training.md does not describe: {missing}"

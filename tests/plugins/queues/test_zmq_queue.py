@@ -1,0 +1,220 @@
+"""The ZeroMQ trajectory queue on real sockets: threads, a second process, back-pressure, acks."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import zmq
+
+from areal.core.queue import make_sink
+from areal.core.types import Completion, Sample, Trajectory
+from areal.plugins.queues import codec
+from areal.plugins.queues.zmq_queue import (
+    NACK,
+    PUT,
+    QueueError,
+    ZmqTrajectorySink,
+    ZmqTrajectorySource,
+)
+
+LOOPBACK = "tcp://127.0.0.1:*"
+
+# A producer in another process: reads trajectories (JSON) and puts them, then closes at once.
+PRODUCER = """
+import asyncio, json, sys
+from areal.core.queue import make_sink
+from areal.core.types import Trajectory
+
+async def main(address, path):
+    sink = make_sink("zmq", {"address": address, "close_timeout": 20})
+    for line in open(path, encoding="utf-8"):
+        await sink.put(Trajectory.from_json(json.loads(line)))
+    await sink.close()  # right after the last put: the PUSH-before-close trap
+    print(json.dumps(sink.counters()))
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def trajectory(i: int, producer: str = "p") -> Trajectory:
+    n = 3 + i % 4
+    samples = [
+        Sample(list(range(i, i + n)), [0] + [1] * (n - 1), [0.0] + [-0.25 * k for k in range(1, n)],
+               [-1] + [i] * (n - 1), reward=i / 8, completion_ids=[f"{producer}{i}"]),
+        Sample([], [], [], [], reward=0.0),  # an empty sample travels too
+    ]  # fmt: skip
+    turn = Completion(f"{producer}{i}", f"{producer}-{i}", 0, "policy", [i], [i + 1], [-0.5],
+                      [i], "stop", reward=1.0, created=float(i))  # fmt: skip
+    meta = {"task": f"задача {i} ✓", "producer": producer}
+    return Trajectory(f"{producer}-{i}", samples, i / 8, 1, meta, created=100.0 + i, turns=[turn])
+
+
+def start_producer_process(address: str, sent: list[Trajectory], tmp: Path) -> subprocess.Popen:
+    path = tmp / f"to-send-{len(sent)}-{sent[0].session_id}.jsonl"
+    path.write_text("".join(json.dumps(t.to_json()) + "\n" for t in sent), encoding="utf-8")
+    return subprocess.Popen(
+        [sys.executable, "-c", PRODUCER, address, str(path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def drain(source: ZmqTrajectorySource, count: int, timeout: float = 10.0) -> list[Trajectory]:
+    got: list[Trajectory] = []
+    while len(got) < count:
+        item = source.get(timeout=timeout)
+        assert item is not None, f"only {len(got)} of {count} trajectories arrived"
+        got.append(item)
+    return got
+
+
+def test_a_producer_process_that_closes_right_after_its_last_put_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    sent = [trajectory(i) for i in range(40)]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=4) as source:
+        proc = start_producer_process(source.address, sent, tmp_path)
+        got = drain(source, len(sent))
+        out, err = proc.communicate(timeout=20)
+        assert proc.returncode == 0, err
+        assert source.get(timeout=0.2) is None
+    assert got == sent  # exact, in order, unicode metadata and empty samples included
+    assert json.loads(out) == {"sent": 40, "acked": 40, "pending": 0, "resent": 0, "rejected": 0}
+    assert source.counters() == {
+        "received": 40, "delivered": 40, "buffered": 0, "duplicates": 0, "rejected": 0
+    }  # fmt: skip
+
+
+def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=2) as source:
+
+        async def produce() -> None:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            await asyncio.wait_for(sink.put(trajectory(0)), 5)
+            await asyncio.wait_for(sink.put(trajectory(1)), 5)
+            third = asyncio.create_task(sink.put(trajectory(2)))
+            done, _ = await asyncio.wait([third], timeout=0.3)
+            assert not done, "the third put returned while the consumer held queue_max_size"
+            assert sink.counters()["pending"] == 1 and source.buffered == 2
+            assert source.received == 2
+
+            first = await source.aget(timeout=1)  # room for one more: the third goes through
+            assert first == trajectory(0)
+            await asyncio.wait_for(third, 5)
+            assert source.buffered == 2
+            await sink.close()
+            assert sink.counters() == {
+                "sent": 3, "acked": 3, "pending": 0, "resent": 0, "rejected": 0
+            }  # fmt: skip
+
+        asyncio.run(produce())
+        assert drain(source, 2) == [trajectory(1), trajectory(2)]
+
+
+def test_two_producers_one_consumer_each_trajectory_exactly_once(tmp_path: Path) -> None:
+    remote = [trajectory(i, "remote") for i in range(25)]
+    local = [trajectory(i, "local") for i in range(25)]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=3) as source:
+        proc = start_producer_process(source.address, remote, tmp_path)
+
+        async def produce() -> None:  # concurrent puts from one sink, as the gateway does
+            sink = make_sink("zmq", {"address": source.address})
+            await asyncio.gather(*(sink.put(t) for t in local))
+            await sink.close()
+
+        thread = threading.Thread(target=asyncio.run, args=(produce(),))
+        thread.start()
+        got = drain(source, 50)
+        thread.join(timeout=10)
+        assert proc.wait(timeout=20) == 0, proc.communicate()[1]
+        assert source.get(timeout=0.2) is None
+    by_id = {t.session_id: t for t in got}
+    assert len(by_id) == 50
+    assert by_id == {t.session_id: t for t in remote + local}
+    remote_order = [t.session_id for t in got if t.session_id.startswith("remote")]
+    assert remote_order == [t.session_id for t in remote]  # one producer's order is kept
+    assert source.duplicates == 0
+
+
+def test_a_restarted_consumer_gets_what_the_crashed_one_never_acknowledged(
+    tmp_path: Path,
+) -> None:
+    address = f"ipc://{tmp_path}/queue"
+
+    async def scenario() -> None:
+        first = ZmqTrajectorySource(address, queue_max_size=1)
+        sink = ZmqTrajectorySink(address, close_timeout=5)
+        await asyncio.wait_for(sink.put(trajectory(0)), 5)
+        pending = asyncio.create_task(sink.put(trajectory(1)))  # waits: the consumer is full
+        await asyncio.sleep(0.2)
+        assert not pending.done()
+        first.close()  # the consumer goes away without acknowledging trajectory 1
+        assert first.get(timeout=0) == trajectory(0) and first.get(timeout=0) is None
+
+        with ZmqTrajectorySource(address, queue_max_size=1) as second:
+            await asyncio.wait_for(pending, 5)  # resent on reconnect, acknowledged by the new one
+            assert await second.aget(timeout=1) == trajectory(1)
+            assert sink.resent >= 1
+            await sink.close()
+
+    asyncio.run(scenario())
+
+
+def test_close_reports_trajectories_that_were_never_acknowledged() -> None:
+    with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as silent:  # accepts, never acks
+        port = silent.bind_to_random_port("tcp://127.0.0.1")
+
+        async def scenario() -> None:
+            sink = ZmqTrajectorySink(f"tcp://127.0.0.1:{port}", close_timeout=0.2)
+            put = asyncio.create_task(sink.put(trajectory(0)))
+            await asyncio.sleep(0.05)
+            with pytest.raises(
+                QueueError, match=r"1 trajectories .* not acknowledged within 0.2 s"
+            ):
+                await sink.close()
+            with pytest.raises(QueueError, match="closed before an ack"):
+                await put
+            with pytest.raises(QueueError, match="is closed"):
+                await sink.put(trajectory(1))
+
+        asyncio.run(scenario())
+
+
+def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None:
+    frames = codec.encode(trajectory(3))
+    frames[1] = frames[1][:-1] + bytes([frames[1][-1] ^ 0xFF])
+    with ZmqTrajectorySource(LOOPBACK) as source, zmq.Context() as ctx:
+        with ctx.socket(zmq.DEALER) as raw:
+            raw.connect(source.address)
+            raw.send_multipart([PUT, (7).to_bytes(8, "big"), (7).to_bytes(8, "big"), *frames])
+            assert raw.poll(5000)
+            kind, seq, reason = raw.recv_multipart()
+        assert (kind, int.from_bytes(seq, "big")) == (NACK, 7)
+        assert b"array frame 0 is corrupted (CRC-32 mismatch)" in reason
+        assert source.rejected == 1 and source.buffered == 0
+
+        async def good() -> None:
+            sink = ZmqTrajectorySink(source.address)
+            await sink.put(trajectory(4))
+            await sink.close()
+
+        asyncio.run(good())
+        assert source.get(timeout=1) == trajectory(4)
+
+
+def test_the_registered_factory_checks_its_options() -> None:
+    with pytest.raises(ValueError, match=r"needs options\.address"):
+        make_sink("zmq", {})
+    with pytest.raises(ValueError, match=r"no option\(s\) port"):
+        make_sink("zmq", {"address": "tcp://127.0.0.1:1", "port": 1})
+    with pytest.raises(ValueError, match="queue_max_size must be at least 1"):
+        ZmqTrajectorySource(LOOPBACK, queue_max_size=0)
+    with pytest.raises(QueueError, match="cannot bind"):
+        ZmqTrajectorySource("tcp://not-an-address")
