@@ -7,7 +7,9 @@ first call, so loading plugins, listing them or validating a config never import
 - ``advantage/grpo``, ``advantage/rloo``, ``advantage/gae``: token-level advantage estimators with
   one keyword signature ``(*, rewards [N], group_ids [N], loss_mask [N, T], **options) -> [N, T]``
   (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
-  the trainer picks both by name from the same ``algorithm`` section.
+  the trainer picks both by name from the same ``algorithm`` section;
+- ``proximal/loglinear``: :func:`areal.plugins.losses.ppo.loglinear_proximal_logprobs`, the
+  π_prox approximation for ``prox_logp: loglinear``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ BUILTIN_LOSSES: dict[str, str] = {
     f"{ADVANTAGE_PREFIX}grpo": f"{_PKG}.advantages:grpo_token_advantages",
     f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
     f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",
+    "proximal/loglinear": f"{_PKG}.ppo:loglinear_proximal_logprobs",
 }
 
 

@@ -1,1 +1,1 @@
-"""Built-in metrics plugins (later issues)."""
+"""Built-in metric sinks: train.log (the seed article's lines), metrics.jsonl, TensorBoard."""

@@ -1,1 +1,1 @@
-"""Built-in rewards plugins (later issues)."""
+"""Built-in rewards: rule and verifier functions (exact match, math answer)."""

@@ -1,1 +1,1 @@
-"""Built-in trainer plugins (later issues)."""
+"""The trainer: sequence packing, packed causal attention, the decoupled-PPO training step."""
