@@ -20,6 +20,7 @@ import re
 import shutil
 import signal
 import subprocess
+import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,11 @@ def test_streamed_turns_are_recorded_once(claude: str, gateway: Any, tmp_path: P
     assert starts and len(starts) == len(ends) == sum(e["type"] == "message_stop" for e in events)
 
     completions = gateway.state.sessions.get(session_id).completions
+    # The client has its whole stream (and may exit) a moment before the handler returns and the
+    # middleware writes the request's gateway.log line: wait for the lines to catch up.
+    deadline = time.monotonic() + 5
+    while len(log_lines(gateway, session_id)) < len(starts) and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert len(completions) == len(starts) == len(log_lines(gateway, session_id))
     for completion, start, end in zip(completions, starts, ends, strict=True):
         assert len(completion.prompt_ids) == start["message"]["usage"]["input_tokens"]

@@ -1,0 +1,177 @@
+"""Weight sync: after each trainer step, every inference engine serves the new weights.
+
+:class:`DiskWeightSync` goes through the file system, which works with any engine that speaks the
+SGLang API (the embedded one or real SGLang) and needs no shared process group:
+
+1. **save**: the model's weights as safetensors into ``out_dir/v{version}``. They are written to a
+   temporary sibling and renamed, so an engine never reads a half-written checkpoint.
+2. **pause**: ``/pause_generation`` with ``mode="retract"`` on every engine: in-flight sequences
+   keep their partial output, go back to the queue and resume on the new weights (interruptible
+   generation; their ``weight_versions`` record the switch).
+3. **update**: ``/update_weights_from_disk`` with ``weight_version=str(version)`` on every engine.
+4. **continue**: ``/continue_generation`` on every engine.
+
+Each phase has a timeout (the watchdog); a failure or a timeout raises :class:`WeightSyncError`
+naming the phase and the engine. After a failed pause or update the engines are still sent
+``continue`` (best effort) so they do not stay paused while the caller decides what to do. Old
+version directories are deleted, keeping the newest ``keep``.
+
+:class:`WeightSync` is the seam: a collective (NCCL/gloo broadcast) sync can replace the disk one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from areal.core.inference_client import InferenceClient, InferenceError
+from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.hf_io import save_model
+
+__all__ = ["DiskWeightSync", "WeightSync", "WeightSyncError"]
+
+_VERSION_DIR = re.compile(r"^v(\d+)$")
+
+
+class WeightSyncError(RuntimeError):
+    """A weight sync failed: ``phase`` is save, pause, update or continue; ``url`` the engine."""
+
+    def __init__(self, phase: str, url: str | None, message: str) -> None:
+        self.phase = phase
+        self.url = url
+        where = f" on {url}" if url else ""
+        super().__init__(f"weight sync {phase} failed{where}: {message}")
+
+
+class WeightSync(Protocol):
+    """Makes the engines serve ``model``'s weights as ``version``; returns the seconds it took."""
+
+    async def publish(self, model: DecoderForCausalLM, version: int) -> float: ...
+
+    async def close(self) -> None: ...
+
+
+class DiskWeightSync:
+    """Weight sync through safetensors on a shared file system (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        out_dir: str | Path,
+        *,
+        keep: int = 2,
+        save_timeout: float = 300.0,
+        pause_timeout: float = 60.0,
+        update_timeout: float = 300.0,
+        continue_timeout: float = 60.0,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1; got {keep}")
+        self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        self.out_dir = Path(out_dir)
+        self.keep = keep
+        self.timeouts = {
+            "save": save_timeout,
+            "pause": pause_timeout,
+            "update": update_timeout,
+            "continue": continue_timeout,
+        }
+        self._clients: dict[str, InferenceClient] = {}
+
+    def version_dir(self, version: int) -> Path:
+        return self.out_dir / f"v{version}"
+
+    def _client(self, url: str) -> InferenceClient:
+        if url not in self._clients:
+            self._clients[url] = InferenceClient(url, timeout=None)
+        return self._clients[url]
+
+    async def publish(self, model: DecoderForCausalLM, version: int) -> float:
+        """Save, pause, update, continue (module docstring); the seconds the whole sync took."""
+        start = time.perf_counter()
+        path = await self._save(model, version)
+        try:
+            await self._on_all("pause", lambda c: c.pause_generation(mode="retract"))
+            await self._on_all(
+                "update",
+                lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
+            )
+        except WeightSyncError:
+            await self._resume_quietly()
+            raise
+        await self._on_all("continue", lambda c: c.continue_generation())
+        self._prune()
+        return time.perf_counter() - start
+
+    async def close(self) -> None:
+        for client in self._clients.values():
+            await client.aclose()
+        self._clients.clear()
+
+    async def _save(self, model: DecoderForCausalLM, version: int) -> Path:
+        final = self.version_dir(version)
+        tmp = self.out_dir / f".v{version}.tmp"
+
+        def write() -> None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_model(model, tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)  # atomic on one file system: the engine sees all or nothing
+
+        try:
+            # The thread cannot be killed on a timeout; the watchdog still frees the trainer.
+            await asyncio.wait_for(asyncio.to_thread(write), self.timeouts["save"])
+        except TimeoutError as exc:
+            raise WeightSyncError(
+                "save", None, f"writing {final} took over {self.timeouts['save']:g} s"
+            ) from exc
+        except OSError as exc:
+            raise WeightSyncError("save", None, f"writing {final}: {exc}") from exc
+        return final
+
+    async def _on_all(
+        self, phase: str, call: Callable[[InferenceClient], Awaitable[dict[str, Any]]]
+    ) -> None:
+        """Run ``call`` on every engine at once; the first failure (in URL order) is raised."""
+        results = await asyncio.gather(
+            *(self._one(phase, url, call) for url in self.engine_urls), return_exceptions=True
+        )
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def _one(
+        self, phase: str, url: str, call: Callable[[InferenceClient], Awaitable[dict[str, Any]]]
+    ) -> None:
+        timeout = self.timeouts[phase]
+        try:
+            await asyncio.wait_for(call(self._client(url)), timeout)
+        except TimeoutError as exc:
+            raise WeightSyncError(phase, url, f"no answer within {timeout:g} s") from exc
+        except InferenceError as exc:
+            raise WeightSyncError(phase, url, str(exc)) from exc
+
+    async def _resume_quietly(self) -> None:
+        """After a failed pause/update: try to un-pause every engine, ignoring failures."""
+        await asyncio.gather(
+            *(
+                self._one("continue", url, lambda c: c.continue_generation())
+                for url in self.engine_urls
+            ),
+            return_exceptions=True,
+        )
+
+    def _prune(self) -> None:
+        """Delete all version directories but the newest ``keep``."""
+        found = sorted(
+            (int(m.group(1)), p)
+            for p in self.out_dir.iterdir()
+            if p.is_dir() and (m := _VERSION_DIR.match(p.name))
+        )
+        for _, path in found[: -self.keep]:
+            shutil.rmtree(path, ignore_errors=True)

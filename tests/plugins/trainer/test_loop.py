@@ -1,0 +1,259 @@
+"""The trainer loop end to end on real parts: the embedded engine generates, a producer puts
+trajectories on the ZeroMQ queue, the loop trains two steps and syncs the weights through disk."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal.core.http_server import ServerThread
+from areal.core.inference_client import GenerateOutput, InferenceClient
+from areal.core.metrics import make_metric_sink
+from areal.core.types import Sample, Trajectory, version_number
+from areal.plugins.inference.embedded.server import build_server
+from areal.plugins.metrics.jsonl import read_metrics
+from areal.plugins.models.hf_io import load_model
+from areal.plugins.models.tiny import init_tiny
+from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
+from areal.plugins.trainer.loop import TrainerLoop
+from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+
+PROMPTS = [[11, 12, 13, 14], [21, 22, 23]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("nano") / "model"
+    init_tiny(path, size="nano", seed=0)
+    return str(path)
+
+
+@pytest.fixture
+def engine_url(model_dir: str) -> Iterator[str]:
+    server = build_server(model_dir, max_total_tokens=4096)
+    http = ServerThread(server.app(), "127.0.0.1", 0).start()
+    try:
+        yield http.url
+    finally:
+        server.engine.stop()
+        http.stop()
+
+
+def to_sample(prompt: list[int], out: GenerateOutput) -> Sample:
+    """A training sample exactly as generated: prompt + output, mask and log-probs on outputs."""
+    n = len(out.output_ids)
+    assert len(out.output_logprobs) == n
+    return Sample(
+        input_ids=prompt + out.output_ids,
+        loss_mask=[0] * len(prompt) + [1] * n,
+        logprobs=[0.0] * len(prompt) + out.output_logprobs,
+        versions=[-1] * len(prompt) + [version_number(v) for v in out.token_versions()],
+    )
+
+
+async def group_trajectories(client: InferenceClient, tag: str) -> list[Trajectory]:
+    """Two answers to each prompt; in each group the first answer is rewarded."""
+    trajectories = []
+    for t, prompt in enumerate(PROMPTS):
+        for a in range(2):
+            out = await client.generate(
+                input_ids=prompt,
+                sampling_params={"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True},
+            )
+            trajectories.append(
+                Trajectory(
+                    session_id=f"{tag}-{t}-{a}",
+                    samples=[to_sample(prompt, out)],
+                    reward=1.0 if a == 0 else 0.0,
+                    completions=1,
+                    metadata={"group": f"{tag}-{t}"},
+                )
+            )
+    return trajectories
+
+
+async def wait_version(client: InferenceClient, version: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while (await client.model_info())["weight_version"] != version:
+        assert time.monotonic() < deadline, f"the engine never reached version {version}"
+        await asyncio.sleep(0.02)
+
+
+def test_two_steps_sync_weights_and_account_for_every_sample(
+    engine_url: str, model_dir: str, tmp_path: Path
+) -> None:
+    model = load_model(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sync = DiskWeightSync([engine_url], tmp_path / "weights")
+    metrics = make_metric_sink("jsonl", {"log_dir": str(tmp_path / "logs")})
+
+    async def scenario() -> tuple[TrainerLoop, list[dict[str, float]], GenerateOutput]:
+        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+            loop = TrainerLoop(
+                model,
+                optimizer,
+                source,
+                sync,
+                trigger_batch_size=4,
+                mini_batch_size=2,
+                staleness_threshold=0,
+                metrics=metrics,
+            )
+            sink = ZmqTrajectorySink(source.address)
+            async with InferenceClient(engine_url) as client:
+                first = await group_trajectories(client, "a")  # version 0
+                stale = await group_trajectories(client, "stale")  # version 0, sent late
+                run = asyncio.create_task(loop.run(max_steps=2))
+
+                # A long generation that is still running when version 1 is published.
+                stream = client.generate_stream(
+                    input_ids=[5, 6, 7],
+                    sampling_params={"max_new_tokens": 400, "ignore_eos": True},
+                )
+                long_out = await anext(stream)
+                for trajectory in first:
+                    await sink.put(trajectory)
+                await wait_version(client, "1")
+                # Now at version 1, a version-0 sample is 1 stale (> 0): dropped on arrival.
+                await sink.put(stale[0])
+                for trajectory in await group_trajectories(client, "b"):  # version 1
+                    await sink.put(trajectory)
+                history = await asyncio.wait_for(run, 30)
+                async for chunk in stream:
+                    long_out = chunk
+                await sink.close()
+                info = await client.model_info()
+            await sync.close()
+            assert info["weight_version"] == "2"
+            return loop, history, long_out
+
+    loop, history, long_out = asyncio.run(scenario())
+    metrics.close()
+
+    # The published checkpoint is exactly the trainer's model; only the last 2 versions remain.
+    published = load_model(sync.version_dir(2))
+    trained = model.state_dict()
+    for name, tensor in published.state_dict().items():
+        assert torch.equal(tensor, trained[name]), name
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v1", "v2"]
+
+    # The long generation resumed across the publish and says which tokens each version made.
+    assert long_out.finished and len(long_out.output_ids) == 400
+    assert {span.version for span in long_out.weight_versions} >= {"0", "1"}
+
+    assert [h["version"] for h in history] == [1.0, 2.0]
+    assert [h["updated"] for h in history] == [4.0, 4.0]
+    assert [h["groups"] for h in history] == [2.0, 2.0]
+    counters = loop.counters()
+    assert counters["received"] == 9
+    assert counters["trained"] == 8
+    assert counters["dropped_stale"] == 1
+    assert counters["buffered"] == 0
+    assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]
+
+    records = [r for r in read_metrics(tmp_path / "logs") if r["event"] == "train"]
+    assert [(r["step"], r["updated"], r["dropped_stale"]) for r in records] == [
+        (1, 4, 0),
+        (2, 4, 1),
+    ]
+
+
+def test_an_engine_that_never_answers_fails_the_pause_within_its_timeout(
+    model_dir: str, tmp_path: Path
+) -> None:
+    with contextlib.closing(socket.socket()) as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()  # connections complete in the backlog; no HTTP answer ever comes
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        sync = DiskWeightSync([url], tmp_path, pause_timeout=0.5, continue_timeout=0.5)
+        model = load_model(model_dir)
+
+        async def publish() -> None:
+            try:
+                await sync.publish(model, 1)
+            finally:
+                await sync.close()
+
+        started = time.monotonic()
+        with pytest.raises(WeightSyncError) as err:
+            asyncio.run(publish())
+        elapsed = time.monotonic() - started
+    assert err.value.phase == "pause"
+    assert err.value.url == url
+    assert "pause" in str(err.value) and url in str(err.value)
+    assert elapsed < 5.0
+    assert (tmp_path / "v1" / "model.safetensors").is_file()  # saved before the engines failed
+
+
+def token_sample(tokens: list[int], version: int) -> Sample:
+    """A hand-made sample: a 2-token prompt, then ``tokens`` generated by ``version``."""
+    prompt = [3, 4]
+    return Sample(
+        input_ids=prompt + tokens,
+        loss_mask=[0, 0] + [1] * len(tokens),
+        logprobs=[0.0, 0.0] + [-2.0] * len(tokens),
+        versions=[-1, -1] + [version] * len(tokens),
+    )
+
+
+def test_sync_mode_trains_current_version_batches_grouped_by_task(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """Sync mode: ``global_batch_size`` samples of the current version per step. A task's
+    trajectories share a group; a trajectory without one is its own; an old sample is dropped."""
+    model = load_model(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sync = DiskWeightSync([], tmp_path)  # no engines: the checkpoint is still written
+    trajectories = [
+        Trajectory("t1", [token_sample([30, 31], 0)], 1.0, 1, metadata={"task_id": "x"}),
+        Trajectory("t2", [token_sample([32, 33], 0)], 0.0, 1, metadata={"task_id": "x"}),
+        Trajectory("t3", [token_sample([34], 0)], 1.0, 1),  # version 0, arrives at version 1
+        Trajectory("t4", [token_sample([35], 1), token_sample([36, 37], 1)], 0.5, 2),
+    ]
+
+    async def scenario() -> tuple[TrainerLoop, list[dict[str, float]]]:
+        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+            sink = ZmqTrajectorySink(source.address)
+            for trajectory in trajectories:
+                await sink.put(trajectory)
+            await sink.close()
+            loop = TrainerLoop(
+                model,
+                optimizer,
+                source,
+                sync,
+                trigger_batch_size=1,  # ignored in sync mode
+                global_batch_size=2,
+                mini_batch_size=2,
+                staleness_threshold=5,  # forced to 0 in sync mode
+                async_enabled=False,
+            )
+            return loop, await loop.run(max_steps=2)
+
+    loop, history = asyncio.run(scenario())
+    assert loop.staleness_threshold == 0
+    assert [(h["version"], h["updated"], h["groups"]) for h in history] == [
+        (1.0, 2.0, 1.0),
+        (2.0, 2.0, 1.0),
+    ]
+    assert [h["max_staleness"] for h in history] == [0.0, 0.0]
+    assert loop.counters() == {
+        "version": 2,
+        "steps": 2,
+        "trajectories": 4,
+        "received": 5,
+        "trained": 4,
+        "dropped": 1,
+        "dropped_stale": 1,
+        "dropped_empty": 0,
+        "buffered": 0,
+    }
+    assert (tmp_path / "v2" / "model.safetensors").is_file()
