@@ -1,0 +1,338 @@
+"""Rollout workers: run an unmodified agent once per task sample, each in its own gateway session.
+
+The worker is the RL driver of the gateway's session API (``areal.gateway.sessions``). For every
+sample of every task it opens a session with the admin token (waiting out ``429`` + ``Retry-After``
+while the staleness budget is full), hands the agent the gateway's ``/v1`` URL and the session's
+fresh key, runs it under a per-episode timeout, and ends the session with the episode's reward, so
+the gateway turns what the agent generated into a trajectory for the trainer.
+
+The agent contract (:data:`AgentFn`): ``agent(episode)``, sync or async, returns
+
+- a ``float``: the episode's reward, used as is;
+- a ``str``: the final answer, scored by ``reward_fn(completion=..., task=...)`` (required then);
+- ``None``: no reward (the agent may have set per-turn rewards itself through the session API).
+
+Failures never block the run: an agent that raises or runs past ``episode_timeout_s`` is cancelled,
+its session ended with ``{"discard": true}`` and counted (``failed`` / ``timed_out``, with the
+exception type in ``errors``). Discarding rather than rewarding 0 keeps crashes out of the
+gradient (a crash says nothing about the policy) and gives the budget slot back at once, so the
+trainer never waits for them. Errors of the session API itself (the gateway is down, the budget
+stays full past ``max_wait_s``) are not the agent's fault and stop the run with :class:`RolloutError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import math
+import secrets
+import time
+from collections import Counter
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+
+from areal.core.rewards import RewardFn
+
+log = logging.getLogger("areal.rollout")
+
+
+@dataclass(frozen=True)
+class Episode:
+    """What one agent run gets: its task and the credentials of its own gateway session."""
+
+    task: Mapping[str, Any]
+    base_url: str  # the gateway's OpenAI-compatible /v1 URL
+    api_key: str = field(repr=False)  # the session key: every call made with it is recorded
+    model: str  # the policy's model id
+    max_turns: int
+    session_id: str
+    task_id: Any = None
+    group: str = ""  # shared by the samples of one task (GRPO groups them)
+    sample: int = 0
+
+    def openai_client(self, **options: Any) -> Any:
+        """An ``openai.AsyncOpenAI`` bound to this session (no retries: a retry would be recorded
+        as a second turn)."""
+        import openai
+
+        options.setdefault("max_retries", 0)
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **options)
+
+
+AgentFn = Callable[[Episode], Awaitable[float | str | None] | float | str | None]
+
+
+class RolloutError(RuntimeError):
+    """The session API failed (not the agent): the run cannot go on."""
+
+
+@dataclass
+class RolloutStats:
+    """Counts of one :meth:`RolloutWorker.run`; ``finished + failed + timed_out == started``."""
+
+    started: int = 0
+    finished: int = 0  # the agent returned and its session was ended with its reward
+    sent: int = 0  # of those, trajectories the gateway handed to the trainer (non-empty)
+    failed: int = 0  # the agent (or the reward function) raised
+    timed_out: int = 0
+    rewards: list[float] = field(default_factory=list)
+    errors: Counter[str] = field(default_factory=Counter)
+    waited_s: float = 0.0  # time spent waiting out 429s
+    seconds: float = 0.0
+
+    @property
+    def mean_reward(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "started": self.started,
+            "finished": self.finished,
+            "sent": self.sent,
+            "failed": self.failed,
+            "timed_out": self.timed_out,
+            "mean_reward": self.mean_reward,
+            "errors": dict(self.errors),
+            "waited_s": round(self.waited_s, 3),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+class RolloutWorker:
+    """Runs ``agent`` over tasks through the gateway at ``gateway_url`` (without ``/v1``).
+
+    ``concurrency`` bounds the episodes in flight; ``max_wait_s`` bounds how long opening one
+    session may wait out ``429`` answers before the run stops with :class:`RolloutError`.
+    """
+
+    def __init__(
+        self,
+        gateway_url: str,
+        admin_token: str,
+        agent: AgentFn,
+        *,
+        reward_fn: RewardFn | None = None,
+        concurrency: int = 8,
+        episode_timeout_s: float = 600.0,
+        max_turns: int = 8,
+        model: str = "default",
+        max_wait_s: float = 600.0,
+        request_timeout_s: float = 60.0,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+        if episode_timeout_s <= 0:
+            raise ValueError(f"episode_timeout_s must be > 0, got {episode_timeout_s}")
+        self.gateway_url = gateway_url.rstrip("/")
+        self.admin_token = admin_token
+        self.agent = agent
+        self.reward_fn = reward_fn
+        self.concurrency = concurrency
+        self.episode_timeout_s = episode_timeout_s
+        self.max_turns = max_turns
+        self.model = model
+        self.max_wait_s = max_wait_s
+        self.request_timeout_s = request_timeout_s
+
+    async def run(
+        self,
+        tasks: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+        *,
+        n_samples_per_task: int = 1,
+    ) -> RolloutStats:
+        """Run every sample of every task; returns when all have ended (or a session call fails).
+
+        Tasks are read lazily, so an endless stream works: at most ``concurrency`` episodes are in
+        flight. A task's ``task_id`` (else ``id``, else its position) and a group id unique to
+        this run go into each session's metadata, hence into its trajectory.
+        """
+        if n_samples_per_task < 1:
+            raise ValueError(f"n_samples_per_task must be >= 1, got {n_samples_per_task}")
+        stats = RolloutStats()
+        start = time.monotonic()
+        slots = asyncio.Semaphore(self.concurrency)
+        pending: set[asyncio.Task[None]] = set()
+        fatal: list[BaseException] = []
+        run_id = secrets.token_hex(4)
+
+        def done(task: asyncio.Task[None]) -> None:
+            slots.release()
+            pending.discard(task)
+            error = None if task.cancelled() else task.exception()
+            if error is not None:
+                fatal.append(error)
+
+        timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
+        async with aiohttp.ClientSession(timeout=timeout) as http:
+            try:
+                index = 0
+                async for task in _aiter(tasks):
+                    task_id = task.get("task_id", task.get("id", index))
+                    group = f"{run_id}-{index}"
+                    for sample in range(n_samples_per_task):
+                        await slots.acquire()
+                        if fatal:
+                            slots.release()
+                            raise fatal[0]
+                        ep = self._episode(http, stats, task, task_id, group, sample)
+                        job = asyncio.create_task(ep)
+                        pending.add(job)
+                        job.add_done_callback(done)
+                    index += 1
+                while pending and not fatal:
+                    await asyncio.wait(set(pending), return_when=asyncio.FIRST_COMPLETED)
+                if fatal:
+                    raise fatal[0]
+            finally:
+                for job in list(pending):
+                    job.cancel()
+                await asyncio.gather(*pending, return_exceptions=True)
+                stats.seconds = time.monotonic() - start
+        return stats
+
+    # --- one episode ----------------------------------------------------------------------------
+
+    async def _episode(
+        self,
+        http: aiohttp.ClientSession,
+        stats: RolloutStats,
+        task: Mapping[str, Any],
+        task_id: Any,
+        group: str,
+        sample: int,
+    ) -> None:
+        metadata = {"task_id": task_id, "group": group, "sample": sample}
+        opened = await self._open(http, stats, {"metadata": metadata, "task_id": task_id})
+        sid = opened["session_id"]
+        episode = Episode(
+            task=task,
+            base_url=self.gateway_url + "/v1",
+            api_key=opened["api_key"],
+            model=self.model,
+            max_turns=self.max_turns,
+            session_id=sid,
+            task_id=task_id,
+            group=group,
+            sample=sample,
+        )
+        stats.started += 1
+        try:
+            reward = await asyncio.wait_for(self._play(episode), self.episode_timeout_s)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._discard(http, sid))
+            raise
+        except TimeoutError:
+            stats.timed_out += 1
+            stats.errors["TimeoutError"] += 1
+            log.warning(
+                "episode %s (task %r) timed out after %ss", sid, task_id, self.episode_timeout_s
+            )
+            await self._discard(http, sid)
+            return
+        except Exception as err:
+            stats.failed += 1
+            stats.errors[type(err).__name__] += 1
+            log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
+            await self._discard(http, sid)
+            return
+        ended = await self._post(
+            http, f"/rl/sessions/{sid}/end", {} if reward is None else {"reward": reward}
+        )
+        stats.finished += 1
+        stats.sent += bool(ended.get("sent"))
+        if reward is not None:
+            stats.rewards.append(reward)
+
+    async def _play(self, episode: Episode) -> float | None:
+        """Run the agent and turn what it returns into the episode's reward."""
+        out = self.agent(episode)
+        if inspect.isawaitable(out):
+            out = await out
+        if out is None:
+            return None
+        if isinstance(out, str):
+            if self.reward_fn is None:
+                raise TypeError("the agent returned an answer but the worker has no reward_fn")
+            scored = self.reward_fn(completion=out, task=episode.task)
+            out = await scored if inspect.isawaitable(scored) else scored
+        if isinstance(out, bool) or not isinstance(out, int | float) or not math.isfinite(out):
+            raise TypeError(f"a reward must be a finite number, got {out!r}")
+        return float(out)
+
+    # --- the session API ------------------------------------------------------------------------
+
+    async def _open(
+        self, http: aiohttp.ClientSession, stats: RolloutStats, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Open a session, waiting out ``429`` + ``Retry-After`` for at most ``max_wait_s``."""
+        waited = 0.0
+        while True:
+            try:
+                async with http.post(
+                    self._url("/rl/sessions"), json=body, headers=self._auth()
+                ) as resp:
+                    if resp.status != 429:
+                        return await _json_or_raise(resp, "open a session")
+                    wait = _retry_after(resp.headers.get("Retry-After"))
+                    message = await resp.text()
+            except aiohttp.ClientError as err:
+                raise RolloutError(
+                    f"the gateway at {self.gateway_url} failed to open a session: {err!r}"
+                ) from err
+            if waited + wait > self.max_wait_s:
+                raise RolloutError(
+                    f"the gateway's staleness budget stayed full for {waited:.1f}s "
+                    f"(max_wait_s={self.max_wait_s}); is the trainer consuming trajectories? "
+                    f"last answer: {message}"
+                )
+            await asyncio.sleep(wait)
+            waited += wait
+            stats.waited_s += wait
+
+    async def _discard(self, http: aiohttp.ClientSession, sid: str) -> None:
+        await self._post(http, f"/rl/sessions/{sid}/end", {"discard": True})
+
+    async def _post(self, http: aiohttp.ClientSession, path: str, body: Any) -> dict[str, Any]:
+        try:
+            async with http.post(self._url(path), json=body, headers=self._auth()) as resp:
+                return await _json_or_raise(resp, f"POST {path}")
+        except aiohttp.ClientError as err:
+            raise RolloutError(
+                f"the gateway at {self.gateway_url} failed on POST {path}: {err!r}"
+            ) from err
+
+    def _url(self, path: str) -> str:
+        return self.gateway_url + path
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.admin_token}"}
+
+
+async def _json_or_raise(resp: aiohttp.ClientResponse, what: str) -> dict[str, Any]:
+    if resp.status != 200:
+        raise RolloutError(f"could not {what}: HTTP {resp.status}: {await resp.text()}")
+    data: dict[str, Any] = await resp.json()
+    return data
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        wait = float(value) if value is not None else 1.0
+    except ValueError:
+        wait = 1.0
+    return max(0.1, wait)
+
+
+async def _aiter(
+    items: AsyncIterable[Mapping[str, Any]] | Iterable[Mapping[str, Any]],
+) -> AsyncIterable[Mapping[str, Any]]:
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item

@@ -1,0 +1,143 @@
+"""Rollout workers against a real gateway and engine: an openai-SDK agent over tasks × samples lands
+in the JSONL sink with task ids, groups and rewards; crashes and timeouts are counted without
+blocking the rest; a full staleness budget is waited out (or given up on, with a clear error)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal.core.rollout import Episode, RolloutError, RolloutWorker
+from areal.core.staleness import StalenessBudget
+from areal.core.types import Trajectory
+from areal.plugins.rewards.rules import exact_match
+
+LOOKUP = {
+    "type": "function",
+    "function": {
+        "name": "lookup",
+        "parameters": {
+            "type": "object",
+            "properties": {"key": {"type": "string", "enum": ["a", "b"]}},
+            "required": ["key"],
+        },
+    },
+}
+TASKS = [{"task_id": f"t{i}", "prompt": f"Question {i}?", "answer": "yes"} for i in range(3)]
+
+
+async def tool_agent(episode: Episode) -> str:
+    """Two policy calls: a forced tool call, then an answer after the tool's result."""
+    client = episode.openai_client()
+    messages: list[Any] = [{"role": "user", "content": episode.task["prompt"]}]
+    first = await client.chat.completions.create(
+        model=episode.model,
+        messages=messages,
+        tools=[LOOKUP],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        max_tokens=64,
+        seed=episode.sample + 1,
+    )
+    call = (first.choices[0].message.tool_calls or [])[0]
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "yes"},
+    ]
+    second = await client.chat.completions.create(
+        model=episode.model, messages=messages, max_tokens=4
+    )
+    await client.close()
+    # The tiny model's own text is noise; answer "yes" on even samples so rewards are known.
+    return "yes" if episode.sample == 0 else (second.choices[0].message.content or "") + " no"
+
+
+def trajectories(log_dir: Path) -> list[Trajectory]:
+    path = log_dir / "trajectories.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [Trajectory.from_json(json.loads(line)) for line in lines]
+
+
+def worker(gw: Any, agent: Any, **options: Any) -> RolloutWorker:
+    return RolloutWorker(gw.url, gw.admin, agent, model=gw.model, **options)
+
+
+def test_tool_agent_tasks_times_samples_reach_the_sink(start_gateway: Any) -> None:
+    with start_gateway(sink="jsonl") as gw:
+        rollout = worker(gw, tool_agent, reward_fn=exact_match, concurrency=4)
+        stats = asyncio.run(rollout.run(TASKS, n_samples_per_task=2))
+        assert (stats.started, stats.finished, stats.sent) == (6, 6, 6)
+        assert (stats.failed, stats.timed_out) == (0, 0)
+        assert sorted(stats.rewards) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0]
+        assert stats.mean_reward == 0.5
+        got = trajectories(gw.log_dir)
+    assert len(got) == 6
+    groups: dict[str, list[Trajectory]] = {}
+    for t in got:
+        assert t.completions == 2  # the tool call and the answer
+        assert t.reward == (1.0 if t.metadata["sample"] == 0 else 0.0)
+        assert all(s.reward == t.reward for s in t.samples)
+        groups.setdefault(t.metadata["group"], []).append(t)
+    assert len(groups) == 3
+    for members in groups.values():
+        assert {t.metadata["task_id"] for t in members} == {members[0].metadata["task_id"]}
+        assert sorted(t.metadata["sample"] for t in members) == [0, 1]
+    assert {t.metadata["task_id"] for t in got} == {"t0", "t1", "t2"}
+
+
+def test_crashes_and_timeouts_are_counted_and_do_not_block(start_gateway: Any) -> None:
+    async def agent(episode: Episode) -> float | None:
+        kind = episode.task["kind"]
+        if kind == "crash":
+            raise ValueError("the agent broke")
+        if kind == "hang":
+            await asyncio.sleep(30)
+        if kind == "none":
+            return None
+        return 0.25
+
+    tasks = [{"kind": k} for k in ("hang", "crash", "ok", "none", "ok")]
+    with start_gateway() as gw:
+        rollout = worker(gw, agent, concurrency=2, episode_timeout_s=0.5)
+        begin = time.monotonic()
+        stats = asyncio.run(rollout.run(tasks))
+        assert time.monotonic() - begin < 5
+        assert (stats.started, stats.finished, stats.failed, stats.timed_out) == (5, 3, 1, 1)
+        assert stats.sent == 0  # no policy calls: nothing to train on
+        assert stats.rewards == [0.25, 0.25]
+        assert dict(stats.errors) == {"ValueError": 1, "TimeoutError": 1}
+        listing = gw.state.sessions.budget.snapshot()
+        assert listing.running == 0  # every slot came back, discarded ones too
+
+
+def test_an_answer_without_reward_fn_fails_the_episode(gateway: Any) -> None:
+    stats = asyncio.run(worker(gateway, lambda episode: "yes").run([{"answer": "yes"}]))
+    assert (stats.failed, dict(stats.errors)) == (1, {"TypeError": 1})
+
+
+def test_a_full_budget_is_waited_out(start_gateway: Any) -> None:
+    budget = StalenessBudget(max_concurrent=1, retry_after_s=0.2)
+
+    async def agent(episode: Episode) -> float:
+        await asyncio.sleep(0.3)
+        return 1.0
+
+    with start_gateway(budget=budget) as gw:
+        stats = asyncio.run(worker(gw, agent, concurrency=2, max_wait_s=10).run([{}, {}]))
+        assert (stats.started, stats.finished) == (2, 2)
+        assert stats.waited_s >= 1.0  # Retry-After is whole seconds, at least 1
+        assert budget.snapshot().rejected == 2  # both empty episodes were dropped, not sent
+
+
+def test_a_budget_that_stays_full_stops_the_run(start_gateway: Any) -> None:
+    budget = StalenessBudget(trigger_batch_size=1, staleness_threshold=0)
+    assert budget.try_start()  # an episode that never ends holds the only slot
+
+    with start_gateway(budget=budget) as gw:
+        rollout = worker(gw, lambda episode: 1.0, max_wait_s=1.5)
+        with pytest.raises(RolloutError, match="staleness budget stayed full"):
+            asyncio.run(rollout.run([{}]))
