@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from areal.core.line_file import LineFile
 from areal.core.metrics import MetricValue
 
 FILE_NAME = "metrics.jsonl"
@@ -35,10 +35,8 @@ class JsonlMetricSink:
 
     def __init__(self, log_dir: str | Path, *, clock: Callable[[], float] = time.time) -> None:
         self.path = Path(log_dir) / FILE_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self._clock = clock
-        self._lock = threading.Lock()
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
+        self._out = LineFile(self.path, "metrics file")
 
     def write(self, event: str, step: int, values: Mapping[str, MetricValue]) -> None:
         clash = [k for k in RESERVED if k in values]
@@ -46,22 +44,12 @@ class JsonlMetricSink:
             raise ValueError(
                 f"metric value name(s) {', '.join(clash)} are reserved in metrics.jsonl"
             )
-        with self._lock:
-            if self._file is None:
-                raise RuntimeError(f"the metrics file {self.path} is closed")
-            record: dict[str, Any] = {"event": event, "step": step, "time": round(self._clock(), 3)}
-            record.update((k, _jsonable(v)) for k, v in values.items())
-            self._file.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
-            self._file.flush()
+        record: dict[str, Any] = {"event": event, "step": step, "time": round(self._clock(), 3)}
+        record.update((k, _jsonable(v)) for k, v in values.items())
+        self._out.write(json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n")
 
     def close(self) -> None:
-        with self._lock:
-            if self._file is None:
-                return
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+        self._out.close()
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -23,13 +23,13 @@ from __future__ import annotations
 import json
 import math
 import os
-import threading
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from areal.core.line_file import LineFile
 from areal.core.metrics import MetricValue
 
 FILE_NAME = "train.log"
@@ -92,18 +92,16 @@ class TrainLogSink:
         if not throughput_interval > 0:
             raise ValueError(f"throughput_interval must be > 0 seconds, got {throughput_interval}")
         self.path = Path(log_dir) / FILE_NAME
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         self.throughput_interval = throughput_interval
         self._clock = clock
-        self._lock = threading.Lock()
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8", buffering=1)
+        self._out = LineFile(self.path, "train log")
         self._window_start = clock()
         self._samples = 0.0
         self._tokens = 0.0
 
     def write(self, event: str, step: int, values: Mapping[str, MetricValue]) -> None:
-        with self._lock:
-            if self._file is None:
+        with self._out.lock:  # the throughput window and the file move together
+            if self._out.closed:
                 raise RuntimeError(f"the train log {self.path} is closed")
             now = self._clock()
             lines = [format_line(event, step, values, now)]
@@ -111,7 +109,7 @@ class TrainLogSink:
                 self._count(event, values)
                 if now - self._window_start >= self.throughput_interval:
                     lines.append(self._close_window(now))
-            self._file.write("".join(line + "\n" for line in lines))
+            self._out.write_locked("".join(line + "\n" for line in lines))
 
     def _count(self, event: str, values: Mapping[str, MetricValue]) -> None:
         key, total = ("updated", "_samples") if event == "train" else ("tokens", "_tokens")
@@ -129,13 +127,7 @@ class TrainLogSink:
         return format_line("throughput", None, rates, now)
 
     def close(self) -> None:
-        with self._lock:
-            if self._file is None:
-                return
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
+        self._out.close()
 
 
 def train_log_sink(options: dict[str, Any]) -> TrainLogSink:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from areal.core.line_file import LineFile
 from areal.core.types import Trajectory
 
 
@@ -22,34 +22,20 @@ class JsonlSink:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file: IO[str] | None = self.path.open("a", encoding="utf-8")
-        self._lock = threading.Lock()
+        self._out = LineFile(self.path, "JSONL sink")
         self.written = 0
 
     def _write(self, line: str) -> None:
-        with self._lock:
-            if self._file is None:
-                raise RuntimeError(f"the JSONL sink {self.path} is closed")
-            self._file.write(line)
-            self._file.flush()
+        with self._out.lock:
+            self._out.write_locked(line)
             self.written += 1
 
     async def put(self, trajectory: Trajectory) -> None:
         line = json.dumps(trajectory.to_json(), separators=(",", ":")) + "\n"
         await asyncio.to_thread(self._write, line)
 
-    def _close(self) -> None:
-        with self._lock:
-            if self._file is None:
-                return
-            self._file.flush()
-            os.fsync(self._file.fileno())
-            self._file.close()
-            self._file = None
-
     async def close(self) -> None:
-        await asyncio.to_thread(self._close)
+        await asyncio.to_thread(self._out.close)
 
 
 def jsonl_sink(options: dict[str, Any]) -> JsonlSink:
