@@ -63,6 +63,31 @@ def start_server(nano_model_dir: str) -> Callable[..., AbstractContextManager[Ru
     return lambda **options: running_server(options.pop("model_dir", nano_model_dir), **options)
 
 
+def perturbed_model(
+    model_dir: str, out: Path | None = None, scale: float = 0.05, seed: int | None = None
+) -> Any:
+    """The checkpoint with every weight moved a little: a stand-in for a trainer step's result.
+    Saved to ``out`` (HF format) when given."""
+    import torch
+
+    from areal.plugins.models.hf_io import load_model, save_model
+
+    model = load_model(model_dir)
+    gen = torch.Generator().manual_seed(seed) if seed is not None else None
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * scale)
+    if out is not None:
+        save_model(model, out)
+    return model
+
+
+@pytest.fixture
+def perturbed() -> Callable[..., Any]:
+    """:func:`perturbed_model`, for tests (which cannot import this conftest by name)."""
+    return perturbed_model
+
+
 @pytest.fixture(scope="session")
 def reference_model(nano_model_dir: str) -> Any:
     from areal.plugins.models.hf_io import load_model

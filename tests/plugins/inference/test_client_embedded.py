@@ -20,7 +20,6 @@ from areal.core.inference_client import (
     InferenceError,
     SamplingParams,
 )
-from areal.plugins.models.hf_io import load_model, save_model
 
 PROMPT = [11, 402, 77, 1500, 9, 333]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
@@ -235,22 +234,12 @@ def test_abort_request_by_rid_then_all_and_flush_cache(server: Any) -> None:
 # --- weights -----------------------------------------------------------------------------------
 
 
-def _perturbed_copy(model_dir: str, out: Path) -> Any:
-    model = load_model(model_dir)
-    gen = torch.Generator().manual_seed(11)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
-    save_model(model, out)
-    return model
-
-
 def test_update_weights_from_disk_and_a_request_spanning_it(
-    start_server: Any, nano_model_dir: str, reference_model: Any, tmp_path: Path
+    perturbed: Any, start_server: Any, nano_model_dir: str, reference_model: Any, tmp_path: Path
 ) -> None:
     """Pause in place, load new weights, continue: the request that spans the update says which
     tokens each version produced, and later requests run on the new weights."""
-    new_model = _perturbed_copy(nano_model_dir, tmp_path / "v1")
+    new_model = perturbed(nano_model_dir, tmp_path / "v1", seed=11)
     spanning = SamplingParams(max_new_tokens=300, temperature=1.0, ignore_eos=True)
 
     async def scenario(client: InferenceClient) -> None:

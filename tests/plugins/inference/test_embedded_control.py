@@ -10,8 +10,6 @@ from typing import Any
 import httpx
 import torch
 
-from areal.plugins.models.hf_io import load_model, save_model
-
 LONG = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
 
 
@@ -27,17 +25,10 @@ def _wait_running(srv: Any, n: int = 1) -> None:
     time.sleep(0.05)  # let a few tokens come out
 
 
-def _perturbed_copy(model_dir: str, out: Path) -> Any:
-    model = load_model(model_dir)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    save_model(model, out)
-    return model
-
-
-def test_update_weights_from_disk(start_server: Any, nano_model_dir: str, tmp_path: Path) -> None:
-    new_model = _perturbed_copy(nano_model_dir, tmp_path / "v1")
+def test_update_weights_from_disk(
+    perturbed: Any, start_server: Any, nano_model_dir: str, tmp_path: Path
+) -> None:
+    new_model = perturbed(nano_model_dir, tmp_path / "v1")
     prompt = [3, 14, 15, 92, 65]
     greedy = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
     with start_server() as srv:
@@ -107,11 +98,11 @@ def test_pause_abort_returns_partial_output_and_new_requests_wait(start_server: 
 
 
 def test_retract_resumes_with_partial_output_and_records_versions(
-    start_server: Any, nano_model_dir: str, tmp_path: Path
+    perturbed: Any, start_server: Any, nano_model_dir: str, tmp_path: Path
 ) -> None:
     """Pause (retract), load new weights, continue: the sequence finishes on the new version and
     its per-token versions say which tokens each version produced."""
-    _perturbed_copy(nano_model_dir, tmp_path / "v1")
+    perturbed(nano_model_dir, tmp_path / "v1")
     body = {
         "input_ids": [5, 6],
         "sampling_params": {**LONG, "max_new_tokens": 400},
@@ -157,10 +148,10 @@ def test_abort_request_by_rid_and_all(start_server: Any) -> None:
 
 
 def test_update_weights_mid_generation_records_both_versions(
-    start_server: Any, nano_model_dir: str, tmp_path: Path
+    perturbed: Any, start_server: Any, nano_model_dir: str, tmp_path: Path
 ) -> None:
     """Without a pause, running sequences continue on the new weights (SGLang's in-place update)."""
-    _perturbed_copy(nano_model_dir, tmp_path / "v1")
+    perturbed(nano_model_dir, tmp_path / "v1")
     body = {"input_ids": [9], "sampling_params": {**LONG, "max_new_tokens": 500}}
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         running = pool.submit(_post, srv.url, "/generate", body)

@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from areal.core.process import pick_free_port
-from areal.plugins.models.hf_io import load_model, to_checkpoint
+from areal.plugins.models.hf_io import to_checkpoint
 
 
 def _trainer_group(port: int, world_size: int = 2) -> dist.ProcessGroup:
@@ -42,11 +42,8 @@ def _join(srv: Any, pool: ThreadPoolExecutor, group_name: str) -> dist.ProcessGr
     return group
 
 
-def _new_weights(model_dir: str) -> tuple[Any, dict[str, torch.Tensor]]:
-    model = load_model(model_dir)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
+def _new_weights(perturb: Any, model_dir: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    model = perturb(model_dir)
     state = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}  # tied
     return model, to_checkpoint(state)
 
@@ -64,9 +61,9 @@ def _greedy_matches(srv: Any, model: Any) -> None:
 
 @pytest.mark.parametrize("flattened", [False, True])
 def test_broadcast_weights_to_the_engine(
-    start_server: Any, nano_model_dir: str, flattened: bool
+    perturbed: Any, start_server: Any, nano_model_dir: str, flattened: bool
 ) -> None:
-    model, tensors = _new_weights(nano_model_dir)
+    model, tensors = _new_weights(perturbed, nano_model_dir)
     names = sorted(tensors)
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         group = _join(srv, pool, "wg")
