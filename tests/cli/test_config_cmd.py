@@ -156,7 +156,8 @@ def test_show_reports_errors_as_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["config", "show", "configs/quickstart.yaml", "--set", "train.lr=1"]) == 1
     assert capsys.readouterr().err == (
         "error: configs/quickstart.yaml: train.lr: unknown key; known keys: engine, device, "
-        "parallelism, global_batch_size, mini_batch_size, learning_rate, max_steps\n"
+        "parallelism, global_batch_size, mini_batch_size, learning_rate, max_steps, "
+        "max_grad_norm, seed, cpu_affinity\n"
     )
 
 

@@ -88,6 +88,10 @@ class EveryRegistry:
     def areal_register_adapters(self, register):
         register("demo-adapter", "adapter")
 
+    @hookimpl
+    def areal_register_task_sets(self, register):
+        register("demo-tasks", "task set")
+
 
 def test_every_register_hook_fills_its_registry(pm) -> None:
     pm.register(EveryRegistry(), name="areal-every")

@@ -177,7 +177,7 @@ def test_unknown_keys_list_the_known_ones() -> None:
     ]
     assert errors_of(["asyn.enabled=false"]) == [
         "asyn: unknown key; did you mean async? known keys: model, dataset, train, algorithm, "
-        "sampling, inference, async, agent, logging"
+        "sampling, inference, async, agent, logging, warm_start"
     ]
 
 
@@ -295,6 +295,7 @@ def test_the_schema_uses_the_seed_key_names() -> None:
         "async",
         "agent",
         "logging",
+        "warm_start",
     ]
     assert schema["required"] == ["model", "dataset"]
     json.dumps(schema)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from pathlib import Path
 
 import typer
+
+from areal.gateway.training_flags import DEFAULT_IDLE_TIMEOUT_S, HELP, TrainingFlags
 
 app = typer.Typer(
     help="Start one areal server on its own, e.g. to point agents running elsewhere at it.\n\n"
@@ -57,6 +60,14 @@ def inference_command(
     )
 
 
+class Sink(str, Enum):
+    """Where finished RL episodes go (``areal.gateway.training_flags.SINKS``)."""
+
+    jsonl = "jsonl"
+    zmq = "zmq"
+    none = "none"
+
+
 @app.command("gateway")
 def gateway_command(
     config: Path = typer.Option(
@@ -82,10 +93,40 @@ def gateway_command(
         None, "--log-dir", help="Where gateway.log goes (default: a new temp directory)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
+    sink: Sink = typer.Option(Sink.jsonl, "--sink", help=HELP["sink"], show_default=False),
+    sink_address: str | None = typer.Option(
+        None, "--sink-address", metavar="ADDR", help=HELP["sink_address"]
+    ),
+    staleness_threshold: int | None = typer.Option(
+        None, "--staleness-threshold", metavar="N", help=HELP["staleness_threshold"]
+    ),
+    trigger_batch_size: int | None = typer.Option(
+        None, "--trigger-batch-size", metavar="N", help=HELP["trigger_batch_size"]
+    ),
+    max_concurrent: int | None = typer.Option(
+        None, "--max-concurrent", metavar="N", help=HELP["max_concurrent"]
+    ),
+    start_version: int = typer.Option(
+        0, "--start-version", metavar="N", help=HELP["start_version"], show_default=False
+    ),
+    discount: float = typer.Option(
+        1.0, "--discount", metavar="F", help=HELP["discount"], show_default=False
+    ),
+    session_idle_timeout: float = typer.Option(
+        DEFAULT_IDLE_TIMEOUT_S,
+        "--session-idle-timeout",
+        metavar="S",
+        help=HELP["session_idle_timeout"],
+        show_default=False,
+    ),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible agent gateway in front of the policy's engines.
 
     Example: [bold]areal serve gateway --config configs/router.yaml --model ./tiny[/bold]
+
+    In a training run: [bold]areal serve gateway --config configs/router.yaml --engine
+    http://127.0.0.1:30000 --sink zmq --sink-address tcp://127.0.0.1:5555
+    --staleness-threshold 2 --trigger-batch-size 8[/bold]
     """
     from areal.cli.errors import CLIError
     from areal.core.config import ConfigError
@@ -94,6 +135,20 @@ def gateway_command(
 
     if not engine and model is None:
         raise CLIError("say where the policy runs: --engine URL (repeatable) or --model DIR")
+    training = TrainingFlags(
+        sink=sink.value,
+        sink_address=sink_address,
+        staleness_threshold=staleness_threshold,
+        trigger_batch_size=trigger_batch_size,
+        max_concurrent=max_concurrent,
+        start_version=start_version,
+        discount=discount,
+        session_idle_timeout=session_idle_timeout,
+    )
+    try:
+        training.check()
+    except ValueError as err:
+        raise CLIError(str(err)) from None
     try:
         serve(
             str(config),
@@ -105,6 +160,7 @@ def gateway_command(
             api_key=api_key,
             log_dir=str(log_dir) if log_dir else None,
             log_level=log_level,
+            training=training,
         )
     except ConfigError as err:
         raise CLIError(str(err)) from None

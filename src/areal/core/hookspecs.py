@@ -77,6 +77,16 @@ def areal_register_metric_sinks(register: Register) -> None:
 
 
 @hookspec
+def areal_register_task_sets(register: Register) -> None:
+    """Register built-in datasets (``dataset.name`` in a run config):
+    ``register(name, TaskSet(...))`` (:class:`areal.core.tasks.TaskSet`).
+
+    A task set generates its tasks from ``(index, seed)``, names its agent as ``"module:attr"``
+    (imported only when a run needs it) and may give format demonstrations for a warm start.
+    """
+
+
+@hookspec
 def areal_register_adapters(register: Register) -> None:
     """Register agent adapters by framework name (``agent.framework`` in a run config):
     ``register(name, adapter_factory)``."""

@@ -35,6 +35,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.rewards.register",
     "areal.plugins.losses.register",
     "areal.plugins.metrics.register",
+    "areal.plugins.tasks.register",
     "areal.cli.builtin_commands",
 )
 
@@ -48,6 +49,7 @@ REGISTRY_HOOKS: dict[str, str] = {
     "queues": "queue",
     "metric_sinks": "metric sink",
     "adapters": "adapter",
+    "task_sets": "task set",
 }
 
 

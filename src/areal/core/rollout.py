@@ -122,6 +122,7 @@ class RolloutWorker:
         model: str = "default",
         max_wait_s: float = 600.0,
         request_timeout_s: float = 60.0,
+        metadata: Mapping[str, Any] | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -137,6 +138,8 @@ class RolloutWorker:
         self.model = model
         self.max_wait_s = max_wait_s
         self.request_timeout_s = request_timeout_s
+        self.metadata = dict(metadata or {})  # added to every session's metadata
+        self.last_stats: RolloutStats | None = None  # the counters of the current/last run
 
     async def run(
         self,
@@ -147,12 +150,14 @@ class RolloutWorker:
         """Run every sample of every task; returns when all have ended (or a session call fails).
 
         Tasks are read lazily, so an endless stream works: at most ``concurrency`` episodes are in
-        flight. A task's ``task_id`` (else ``id``, else its position) and a group id unique to
-        this run go into each session's metadata, hence into its trajectory.
+        flight. A task's ``task_id`` (else ``id``, else its position) and a group id go into each
+        session's metadata, hence into its trajectory. The group id is ``task-{task_index}`` for
+        tasks of a run's indexed stream (stable across restarts and resumes), else unique to this
+        call.
         """
         if n_samples_per_task < 1:
             raise ValueError(f"n_samples_per_task must be >= 1, got {n_samples_per_task}")
-        stats = RolloutStats()
+        stats = self.last_stats = RolloutStats()
         start = time.monotonic()
         slots = asyncio.Semaphore(self.concurrency)
         pending: set[asyncio.Task[None]] = set()
@@ -172,7 +177,8 @@ class RolloutWorker:
                 index = 0
                 async for task in _aiter(tasks):
                     task_id = task.get("task_id", task.get("id", index))
-                    group = f"{run_id}-{index}"
+                    task_index = task.get("task_index")
+                    group = f"task-{task_index}" if task_index is not None else f"{run_id}-{index}"
                     for sample in range(n_samples_per_task):
                         await slots.acquire()
                         if fatal:
@@ -205,7 +211,9 @@ class RolloutWorker:
         group: str,
         sample: int,
     ) -> None:
-        metadata = {"task_id": task_id, "group": group, "sample": sample}
+        metadata = {**self.metadata, "task_id": task_id, "group": group, "sample": sample}
+        if "task_index" in task:
+            metadata["task_index"] = task["task_index"]
         opened = await self._open(http, stats, {"metadata": metadata, "task_id": task_id})
         sid = opened["session_id"]
         episode = Episode(

@@ -105,6 +105,13 @@ class TrainConfig(_Section):
     )
     learning_rate: float = Field(default=1e-6, gt=0, description="AdamW learning rate.")
     max_steps: int = Field(default=100, ge=1, description="Trainer steps (weight versions) to run.")
+    max_grad_norm: float | None = Field(
+        default=1.0, gt=0, description="Gradient clipping norm per optimizer step (null: off)."
+    )
+    seed: int = Field(default=0, description="Seed of the trainer (and of the engines' sampling).")
+    cpu_affinity: list[int] | None = Field(
+        default=None, description="CPU cores the trainer process runs on (default: any)."
+    )
 
 
 class AsyncConfig(_Section):
@@ -150,6 +157,13 @@ class AgentConfig(_Section):
     episode_timeout_s: float = Field(
         default=300.0, gt=0, description="An episode running longer is recorded as failed."
     )
+    entrypoint: str | None = Field(
+        default=None,
+        description="The agent as module:attr (an AgentFn); default: the task set's own agent.",
+    )
+    concurrency: int = Field(
+        default=16, ge=1, description="Episodes in flight per rollout worker at most."
+    )
 
 
 class LoggingConfig(_Section):
@@ -160,6 +174,11 @@ class LoggingConfig(_Section):
     )
     log_interval: int = Field(default=1, ge=1, description="Steps between [train] log lines.")
     save_interval: int = Field(default=50, ge=1, description="Steps between checkpoints.")
+    keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept on disk.")
+    metric_sinks: list[str] | None = Field(
+        default=None,
+        description="Metric sinks; default: train_log, jsonl, and tensorboard when installed.",
+    )
 
 
 # --- what a real run needs ---------------------------------------------------------------------
@@ -173,6 +192,18 @@ class ModelConfig(_Section):
         default="bfloat16", description="Parameter dtype of the trainer and the engines."
     )
     tokenizer: str | None = Field(default=None, description="Tokenizer path; default: model.path.")
+    init_tiny: Literal["nano", "tiny", "small"] | None = Field(
+        default=None,
+        description="Create areal's tiny model of this size at model.path when it is missing.",
+    )
+
+
+class WarmStartConfig(_Section):
+    """A supervised warm start on the task set's format demonstrations, before RL (cached)."""
+
+    steps: int = Field(default=0, ge=0, description="SFT steps; 0 turns the warm start off.")
+    learning_rate: float = Field(default=1e-3, gt=0, description="AdamW learning rate of the SFT.")
+    batch_size: int = Field(default=16, ge=1, description="Demonstrations per SFT step.")
 
 
 class DatasetConfig(_Section):
@@ -246,6 +277,9 @@ class InferenceConfig(_Section):
         lt=1,
         description="sglang: GPU memory fraction for weights and KV cache.",
     )
+    cpu_affinity: list[int] | None = Field(
+        default=None, description="CPU cores the engine processes run on (default: any)."
+    )
 
 
 # --- the whole run -----------------------------------------------------------------------------
@@ -263,6 +297,7 @@ class RunConfig(_Section):
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
     agent: AgentConfig = Field(default_factory=AgentConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -327,6 +362,11 @@ class RunConfig(_Section):
                 f"sampling.max_new_tokens: {self.sampling.max_new_tokens} exceeds "
                 f"inference.max_total_tokens {self.inference.max_total_tokens}; lower it or "
                 "raise the engine's capacity"
+            )
+        if self.warm_start.steps and not self.dataset.name:
+            found.append(
+                "warm_start.steps: the warm start learns from a built-in task set's "
+                "demonstrations; set dataset.name, or warm_start.steps: 0"
             )
         if self.agent.reward_source in ("reward_model", "judge") and not self.agent.gateway_config:
             found.append(
@@ -548,7 +588,8 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
                 f"inference engines (inference.engines) need {ranks + engines} GPUs; this "
                 f"machine has {gpus}"
             )
-    found.extend(_missing_model(config.model.path, "model.path"))
+    if config.model.init_tiny is None:
+        found.extend(_missing_model(config.model.path, "model.path"))
     if config.model.tokenizer:
         found.extend(_missing_model(config.model.tokenizer, "model.tokenizer"))
     if config.dataset.path and not Path(config.dataset.path).is_file():

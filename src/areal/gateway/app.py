@@ -111,6 +111,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     caller = identify(state, request)
     request[CALLER] = caller
     status = 500
+    if caller.session is not None:  # a call with a session key keeps its session alive
+        caller.session.busy += 1
     try:
         if (
             request.path != "/health"
@@ -148,6 +150,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             request.path, GatewayError(500, f"internal error: {type(err).__name__}")
         )
     finally:
+        if caller.session is not None:
+            caller.session.busy -= 1
+            caller.session.touch()
         info = request[LOG_FIELDS]
         state.access_log.write(
             session=caller.session.session_id if caller.session else info.get("session"),
@@ -186,7 +191,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def build_app(state: GatewayState) -> web.Application:
-    from areal.gateway import anthropic, models, openai_chat, openai_responses
+    from areal.gateway import anthropic, models, openai_chat, openai_responses, rl_control
 
     app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
@@ -194,11 +199,15 @@ def build_app(state: GatewayState) -> web.Application:
     for module in (openai_chat, openai_responses, anthropic, models):
         module.add_routes(app, API_PREFIXES)
     state.sessions.add_routes(app, RL_PREFIXES)
+    rl_control.add_routes(app, RL_PREFIXES, state.sessions)
+    reaper = rl_control.IdleReaper(state.sessions)
 
     async def on_startup(app: web.Application) -> None:
         await state.policy.start()
+        reaper.start()
 
     async def on_cleanup(app: web.Application) -> None:
+        await reaper.stop()
         await state.sessions.close()
         await state.policy.close()
         if state.upstream is not None:

@@ -55,6 +55,8 @@ class Episode:
         if not hint:
             return cls()
         bound = state.sessions.hint(hint)
+        if bound is not None:
+            bound.touch()  # activity, as a call with its key would be
         name = bound.session_id if bound is not None else hint
         request[LOG_FIELDS]["session"] = re.sub(r"[^A-Za-z0-9._:@-]", "_", name)
         return cls(name, bound)

@@ -1,5 +1,8 @@
 """Start the gateway: ``areal serve gateway`` and the seed article's
 ``python -m areal.gateway.server --config configs/taotoken_router.yaml --port 9000 --log-level info``.
+
+In a training run the supervisor starts it with the flags of :mod:`areal.gateway.training_flags`
+(the trajectory sink, the staleness budget, the reward discount, the idle-session timeout).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from areal.gateway.access_log import AccessLog
 from areal.gateway.app import GatewayState, build_app
 from areal.gateway.policy import PolicyService
 from areal.gateway.sessions import SessionManager
+from areal.gateway.training_flags import DEFAULT_IDLE_TIMEOUT_S, HELP, SINKS, TrainingFlags
 
 log = logging.getLogger("areal.gateway")
 
@@ -50,9 +54,11 @@ def build_state(
     sink_options: dict[str, Any] | None = None,
     discount: float = 1.0,
     budget: StalenessBudget | None = None,
+    session_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
 ) -> GatewayState:
     """Everything the app needs. Finished RL episodes go to the ``sink`` trajectory queue plugin;
-    the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink)."""
+    the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink). RL
+    sessions idle for ``session_idle_timeout`` seconds are discarded (``None`` or 0: never)."""
     policy = PolicyService(engines, config.policy, tokenizer_path=tokenizer)
     upstream = None
     if config.api_gateway is not None:
@@ -77,6 +83,7 @@ def build_state(
             sink=_trajectory_sink(sink, sink_options, log_dir) if admin_token else None,
             discount=discount,
             budget=budget,
+            idle_timeout=session_idle_timeout or None,
         ),
         gateway_key=gateway_key,
         admin_token=admin_token,
@@ -124,7 +131,9 @@ def serve(
     api_key: str | None = None,
     log_dir: str | None = None,
     log_level: str = "info",
+    training: TrainingFlags | None = None,
 ) -> None:
+    training = (training or TrainingFlags()).check()
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -141,7 +150,17 @@ def serve(
         if model:
             urls.append(stack.enter_context(embedded_engine(model, logs)))
         state = build_state(
-            config, urls, gateway_key=key, admin_token=admin, tokenizer=tokenizer, log_dir=logs
+            config,
+            urls,
+            gateway_key=key,
+            admin_token=admin,
+            tokenizer=tokenizer,
+            log_dir=logs,
+            sink=training.sink_name(),
+            sink_options=training.sink_options(),
+            discount=training.discount,
+            budget=training.budget(),
+            session_idle_timeout=training.idle_timeout(),
         )
         if generated:
             print(
@@ -152,11 +171,46 @@ def serve(
         if admin is None:
             log.info("AREAL_ADMIN_TOKEN is not set: the session API (/rl/sessions) is off")
         else:
-            log.info("session API on; finished episodes go to %s", logs / TRAJECTORIES_FILE)
+            where = {
+                "jsonl": training.sink_address or logs / TRAJECTORIES_FILE,
+                "zmq": f"the trainer's queue at {training.sink_address}",
+                "none": "no sink (dropped)",
+            }[training.sink]
+            log.info(
+                "session API on; finished episodes go to %s; budget %s; idle timeout %s",
+                where,
+                state.sessions.budget.snapshot().to_json(),
+                f"{training.idle_timeout():g} s" if training.idle_timeout() else "off",
+            )
         log.info(
             "policy %s on %s; log %s", config.policy.model_id, ", ".join(urls), logs / "gateway.log"
         )
         web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training flags (the same names, defaults and help as ``areal serve gateway``)."""
+    group = parser.add_argument_group("training run")
+    group.add_argument("--sink", choices=SINKS, default="jsonl", help=HELP["sink"])
+    group.add_argument("--sink-address", metavar="ADDR", help=HELP["sink_address"])
+    group.add_argument(
+        "--staleness-threshold", type=int, metavar="N", help=HELP["staleness_threshold"]
+    )
+    group.add_argument(
+        "--trigger-batch-size", type=int, metavar="N", help=HELP["trigger_batch_size"]
+    )
+    group.add_argument("--max-concurrent", type=int, metavar="N", help=HELP["max_concurrent"])
+    group.add_argument(
+        "--start-version", type=int, default=0, metavar="N", help=HELP["start_version"]
+    )
+    group.add_argument("--discount", type=float, default=1.0, metavar="F", help=HELP["discount"])
+    group.add_argument(
+        "--session-idle-timeout",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        metavar="S",
+        help=HELP["session_idle_timeout"],
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -176,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--log-dir", help="where gateway.log goes (default: a temp dir)")
     parser.add_argument("--log-level", default="info")
+    add_training_arguments(parser)
     args = parser.parse_args(argv)
     try:
         serve(
@@ -188,6 +243,16 @@ def main(argv: list[str] | None = None) -> int:
             api_key=args.api_key,
             log_dir=args.log_dir,
             log_level=args.log_level,
+            training=TrainingFlags(
+                sink=args.sink,
+                sink_address=args.sink_address,
+                staleness_threshold=args.staleness_threshold,
+                trigger_batch_size=args.trigger_batch_size,
+                max_concurrent=args.max_concurrent,
+                start_version=args.start_version,
+                discount=args.discount,
+                session_idle_timeout=args.session_idle_timeout,
+            ),
         )
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

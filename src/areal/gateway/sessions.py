@@ -16,6 +16,10 @@ Routes, under ``/rl`` and ``/gateway/rl``:
 - ``POST /rl/sessions/{id}/end`` ``{"reward": optional float, "discard": optional bool}``.
 - ``GET /rl/sessions/{id}``: status. ``GET /rl/sessions`` (admin): open sessions and the budget.
 
+The routes a training run adds (the version clock, discarding by metadata) and the idle reaper
+live in :mod:`areal.gateway.rl_control`; a session is *active* while a call made with its key
+runs, and it was last active when such a call, a recorded completion or a reward last happened.
+
 The per-session routes take the admin token or that session's own key; a session key stops
 working (``401``) once its session ends. Only finished, non-aborted generations are recorded: an
 aborted one was cut short by the engine (a client disconnect or an abort request), the client
@@ -67,6 +71,15 @@ class Session:
     aborted: int = 0
     ended_at: float | None = None
     summary: dict[str, Any] | None = None
+    last_active: float = field(default_factory=time.monotonic, repr=False)
+    busy: int = field(default=0, repr=False)  # calls with this session's key still running
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def idle_for(self, now: float) -> float:
+        """Seconds since the last activity; 0 while a call with its key is running."""
+        return 0.0 if self.busy else now - self.last_active
 
     @property
     def is_open(self) -> bool:
@@ -101,7 +114,8 @@ class SessionManager:
 
     ``sink`` receives finished trajectories (``None``: they are dropped, with a warning);
     ``discount`` carries the episode reward back over earlier samples; ``budget`` is the staleness
-    budget new sessions must fit in (default: unbounded).
+    budget new sessions must fit in (default: unbounded); ``idle_timeout`` (seconds, ``None``:
+    never) is how long an open session may go without activity before ``expire_idle`` ends it.
     """
 
     def __init__(
@@ -111,13 +125,19 @@ class SessionManager:
         sink: TrajectorySink | None = None,
         discount: float = 1.0,
         budget: StalenessBudget | None = None,
+        idle_timeout: float | None = None,
     ) -> None:
         if not 0.0 <= discount <= 1.0:
             raise ValueError(f"the reward discount must be within [0, 1], got {discount}")
+        if idle_timeout is not None and idle_timeout <= 0:
+            raise ValueError(f"the session idle timeout must be > 0 (or None), got {idle_timeout}")
         self.admin_token = admin_token
         self.sink = sink
         self.discount = discount
         self.budget = budget or StalenessBudget()
+        self.idle_timeout = idle_timeout
+        self.expired = 0  # sessions ended by expire_idle
+        self.discarded = 0  # sessions ended by discard_matching
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._by_hint: dict[str, Session] = {}
@@ -142,6 +162,7 @@ class SessionManager:
         if not session.is_open:
             log.info("session %s has ended; a late completion is not recorded", session.session_id)
             return None
+        session.touch()
         if not generation.finished or generation.finish_reason == "abort":
             session.aborted += 1
             return None
@@ -232,6 +253,7 @@ class SessionManager:
         """A turn's reward (``completion_id``) or the episode's; the last value set wins."""
         if not session.is_open:
             raise GatewayError(409, f"session {session.session_id} has ended", code="session_ended")
+        session.touch()
         if completion_id is None:
             session.reward = reward
             return None
@@ -298,6 +320,46 @@ class SessionManager:
     def get(self, session_id: str) -> Session | None:
         return self._by_id.get(session_id) or self._ended.get(session_id)
 
+    async def expire_idle(self, now: float | None = None) -> list[str]:
+        """End, as discarded, every open session idle for ``idle_timeout`` seconds or more, so
+        the staleness budget gets their slots back (a rollout worker that crashed mid-episode
+        must not hold them forever). Returns their ids."""
+        if self.idle_timeout is None:
+            return []
+        now = time.monotonic() if now is None else now
+        stale = [s for s in self._by_id.values() if s.idle_for(now) >= self.idle_timeout]
+        ended = []
+        for session in stale:
+            if not session.is_open:  # ended meanwhile (end() may await the sink)
+                continue
+            await self.end(session, discard=True)
+            assert session.summary is not None
+            session.summary["expired"] = True
+            ended.append(session.session_id)
+            log.info(
+                "session %s expired after %.1f s without activity; discarded",
+                session.session_id,
+                now - session.last_active,
+            )
+        self.expired += len(ended)
+        return ended
+
+    async def discard_matching(self, metadata: dict[str, Any]) -> list[str]:
+        """End, as discarded, every open session whose metadata has all of ``metadata``'s
+        key/values (e.g. ``{"worker": "3"}``: the sessions of a rollout worker being restarted)."""
+        matching = [
+            s
+            for s in self._by_id.values()
+            if all(k in s.metadata and s.metadata[k] == v for k, v in metadata.items())
+        ]
+        ended = []
+        for session in matching:
+            if session.is_open:  # (not ended meanwhile)
+                await self.end(session, discard=True)
+                ended.append(session.session_id)
+        self.discarded += len(ended)
+        return ended
+
     # --- HTTP -----------------------------------------------------------------------------------
 
     def _enabled(self) -> None:
@@ -323,7 +385,8 @@ class SessionManager:
             )
         return caller
 
-    def _admin(self, request: web.Request) -> None:
+    def require_admin(self, request: web.Request) -> None:
+        """A 404 while the session API is off, 401/403 unless the caller has the admin token."""
         if self._authenticated(request).kind != "admin":
             raise GatewayError(
                 403,
@@ -361,7 +424,7 @@ class SessionManager:
     async def _create(self, request: web.Request) -> web.Response:
         from areal.gateway.app import LOG_FIELDS
 
-        self._admin(request)
+        self.require_admin(request)
         body = await _optional_json(request)
         metadata = body.get("metadata", {})
         if metadata is None:
@@ -379,12 +442,15 @@ class SessionManager:
         return web.json_response({"session_id": session.session_id, "api_key": session.api_key})
 
     async def _list(self, request: web.Request) -> web.Response:
-        self._admin(request)
+        self.require_admin(request)
         return web.json_response(
             {
                 "open": sorted(self._by_id),
                 "budget": self.budget.snapshot().to_json(),
                 "discount": self.discount,
+                "idle_timeout": self.idle_timeout,
+                "expired": self.expired,
+                "discarded": self.discarded,
             }
         )
 

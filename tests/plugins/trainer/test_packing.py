@@ -94,3 +94,16 @@ def test_no_attention_leaks_between_packed_sequences(model: DecoderForCausalLM) 
     lp_before, lp_after = token_logprobs(model, before), token_logprobs(model, after)
     torch.testing.assert_close(lp_before[:6], lp_after[:6], atol=1e-6, rtol=0)  # first sequence
     torch.testing.assert_close(lp_before[-5:-1], lp_after[-5:-1], atol=1e-6, rtol=0)  # last one
+
+
+def test_packed_attention_equals_the_block_diagonal_mask() -> None:
+    from areal.plugins.models.attention import masked_attention
+    from areal.plugins.trainer.packed_attention import PackedCausalAttention
+
+    torch.manual_seed(0)
+    cu = torch.tensor([0, 3, 4, 9])
+    q = torch.randn(1, 9, 4, 8)
+    k, v = torch.randn(1, 9, 2, 8), torch.randn(1, 9, 2, 8)  # grouped-query heads
+    packed = PackedCausalAttention(cu).attend(0, q, k, v)
+    reference = masked_attention(q, k, v, block_causal_mask(cu))
+    torch.testing.assert_close(packed, reference, rtol=1e-5, atol=1e-6)

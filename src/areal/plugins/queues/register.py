@@ -8,7 +8,7 @@ from areal.core.hookspecs import Register, hookimpl
 from areal.plugins.queues.jsonl import jsonl_sink
 
 if TYPE_CHECKING:
-    from areal.plugins.queues.zmq_queue import ZmqTrajectorySink
+    from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 
 
 def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
@@ -18,8 +18,20 @@ def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
     return make(options)
 
 
+def zmq_source(options: dict[str, Any]) -> ZmqTrajectorySource:
+    """The trainer's end: ``options.address`` to bind (``tcp://127.0.0.1:*`` picks a port),
+    ``options.queue_max_size``."""
+    from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
+
+    return ZmqTrajectorySource(
+        options.get("address", "tcp://127.0.0.1:*"),
+        queue_max_size=int(options.get("queue_max_size", 64)),
+    )
+
+
 @hookimpl
 def areal_register_queues(register: Register) -> None:
     """The JSONL sink and the ZeroMQ trajectory queue (``options.address``: the trainer's)."""
     register("jsonl", jsonl_sink)
     register("zmq", zmq_sink)
+    register("zmq/source", zmq_source)

@@ -31,7 +31,7 @@ import asyncio
 import dataclasses
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol
 
 import torch
@@ -55,10 +55,12 @@ class TrajectorySource(Protocol):
 
 @dataclasses.dataclass
 class _Entry:
-    """A buffered trajectory: its surviving samples and its GRPO group key."""
+    """A buffered trajectory: its surviving samples, its GRPO group key, where it came from."""
 
     samples: list[Sample]
     group: Hashable
+    session_id: str = ""
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class TrainerLoop:
@@ -127,6 +129,8 @@ class TrainerLoop:
         self._received = self._trained = self._dropped_stale = self._dropped_empty = 0
         self._trajectories = 0
         self._steps = 0
+        # (session id, metadata) of each trajectory the last step trained: an audit trail.
+        self.last_batch: list[tuple[str, dict[str, Any]]] = []
 
     # --- accounting ----------------------------------------------------------------------------
 
@@ -166,7 +170,7 @@ class TrainerLoop:
         group: Hashable = (
             ("task", str(key)) if key is not None else ("trajectory", self._trajectories)
         )
-        entry = _Entry(self._fresh(samples), group)
+        entry = _Entry(self._fresh(samples), group, trajectory.session_id, dict(meta))
         if entry.samples:
             self._buffer.append(entry)
 
@@ -197,12 +201,69 @@ class TrainerLoop:
             n += len(entry.samples)
         return batch
 
+    # --- checkpoints -----------------------------------------------------------------------------
+
+    def pending(self) -> list[Trajectory]:
+        """The buffered (received, not yet trained) samples as trajectories, for a checkpoint.
+
+        Each keeps its group key in ``metadata["group"]`` and its rewards in its samples, so
+        :meth:`restore` puts them back exactly as they were.
+        """
+        return [
+            Trajectory(
+                session_id=entry.session_id,
+                samples=list(entry.samples),
+                reward=None,
+                completions=0,
+                metadata={**entry.metadata, "group": _group_text(entry.group)},
+            )
+            for entry in self._buffer
+        ]
+
+    def state_dict(self) -> dict[str, int]:
+        """Version, step and counters: what a resumed loop continues from."""
+        return {
+            "version": self.version,
+            "steps": self._steps,
+            "trajectories": self._trajectories,
+            "received": self._received,
+            "trained": self._trained,
+            "dropped_stale": self._dropped_stale,
+            "dropped_empty": self._dropped_empty,
+        }
+
+    def restore(self, state: dict[str, int], pending: list[Trajectory]) -> None:
+        """Continue from :meth:`state_dict` and :meth:`pending` of an earlier loop."""
+        self.version = int(state["version"])
+        self._steps = int(state["steps"])
+        self._trajectories = int(state["trajectories"])
+        self._received = int(state["received"])
+        self._trained = int(state["trained"])
+        self._dropped_stale = int(state["dropped_stale"])
+        self._dropped_empty = int(state["dropped_empty"])
+        self._buffer = deque(
+            _Entry(list(t.samples), ("task", str(t.metadata["group"])), t.session_id, t.metadata)
+            for t in pending
+        )
+        # Restored samples were counted as received by the earlier loop; they age from here on.
+        self._buffer = deque(e for e in self._buffer if e.samples)
+
     # --- the loop --------------------------------------------------------------------------------
 
-    async def run(self, max_steps: int) -> list[dict[str, float]]:
-        """Train ``max_steps`` steps; each returns ``train_step``'s stats plus the loop's own."""
+    async def run(
+        self,
+        max_steps: int,
+        *,
+        stop: asyncio.Event | None = None,
+        on_step: Callable[[dict[str, float]], Awaitable[None]] | None = None,
+    ) -> list[dict[str, float]]:
+        """Train ``max_steps`` steps; each returns ``train_step``'s stats plus the loop's own.
+
+        Returns early, between steps, once ``stop`` is set. ``on_step`` runs after each step
+        (and its weight sync), before the next batch is formed: checkpoints go there.
+        """
         history: list[dict[str, float]] = []
-        while len(history) < max_steps:
+        while len(history) < max_steps and not (stop is not None and stop.is_set()):
             batch = self._take_batch()
             if batch is None:
                 trajectory = await self.source.aget(timeout=self.poll_timeout)
@@ -210,6 +271,8 @@ class TrainerLoop:
                     self.add(trajectory)
                 continue
             history.append(await self.step(batch))
+            if on_step is not None:
+                await on_step(history[-1])
         return history
 
     async def step(self, batch: list[_Entry]) -> dict[str, float]:
@@ -217,11 +280,13 @@ class TrainerLoop:
         samples: list[Sample] = []
         group_ids: list[int] = []
         ids: dict[Hashable, int] = {}
+        self.last_batch = [(entry.session_id, entry.metadata) for entry in batch]
         for entry in batch:
             gid = ids.setdefault(entry.group, len(ids))
             samples.extend(entry.samples)
             group_ids.extend([gid] * len(entry.samples))
         min_versions = [v for v in (s.min_version for s in samples) if v >= 0]
+        reward = sum(s.reward for s in samples) / len(samples)
         started = time.perf_counter()
         stats = await asyncio.to_thread(
             train_step,
@@ -243,6 +308,7 @@ class TrainerLoop:
             "step": float(self._steps),
             "version": float(self.version),
             "updated": float(len(samples)),
+            "reward": reward,
             "groups": float(len(ids)),
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
             "train_seconds": train_s,
@@ -252,7 +318,11 @@ class TrainerLoop:
             values: dict[str, MetricValue] = {
                 "updated": len(samples),
                 "loss": stats["loss"],
+                "reward": reward,
                 "version": self.version,
+                "max_staleness": result["max_staleness"],
+                "grad_norm": stats["grad_norm"],
+                "clip_fraction": stats["clip_fraction"],
                 "groups": len(ids),
                 "train_seconds": train_s,
                 "sync_seconds": sync_s,
@@ -260,6 +330,13 @@ class TrainerLoop:
             }
             self.metrics.write("train", self._steps, values)
         return result
+
+
+def _group_text(group: Hashable) -> str:
+    """A group key as text: a task's key as is, a trajectory's own group made unique."""
+    if isinstance(group, tuple) and len(group) == 2 and group[0] == "task":
+        return str(group[1])
+    return f"~{group!r}"
 
 
 def _generated_versions(sample: Sample) -> list[int]:

@@ -24,11 +24,12 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from areal.core.plugins import registry
 from areal.core.registry import Registry
 from areal.core.types import Sample
+from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
 
@@ -46,17 +47,23 @@ _TOKEN_STATS = (
 )
 
 
-def token_logprobs(model: nn.Module, batch: PackedBatch) -> Tensor:
-    """log π(target token) at every packed position, ``[N]`` float32, from one forward pass.
+def token_logprobs(model: DecoderForCausalLM, batch: PackedBatch) -> Tensor:
+    """log π(target token) at every packed position that is trained on, ``[N]`` float32.
 
-    Logits are cast to fp32 before ``log_softmax``: in bf16 the log-probs of likely tokens round
-    to steps of ~0.01, which is the size of the ratios PPO clips. Positions that predict nothing
-    (a sample's last token) hold a real but meaningless value; the loss mask hides them.
+    One forward pass through the decoder body, then the LM head and ``log_softmax`` only at the
+    positions of ``batch.loss_mask``: in an agent's samples most tokens are prompt and tool
+    output, and the ``[N, vocab]`` logits of those would dominate the step's time and memory for
+    nothing. Other positions hold 0 (the loss mask hides them). Logits are cast to fp32 before
+    ``log_softmax``: in bf16 the log-probs of likely tokens round to steps of ~0.01, which is the
+    size of the ratios PPO clips.
     """
     attention = PackedCausalAttention(batch.cu_seqlens)
-    logits = model(batch.input_ids, batch.positions, attention)[0]  # [N, V]
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    return logp.gather(-1, batch.target_ids[:, None]).squeeze(-1)
+    hidden = model.hidden_states(batch.input_ids, batch.positions, attention)[0]  # [N, H]
+    index = batch.loss_mask.nonzero().squeeze(-1)
+    logits = model.lm_head(hidden[index]).float()  # [M, V], M = trained positions
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.target_ids[index, None])
+    out = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
+    return out.index_put((index,), picked.squeeze(-1))
 
 
 def aligned_loss_mask(samples: Sequence[Sample]) -> Tensor:
@@ -74,7 +81,7 @@ def aligned_loss_mask(samples: Sequence[Sample]) -> Tensor:
 
 
 def train_step(
-    model: nn.Module,
+    model: DecoderForCausalLM,
     optimizer: torch.optim.Optimizer,
     samples: Sequence[Sample],
     *,

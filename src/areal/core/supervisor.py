@@ -1,0 +1,144 @@
+"""Keep a run's processes alive: start them, watch them, restart the ones that die, stop them all.
+
+A run (``areal train``) is several processes: inference engines, the gateway, rollout workers.
+Each is a :class:`Child`: a way to build its command (called again for every restart, so a
+restarted engine can start from the newest weights), an optional health URL, and hooks around a
+restart (a rollout worker's open sessions are discarded before it comes back; an engine catches
+up with the trainer's weights after). :meth:`Supervisor.watch` polls them; a child that exits is
+restarted, up to ``max_restarts`` times, after which the run stops with :class:`ChildFailed`
+naming the child and quoting its log. Pure Python: no torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from areal.core.process import ServerProcess
+
+log = logging.getLogger("areal.supervisor")
+
+Hook = Callable[["Child"], Awaitable[None]]
+
+
+class ChildFailed(RuntimeError):
+    """A child process died for good (or never became healthy): the run cannot go on."""
+
+
+@dataclass(eq=False)
+class Child:
+    """One supervised process (see the module docstring)."""
+
+    name: str
+    command: Callable[[], Sequence[str]]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    url: str | None = None  # polled at {url}/health until it answers 200
+    start_timeout: float = 180.0
+    max_restarts: int = 3
+    stage: int = 0  # start_all starts stage 0 first (all at once), then 1, ...
+    cpus: set[int] | None = None  # CPU affinity, set right after the process starts
+    before_restart: Hook | None = None
+    after_start: Hook | None = None  # after every start that became healthy, first one included
+    restarts: int = 0
+    up: bool = False
+    process: ServerProcess | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.running
+
+
+class Supervisor:
+    """Starts children, restarts the ones that exit, and stops them all (module docstring)."""
+
+    def __init__(self, children: Sequence[Child] = (), *, poll_interval: float = 0.5) -> None:
+        self.children: list[Child] = list(children)
+        self.poll_interval = poll_interval
+        self._stopping = False
+
+    def add(self, child: Child) -> Child:
+        self.children.append(child)
+        return child
+
+    def get(self, name: str) -> Child:
+        for child in self.children:
+            if child.name == name:
+                return child
+        raise KeyError(name)
+
+    async def start_all(self) -> None:
+        """Start the children stage by stage (a stage's children at once), each healthy before
+        the next stage starts: the gateway needs its engines up, the workers their gateway."""
+        for stage in sorted({c.stage for c in self.children}):
+            group = [c for c in self.children if c.stage == stage]
+            for child in group:
+                self._spawn(child)
+            await asyncio.gather(*(self._become_healthy(child) for child in group))
+
+    async def watch(self) -> None:
+        """Run until cancelled; raises :class:`ChildFailed` when a child is beyond saving."""
+        while not self._stopping:
+            for child in list(self.children):
+                if child.up and not child.running and not self._stopping:
+                    await self._restart(child)
+            await asyncio.sleep(self.poll_interval)
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        """SIGTERM every child (SIGKILL after ``timeout``), rollout workers first."""
+        self._stopping = True
+        for child in reversed(self.children):
+            child.up = False
+            if child.process is not None:
+                child.process.stop(timeout=timeout)
+
+    # --- internals ------------------------------------------------------------------------------
+
+    def _spawn(self, child: Child) -> None:
+        env = {**os.environ, **child.env}
+        child.process = ServerProcess(
+            child.command(), log_path=child.log_path, env=env, name=child.name
+        ).start()
+        if child.cpus and child.process.pid is not None:
+            # Before the interpreter starts its thread pools, which inherit the mask.
+            os.sched_setaffinity(child.process.pid, child.cpus)
+
+    async def _become_healthy(self, child: Child) -> None:
+        assert child.process is not None
+        if child.url is not None:
+            try:
+                await asyncio.to_thread(child.process.wait_healthy, child.url, child.start_timeout)
+            except (TimeoutError, RuntimeError) as err:
+                raise ChildFailed(str(err)) from err
+        if child.after_start is not None:
+            await child.after_start(child)
+        child.up = True
+
+    async def _restart(self, child: Child) -> None:
+        assert child.process is not None
+        code = child.process.returncode
+        child.up = False
+        if child.restarts >= child.max_restarts:
+            raise ChildFailed(
+                f"{child.name} exited with code {code} and was already restarted "
+                f"{child.restarts} times; giving up. Last lines of {child.log_path}:\n"
+                f"{child.process.log_tail()}"
+            )
+        child.restarts += 1
+        log.warning(
+            "%s exited with code %s; restarting it (%d/%d)",
+            child.name,
+            code,
+            child.restarts,
+            child.max_restarts,
+        )
+        child.process.stop(timeout=1.0)
+        if child.before_restart is not None:
+            await child.before_restart(child)
+        self._spawn(child)
+        await self._become_healthy(child)
+        log.warning("%s is back (pid %s)", child.name, child.process.pid)

@@ -1,0 +1,107 @@
+"""What a training run asks of the gateway beyond single sessions: the trainer's version clock,
+discarding a crashed rollout worker's sessions, and the reaper of idle sessions.
+
+Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
+
+- ``POST /rl/version`` ``{"version": N}``: the trainer's weights are now version ``N``. The clock
+  never moves back, and it also follows the versions the engines report on generated tokens
+  (whichever is further wins). Answers the budget snapshot, as does ``GET /rl/version``.
+- ``POST /rl/sessions/discard`` ``{"metadata": {"worker": "3"}}``: end, as discarded, every open
+  session whose metadata has all the given key/values (compared as JSON values: ``"3"`` is not
+  ``3``); answers ``{"discarded": n, "session_ids": [...]}``. The run supervisor calls it when it
+  restarts a crashed rollout worker, so the dead worker's episodes give their budget slots back.
+
+The reaper runs on the gateway's event loop and ends, as discarded, the sessions that saw no
+activity for the manager's ``idle_timeout``: the safety net for drivers that die without telling
+anyone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from areal.gateway.errors import GatewayError
+from areal.gateway.sessions import SessionManager
+
+log = logging.getLogger("areal.gateway.sessions")
+
+REAP_EVERY_S = 5.0  # at most; a short idle timeout is checked more often
+
+
+def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: SessionManager) -> None:
+    async def get_version(request: web.Request) -> web.Response:
+        sessions.require_admin(request)
+        return web.json_response(sessions.budget.snapshot().to_json())
+
+    async def set_version(request: web.Request) -> web.Response:
+        from areal.gateway.app import read_json
+
+        sessions.require_admin(request)
+        version = (await read_json(request)).get("version")
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise GatewayError(
+                400,
+                f"version must be a non-negative integer, got {version!r}",
+                param="version",
+                code="bad_version",
+            )
+        sessions.budget.set_version(version)
+        return web.json_response(sessions.budget.snapshot().to_json())
+
+    async def discard(request: web.Request) -> web.Response:
+        from areal.gateway.app import read_json
+
+        sessions.require_admin(request)
+        metadata = (await read_json(request)).get("metadata")
+        if not isinstance(metadata, dict) or not metadata:
+            raise GatewayError(
+                400,
+                "metadata must be a non-empty JSON object of the key/values the sessions to "
+                f'discard share, e.g. {{"worker": "3"}}; got {metadata!r}',
+                param="metadata",
+            )
+        ids = await sessions.discard_matching(metadata)
+        if ids:
+            log.info("discarded %d sessions with metadata %s", len(ids), metadata)
+        return web.json_response({"discarded": len(ids), "session_ids": ids})
+
+    for prefix in prefixes:
+        app.router.add_get(f"{prefix}/version", get_version)
+        app.router.add_post(f"{prefix}/version", set_version)
+        app.router.add_post(f"{prefix}/sessions/discard", discard)
+
+
+class IdleReaper:
+    """A task on the gateway's loop that calls ``sessions.expire_idle()`` every few seconds."""
+
+    def __init__(self, sessions: SessionManager) -> None:
+        self.sessions = sessions
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def interval(self) -> float:
+        timeout = self.sessions.idle_timeout or REAP_EVERY_S
+        return min(REAP_EVERY_S, timeout / 4)
+
+    def start(self) -> None:
+        if self.sessions.idle_timeout is not None and self._task is None:
+            self._task = asyncio.create_task(self._run(), name="areal-session-reaper")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.sessions.expire_idle()
+            except Exception:  # keep reaping: one failure must not leave slots held for good
+                log.exception("the idle-session reaper failed; it goes on")

@@ -1,0 +1,225 @@
+"""The processes of one run, as supervised children: inference engines, the gateway, rollout workers.
+
+Each builder returns a :class:`~areal.core.supervisor.Child` whose command is rebuilt at every
+(re)start, so a restarted process picks up the run's state at that moment (the weight version
+the gateway's staleness clock starts from, a worker's progress). Secrets (the admin token, the
+gateway key) travel in the children's environment only, never in files or command lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import yaml
+
+from areal.core.plugins import registry
+from areal.core.process import pick_free_port
+from areal.core.rollout_process import WorkerSpec
+from areal.core.run_config import RunConfig
+from areal.core.supervisor import Child
+
+__all__ = ["GatewayHandle", "engine_child", "gateway_child", "router_config", "worker_child"]
+
+ENGINE_READY_TIMEOUT = 300.0
+
+
+def engine_child(
+    config: RunConfig,
+    index: int,
+    *,
+    model_dir: Callable[[], str],
+    version: Callable[[], int],
+    log_dir: Path,
+    threads: int,
+    after_start: Callable[[Child], Awaitable[None]] | None = None,
+) -> Child:
+    """Inference engine ``index`` on a port of its own (kept across restarts)."""
+    port = pick_free_port()
+    launcher = registry("inference_backends").get(config.inference.backend).load_launcher()
+    total_concurrency = config.async_.rollout_workers * config.agent.concurrency
+
+    def command() -> list[str]:
+        options: dict[str, Any] = {
+            "model_path": model_dir(),
+            "port": port,
+            "max_running_requests": max(64, total_concurrency),
+            "weight_version": str(version()),
+            "seed": config.train.seed + index,
+            "log_level": "warning",
+        }
+        if config.inference.max_total_tokens is not None:
+            options["max_total_tokens"] = config.inference.max_total_tokens
+        if config.inference.mem_fraction_static is not None:
+            options["mem_fraction_static"] = config.inference.mem_fraction_static
+        return list(launcher(options))
+
+    return Child(
+        name=f"engine{index}",
+        command=command,
+        log_path=log_dir / f"engine{index}.log",
+        env={"OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads)},
+        url=f"http://127.0.0.1:{port}",
+        start_timeout=ENGINE_READY_TIMEOUT,
+        after_start=after_start,
+        cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
+    )
+
+
+def router_config(config: RunConfig, out: Path) -> Path:
+    """The gateway's router config: the run's ``agent.gateway_config`` (or none) with the run's
+    sampling settings as the policy's defaults. ``${ENV}`` placeholders are written back
+    unsubstituted, so no key the user keeps in the environment lands in this file."""
+    data: dict[str, Any] = {}
+    if config.agent.gateway_config:
+        data = yaml.safe_load(Path(config.agent.gateway_config).read_text()) or {}
+    routing = data.setdefault("model_routing", {})
+    policy = routing.setdefault("policy_model", {"model_id": "policy"})
+    policy["temperature"] = config.sampling.temperature
+    policy["top_p"] = config.sampling.top_p
+    policy["max_tokens"] = config.sampling.max_new_tokens
+    path = out / "router.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    path.chmod(0o600)  # it may hold a literal upstream key copied from the user's file
+    return path
+
+
+@dataclass
+class GatewayHandle:
+    """How the trainer talks to its gateway's admin routes."""
+
+    url: str
+    admin_token: str
+
+    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
+        """POST an admin route; ``None`` when the gateway is unreachable or refuses."""
+        return await self._call("POST", path, body)
+
+    async def get(self, path: str) -> dict[str, Any] | None:
+        return await self._call("GET", path, None)
+
+    async def _call(self, method: str, path: str, body: Any) -> dict[str, Any] | None:
+        headers = {"Authorization": f"Bearer {self.admin_token}"}
+        timeout = aiohttp.ClientTimeout(total=10)
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as http,
+                http.request(method, self.url + path, json=body, headers=headers) as resp,
+            ):
+                if resp.status != 200:
+                    return None
+                data: dict[str, Any] = await resp.json()
+                return data
+        except (aiohttp.ClientError, TimeoutError):
+            return None
+
+
+def gateway_child(
+    config: RunConfig,
+    *,
+    router: Path,
+    engine_urls: list[str],
+    queue_address: str,
+    version: Callable[[], int],
+    log_dir: Path,
+    admin_token: str,
+    gateway_key: str,
+    after_start: Callable[[Child], Awaitable[None]] | None = None,
+) -> tuple[Child, GatewayHandle]:
+    """The gateway: finished episodes to the trainer's queue, admission by the staleness budget."""
+    port = pick_free_port()
+    run = config.async_
+    # In sync mode a "trigger" is a whole global batch, and the bound is 0 (AsyncConfig).
+    trigger = run.trigger_batch_size if run.enabled else config.train.global_batch_size
+
+    def command() -> list[str]:
+        cmd = [
+            sys.executable, "-m", "areal.gateway.server",
+            "--config", str(router),
+            "--port", str(port),
+            "--sink", "zmq",
+            "--sink-address", queue_address,
+            "--staleness-threshold", str(run.staleness_threshold),
+            "--trigger-batch-size", str(trigger),
+            "--max-concurrent", str(run.rollout_workers * config.agent.concurrency),
+            "--start-version", str(version()),
+            "--discount", str(config.algorithm.discount),
+            "--log-dir", str(log_dir),
+            "--log-level", "warning",
+        ]  # fmt: skip
+        for url in engine_urls:
+            cmd += ["--engine", url]
+        return cmd
+
+    url = f"http://127.0.0.1:{port}"
+    child = Child(
+        name="gateway",
+        command=command,
+        log_path=log_dir / "gateway.out",
+        env={"AREAL_ADMIN_TOKEN": admin_token, "AREAL_GATEWAY_KEY": gateway_key},
+        url=url,
+        start_timeout=120.0,
+        after_start=after_start,
+        stage=1,
+    )
+    return child, GatewayHandle(url, admin_token)
+
+
+def worker_child(
+    config: RunConfig,
+    index: int,
+    *,
+    gateway_url: str,
+    model_id: str,
+    run_dir: Path,
+    log_dir: Path,
+    admin_token: str,
+    start: int,
+    skip: list[list[int]],
+    before_restart: Callable[[Child], Awaitable[None]] | None = None,
+) -> Child:
+    """Rollout worker ``index``: its spec file (no secrets), its progress file, its log."""
+    spec = WorkerSpec(
+        gateway_url=gateway_url,
+        agent=config.agent.entrypoint,
+        dataset=config.dataset.model_dump(),
+        worker=index,
+        workers=config.async_.rollout_workers,
+        group_size=config.algorithm.group_size,
+        concurrency=config.agent.concurrency,
+        episode_timeout_s=config.agent.episode_timeout_s,
+        max_turns=config.agent.max_turns,
+        model=model_id,
+        progress_path=str(run_dir / f"rollout{index}.progress.json"),
+        reward=_reward_plugin(config),
+        start=start,
+        skip=skip,
+    )
+    spec_path = run_dir / f"rollout{index}.json"
+    spec.save(spec_path)
+    return Child(
+        name=f"rollout{index}",
+        command=lambda: [sys.executable, "-m", "areal.core.rollout_process", str(spec_path)],
+        log_path=log_dir / f"rollout{index}.log",
+        env={"AREAL_ADMIN_TOKEN": admin_token, "OMP_NUM_THREADS": "1"},
+        max_restarts=5,
+        before_restart=before_restart,
+        stage=2,
+    )
+
+
+def _reward_plugin(config: RunConfig) -> str | None:
+    """For agents that return their final answer as text: the rule that scores it."""
+    return "exact_match" if config.agent.reward_source == "rule" else None
+
+
+def write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)

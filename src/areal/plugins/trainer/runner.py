@@ -1,0 +1,553 @@
+"""``areal train``: one asynchronous RL run, from a run config to trained checkpoints.
+
+The story of :func:`train`, top to bottom:
+
+1. **The policy**: create areal's tiny model at ``model.path`` if asked (``model.init_tiny``),
+   run the cached format warm start (``warm_start.steps``), or, with ``--resume``, take the
+   newest checkpoint's weights, optimizer, counters, data position and buffered trajectories.
+2. **The processes**, each supervised (restarted when it dies, up to a limit): the inference
+   engines (serving the policy), the gateway (the agents' endpoint; finished episodes go to the
+   trainer's ZeroMQ queue; new episodes are admitted under the staleness budget), and the
+   rollout workers (running the agent once per task sample).
+3. **The trainer loop** in this process: trajectories in, decoupled-PPO steps, every new
+   version published to the engines by disk and announced to the gateway's staleness clock;
+   ``[train]``, ``[rollout]``, ``accounting`` events to the metric sinks; a checkpoint every
+   ``logging.save_interval`` steps.
+4. **The end** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers
+   stop first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then
+   the gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal.core.inference_client import InferenceClient
+from areal.core.metrics import MetricsHub, make_metric_sink
+from areal.core.queue import TrajectorySource, make_source
+from areal.core.run_config import RunConfig
+from areal.core.supervisor import Child, ChildFailed, Supervisor
+from areal.core.types import Trajectory, version_number
+from areal.plugins.models.hf_io import load_model
+from areal.plugins.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    ranges_to_set,
+    save_checkpoint,
+    set_to_ranges,
+)
+from areal.plugins.trainer.loop import TrainerLoop
+from areal.plugins.trainer.processes import (
+    GatewayHandle,
+    engine_child,
+    gateway_child,
+    router_config,
+    worker_child,
+)
+from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+
+log = logging.getLogger("areal.train")
+
+__all__ = ["RunError", "RunSummary", "train"]
+
+
+class RunError(RuntimeError):
+    """The run cannot start or go on; the message says which part and why."""
+
+
+@dataclass
+class RunSummary:
+    """What :func:`train` did (also written to ``{output_dir}/summary.json``)."""
+
+    steps: int
+    version: int
+    history: list[dict[str, float]]
+    counters: dict[str, int]
+    checkpoint: str | None
+    seconds: float
+    stopped_by: str  # "max_steps" or "signal"
+    restarts: dict[str, int] = field(default_factory=dict)
+
+
+def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) -> RunSummary:
+    """Run ``config`` to ``train.max_steps`` (see the module docstring); blocks until done."""
+    return asyncio.run(_Run(config, Path(output_dir), resume).main())
+
+
+class _Run:
+    """One run's state; :meth:`main` is the story of the module docstring."""
+
+    def __init__(self, config: RunConfig, output_dir: Path, resume: bool) -> None:
+        self.config = config
+        self.out = output_dir
+        self.log_dir = Path(config.logging.log_dir)
+        self.run_dir = output_dir / "run"
+        self.resume = resume
+        self.version = 0
+        self.seen_tasks: set[int] = set()
+        self.publish_lock = asyncio.Lock()
+        self.stop = asyncio.Event()
+        self.stopped_by = "max_steps"
+        self.rollout_step = 0
+        self._rollout_window: list[Trajectory] = []
+        self.hub: MetricsHub | None = None
+
+    # --- 1. the policy ----------------------------------------------------------------------
+
+    def prepare_policy(self) -> Path:
+        """The weights the run starts from (before any checkpoint)."""
+        config = self.config
+        path = Path(config.model.path)
+        if config.model.init_tiny and not (path / "config.json").is_file():
+            from areal.plugins.models.tiny import init_tiny
+
+            init_tiny(path, size=config.model.init_tiny, seed=config.train.seed)
+            log.info("created the %s tiny model at %s", config.model.init_tiny, path)
+        if config.warm_start.steps and config.dataset.name:
+            from areal.plugins.trainer.warm_start import warm_start
+
+            started = time.perf_counter()
+            path = warm_start(
+                path,
+                self.out / "warm_start",
+                task_set=config.dataset.name,
+                steps=config.warm_start.steps,
+                batch_size=config.warm_start.batch_size,
+                learning_rate=config.warm_start.learning_rate,
+                seed=config.train.seed,
+            )
+            log.info("warm start ready at %s (%.1fs)", path, time.perf_counter() - started)
+        return path
+
+    # --- the story ---------------------------------------------------------------------------
+
+    async def main(self) -> RunSummary:
+        config, started = self.config, time.perf_counter()
+        for d in (self.out, self.log_dir, self.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        for stale in self.run_dir.glob("rollout*.progress.json"):
+            stale.unlink()  # progress files only carry restarts within one run
+        policy_dir = await asyncio.to_thread(self.prepare_policy)
+        checkpoint = None
+        if self.resume:
+            found = latest_checkpoint(self.out)
+            if found is None:
+                raise RunError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+            checkpoint = load_checkpoint(found)
+            self.version = int(checkpoint.state["loop"]["version"])
+            self.seen_tasks = ranges_to_set(checkpoint.state["data"]["seen"])
+            log.info("resuming from %s (step %d)", found, checkpoint.step)
+        tokenizer_dir = policy_dir
+        weights_dir = checkpoint.model_dir if checkpoint else policy_dir
+
+        threads = _threads(config)
+        if config.train.cpu_affinity:
+            os.sched_setaffinity(0, set(config.train.cpu_affinity))
+        torch.manual_seed(config.train.seed)
+        torch.set_num_threads(threads)
+        dtype = getattr(torch, config.model.dtype)
+        model = load_model(weights_dir, dtype=dtype).train()
+        optimizer = torch.optim.AdamW(
+            model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
+        )
+        if checkpoint:
+            optimizer.load_state_dict(torch.load(checkpoint.optimizer_path, weights_only=True))
+
+        source = make_source(
+            "zmq",
+            {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
+        )
+        sync = DiskWeightSync([], self.out / "weights")
+        supervisor, gateway = self.processes(
+            str(weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
+        )
+        metrics = self.hub = self.metrics()
+        loop = TrainerLoop(
+            model,
+            optimizer,
+            _ObservedSource(source, self.observe),
+            _SupervisedSync(sync, supervisor, self.publish_lock),
+            trigger_batch_size=config.async_.trigger_batch_size,
+            global_batch_size=config.train.global_batch_size,
+            mini_batch_size=config.train.mini_batch_size,
+            staleness_threshold=config.async_.staleness_threshold,
+            async_enabled=config.async_.enabled,
+            advantage=config.algorithm.advantage,
+            advantage_options=_advantage_options(config),
+            eps_clip=config.algorithm.eps_clip,
+            eps_clip_high=config.algorithm.eps_clip_high,
+            behavior_weight_cap=config.algorithm.behavior_weight_cap,
+            prox_logp=config.algorithm.prox_logp,
+            max_grad_norm=config.train.max_grad_norm,
+            metrics=metrics,
+            start_version=self.version,
+        )
+        if checkpoint:
+            loop.restore(checkpoint.state["loop"], checkpoint.pending)
+        first_step = loop.state_dict()["steps"]
+        history: list[dict[str, float]] = []
+        last_saved = first_step
+
+        async def on_step(result: dict[str, float]) -> None:
+            nonlocal last_saved
+            self.version = loop.version
+            await gateway.post("/rl/version", {"version": loop.version})
+            self.audit(loop)
+            await self.account(gateway, source, loop, metrics)
+            step = int(result["step"])
+            if step % config.logging.save_interval == 0:
+                await asyncio.to_thread(self.save, loop, tokenizer_dir)
+                last_saved = step
+
+        self.install_signal_handlers()
+        checkpoint_path = None
+        try:
+            try:
+                await supervisor.start_all()
+            except ChildFailed as err:
+                raise RunError(f"a process of the run did not start: {err}") from err
+            log.info(
+                "run started: %d engine(s), gateway %s, %d rollout worker(s); step %d -> %d",
+                config.inference.engines,
+                gateway.url,
+                config.async_.rollout_workers,
+                first_step,
+                config.train.max_steps,
+            )
+            training = asyncio.create_task(
+                loop.run(config.train.max_steps - first_step, stop=self.stop, on_step=on_step)
+            )
+            watching = asyncio.create_task(supervisor.watch())
+            done, _ = await asyncio.wait({training, watching}, return_when=asyncio.FIRST_COMPLETED)
+            if watching in done:
+                training.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await training
+                error = watching.exception()
+                raise RunError(f"the run lost a process: {error}") from error
+            watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await watching
+            history = training.result()
+            # The end: no new episodes, what reached the queue goes into the final checkpoint.
+            for child in supervisor.children:
+                if child.name.startswith("rollout") and child.process is not None:
+                    child.up = False
+                    await asyncio.to_thread(child.process.stop, 5.0)
+            source.close()
+            while (trajectory := source.get(timeout=0)) is not None:
+                self.observe(trajectory)
+                loop.add(trajectory)
+            steps = loop.state_dict()["steps"]
+            if steps != last_saved or not latest_checkpoint(self.out):
+                checkpoint_path = str(await asyncio.to_thread(self.save, loop, tokenizer_dir))
+            else:
+                found = latest_checkpoint(self.out)
+                checkpoint_path = str(found) if found else None
+        finally:
+            await asyncio.to_thread(supervisor.stop_all)
+            source.close()
+            await sync.close()
+            metrics.close()
+        summary = RunSummary(
+            steps=loop.state_dict()["steps"],
+            version=loop.version,
+            history=history,
+            counters=loop.counters(),
+            checkpoint=checkpoint_path,
+            seconds=time.perf_counter() - started,
+            stopped_by=self.stopped_by,
+            restarts={c.name: c.restarts for c in supervisor.children if c.restarts},
+        )
+        _write_summary(self.out / "summary.json", summary)
+        return summary
+
+    # --- 2. the processes --------------------------------------------------------------------
+
+    def processes(
+        self,
+        weights_dir: str,
+        queue_address: str,
+        sync: DiskWeightSync,
+        threads: int,
+        data: tuple[int, list[list[int]]],
+    ) -> tuple[Supervisor, GatewayHandle]:
+        config = self.config
+        supervisor = Supervisor()
+        admin_token = secrets.token_urlsafe(24)
+
+        async def catch_up(child: Child) -> None:
+            """A (re)started engine loads the trainer's newest weights if it is behind."""
+            async with self.publish_lock:
+                latest = sync.version_dir(self.version)
+                if self.version == 0 or not latest.is_dir():
+                    return
+                async with InferenceClient(child.url or "", timeout=300) as client:
+                    info = await client.model_info()
+                    if version_number(info.get("weight_version")) < self.version:
+                        await client.update_weights_from_disk(
+                            str(latest), weight_version=str(self.version)
+                        )
+
+        engines = [
+            supervisor.add(
+                engine_child(
+                    config,
+                    i,
+                    model_dir=lambda: weights_dir,
+                    version=lambda: self.version,
+                    log_dir=self.log_dir,
+                    threads=threads,
+                    after_start=catch_up,
+                )
+            )
+            for i in range(config.inference.engines)
+        ]
+        sync.engine_urls = [e.url or "" for e in engines]
+
+        async def announce(child: Child) -> None:
+            await gateway.post("/rl/version", {"version": self.version})
+
+        gateway_proc, gateway = gateway_child(
+            config,
+            router=router_config(config, self.run_dir),
+            engine_urls=[e.url or "" for e in engines],
+            queue_address=queue_address,
+            version=lambda: self.version,
+            log_dir=self.log_dir,
+            admin_token=admin_token,
+            gateway_key=secrets.token_urlsafe(24),
+            after_start=announce,
+        )
+        supervisor.add(gateway_proc)
+
+        async def discard_sessions(child: Child) -> None:
+            """A crashed worker's open episodes will never end: give their slots back."""
+            worker = child.name.removeprefix("rollout")
+            await gateway.post("/rl/sessions/discard", {"metadata": {"worker": worker}})
+
+        start, skip = data
+        for i in range(config.async_.rollout_workers):
+            supervisor.add(
+                worker_child(
+                    config,
+                    i,
+                    gateway_url=gateway.url,
+                    model_id=_policy_model_id(config),
+                    run_dir=self.run_dir,
+                    log_dir=self.log_dir,
+                    admin_token=admin_token,
+                    start=start,
+                    skip=skip,
+                    before_restart=discard_sessions,
+                )
+            )
+        return supervisor, gateway
+
+    # --- 3. the trainer's side ---------------------------------------------------------------
+
+    def metrics(self) -> MetricsHub:
+        import importlib.util
+
+        names = self.config.logging.metric_sinks
+        if names is None:
+            names = ["train_log", "jsonl"]
+            if importlib.util.find_spec("tensorboard") is not None:
+                names.append("tensorboard")
+        return MetricsHub({n: make_metric_sink(n, {"log_dir": str(self.log_dir)}) for n in names})
+
+    def observe(self, trajectory: Trajectory) -> None:
+        """Every trajectory the trainer takes: data position, and ``[rollout]`` events."""
+        index = trajectory.metadata.get("task_index")
+        if isinstance(index, int):
+            self.seen_tasks.add(index)
+        self._rollout_window.append(trajectory)
+        samples = sum(len(t.samples) for t in self._rollout_window)
+        if samples >= self.config.async_.trigger_batch_size:
+            self.rollout_step += 1
+            window, self._rollout_window = self._rollout_window, []
+            rewards = [t.reward for t in window if t.reward is not None]
+            tokens = sum(sum(s.loss_mask) for t in window for s in t.samples)
+            if self.hub is None:
+                return
+            self.hub.write(
+                "rollout",
+                self.rollout_step,
+                {
+                    "generated": samples,
+                    "tokens": tokens,
+                    "reward": sum(rewards) / len(rewards) if rewards else 0.0,
+                    "episodes": len(window),
+                },
+            )
+
+    async def account(
+        self,
+        gateway: GatewayHandle,
+        source: TrajectorySource,
+        loop: TrainerLoop,
+        metrics: MetricsHub,
+    ) -> None:
+        """``started = trained + dropped + in flight + queued``, from both ends of the queue."""
+        status = await gateway.get("/rl/sessions") or {}
+        budget = status.get("budget") or {}
+        counters = loop.counters()
+        values = {
+            "episodes_running": int(budget.get("running", 0)),
+            "episodes_sent": int(budget.get("accepted", 0)),
+            "episodes_discarded": int(budget.get("rejected", 0)),
+            "trajectories_received": source.received,
+            "trajectories_queued": source.buffered,
+            "samples_trained": counters["trained"],
+            "samples_dropped": counters["dropped"],
+            "samples_buffered": counters["buffered"],
+        }
+        metrics.write("accounting", counters["steps"], values)
+
+    def audit(self, loop: TrainerLoop) -> None:
+        """``{output_dir}/run/trained.jsonl``: which episode was trained at which step, so
+        anyone can check that nothing is trained twice (across resumes too)."""
+        step = loop.state_dict()["steps"]
+        with open(self.run_dir / "trained.jsonl", "a", encoding="utf-8") as f:
+            for session_id, meta in loop.last_batch:
+                record = {"step": step, "session_id": session_id, **_audit_fields(meta)}
+                f.write(json.dumps(record) + "\n")
+
+    def save(self, loop: TrainerLoop, tokenizer_dir: Path) -> Path:
+        state = {
+            "loop": loop.state_dict(),
+            "data": {"seen": set_to_ranges(self.seen_tasks)},
+        }
+        path = save_checkpoint(
+            self.out,
+            step=loop.state_dict()["steps"],
+            model=loop.model,
+            optimizer=loop.optimizer,
+            state=state,
+            pending=loop.pending(),
+            tokenizer_dir=tokenizer_dir,
+            keep=self.config.logging.keep_checkpoints,
+        )
+        log.info("checkpoint %s", path)
+        return path
+
+    def install_signal_handlers(self) -> None:
+        """First Ctrl-C / SIGTERM: finish the step, checkpoint, stop. Second: stop now."""
+        loop = asyncio.get_running_loop()
+
+        def on_signal() -> None:
+            if self.stop.is_set():
+                raise KeyboardInterrupt
+            self.stopped_by = "signal"
+            log.warning("stopping after the current step (again to stop at once)")
+            self.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, on_signal)
+
+
+class _ObservedSource:
+    """The trajectory queue, with every trajectory shown to ``observe`` as the trainer takes it."""
+
+    def __init__(self, source: TrajectorySource, observe: Callable[[Trajectory], None]) -> None:
+        self.source = source
+        self.observe = observe
+
+    async def aget(self, timeout: float | None = None) -> Trajectory | None:
+        trajectory = await self.source.aget(timeout)
+        if trajectory is not None:
+            self.observe(trajectory)
+        return trajectory
+
+
+class _SupervisedSync:
+    """Disk weight sync to the engines that are up; one that died mid-publish is skipped (its
+    restart loads the newest weights), any other failure stops the run."""
+
+    def __init__(self, sync: DiskWeightSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
+        self.sync = sync
+        self.supervisor = supervisor
+        self.lock = lock
+        self.all_urls = list(sync.engine_urls)
+
+    async def publish(self, model: Any, version: int) -> float:
+        async with self.lock:
+            for _attempt in range(3):
+                live = [
+                    c.url
+                    for c in self.supervisor.children
+                    if c.name.startswith("engine") and c.up and c.running and c.url
+                ]
+                self.sync.engine_urls = live
+                try:
+                    return await self.sync.publish(model, version)
+                except WeightSyncError as err:
+                    dead = [
+                        c for c in self.supervisor.children if c.url == err.url and not c.running
+                    ]
+                    if not dead:
+                        raise
+                    log.warning("%s died during the weight sync; it will catch up", err.url)
+            raise WeightSyncError("publish", None, "engines kept dying during the weight sync")
+
+    async def close(self) -> None:
+        await self.sync.close()
+
+
+def checkpoint_start(checkpoint: Any) -> tuple[int, list[list[int]]]:
+    """Where rollout workers start: after a resume, the first task the trainer never saw."""
+    if checkpoint is None:
+        return 0, []
+    seen = checkpoint.state["data"]["seen"]
+    start = 0
+    if seen and seen[0][0] == 0:
+        start = seen[0][1]
+    return start, seen
+
+
+def _threads(config: RunConfig) -> int:
+    """Torch threads per process: the cores shared by the trainer and the engines (tiny models
+    run fastest with one thread each; oversubscribing cores slows every process down)."""
+    if config.train.cpu_affinity:
+        return len(config.train.cpu_affinity)
+    cores = os.cpu_count() or 1
+    return max(1, cores // (1 + config.inference.engines))
+
+
+def _advantage_options(config: RunConfig) -> dict[str, Any] | None:
+    algo = config.algorithm
+    if algo.advantage == "gae":
+        return {"gamma": algo.discount, "lam": algo.gae_lambda}
+    return None
+
+
+def _policy_model_id(config: RunConfig) -> str:
+    from areal.core.config import RouterConfig
+
+    if config.agent.gateway_config:
+        return RouterConfig.load(config.agent.gateway_config).policy.model_id
+    return RouterConfig().policy.model_id
+
+
+def _audit_fields(meta: dict[str, Any]) -> dict[str, Any]:
+    return {k: meta[k] for k in ("task_index", "sample", "worker") if k in meta}
+
+
+def _write_summary(path: Path, summary: RunSummary) -> None:
+    import dataclasses
+
+    path.write_text(json.dumps(dataclasses.asdict(summary), indent=2, default=str) + "\n")

@@ -1,0 +1,102 @@
+"""The supervisor restarts real child processes that die, and gives up with the child's name and
+log once it has restarted it too often."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal.core.supervisor import Child, ChildFailed, Supervisor
+
+SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+CRASHER = [sys.executable, "-c", "import sys; print('boom: bad config', flush=True); sys.exit(3)"]
+
+
+def test_a_dead_child_is_restarted_with_its_hooks(tmp_path: Path) -> None:
+    events: list[str] = []
+    commands = iter([SLEEPER, SLEEPER])
+
+    async def before(child: Child) -> None:
+        events.append(f"before {child.restarts}")
+
+    async def after(child: Child) -> None:
+        events.append(f"after pid={child.process.pid if child.process else None}")
+
+    child = Child(
+        name="worker0",
+        command=lambda: next(commands),
+        log_path=tmp_path / "w.log",
+        before_restart=before,
+        after_start=after,
+    )
+    supervisor = Supervisor([child], poll_interval=0.05)
+
+    async def scenario() -> None:
+        await supervisor.start_all()
+        first = child.process.pid if child.process else None
+        assert first is not None
+        watch = asyncio.create_task(supervisor.watch())
+        os.kill(first, signal.SIGKILL)
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if child.restarts == 1 and child.up:
+                break
+        assert child.up and child.running and child.process and child.process.pid != first
+        watch.cancel()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        supervisor.stop_all(timeout=2)
+    assert (
+        events[0].startswith("after") and events[1] == "before 1" and events[2].startswith("after")
+    )
+    assert not child.running
+
+
+def test_a_child_that_keeps_dying_fails_the_run_with_its_log(tmp_path: Path) -> None:
+    child = Child(
+        name="rollout3", command=lambda: CRASHER, log_path=tmp_path / "r.log", max_restarts=2
+    )
+    supervisor = Supervisor([child], poll_interval=0.05)
+
+    async def scenario() -> None:
+        await supervisor.start_all()
+        await supervisor.watch()
+
+    with pytest.raises(ChildFailed, match=r"rollout3 exited with code 3 .* restarted 2 times"):
+        try:
+            asyncio.run(scenario())
+        finally:
+            supervisor.stop_all(timeout=2)
+    assert (tmp_path / "r.log").read_text().count("boom: bad config") == 3
+
+
+def test_start_all_starts_stages_in_order_and_reports_unhealthy(tmp_path: Path) -> None:
+    order: list[str] = []
+
+    def command(name: str) -> list[str]:
+        order.append(name)
+        return SLEEPER
+
+    early = Child(name="engine0", command=lambda: command("engine0"), log_path=tmp_path / "e")
+    late = Child(
+        name="gateway",
+        command=lambda: command("gateway"),
+        log_path=tmp_path / "g",
+        stage=1,
+        url="http://127.0.0.1:9",  # nothing listens: never healthy
+        start_timeout=0.5,
+    )
+    supervisor = Supervisor([late, early])
+    with pytest.raises(ChildFailed, match="gateway"):
+        try:
+            asyncio.run(supervisor.start_all())
+        finally:
+            supervisor.stop_all(timeout=2)
+    assert order == ["engine0", "gateway"]

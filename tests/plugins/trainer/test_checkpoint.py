@@ -1,0 +1,69 @@
+"""Checkpoints: complete or absent, loadable by themselves, pruned, and exact about the data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from areal.core.types import Sample, Trajectory
+from areal.plugins.models.hf_io import load_model
+from areal.plugins.models.tiny import init_tiny
+from areal.plugins.trainer.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    ranges_to_set,
+    save_checkpoint,
+    set_to_ranges,
+)
+
+
+def test_ranges_round_trip() -> None:
+    values = {0, 1, 2, 5, 7, 8}
+    assert set_to_ranges(values) == [[0, 3], [5, 6], [7, 9]]
+    assert ranges_to_set(set_to_ranges(values)) == values
+    assert set_to_ranges([]) == []
+
+
+def test_save_load_prune(tmp_path: Path) -> None:
+    src = tmp_path / "model"
+    init_tiny(src, size="nano", seed=0)
+    model = load_model(src)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.tensor([[1, 2, 3]])).sum().backward()
+    optimizer.step()
+    sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 4, 5], reward=0.75)
+    pending = [Trajectory("s1", [sample], None, 1, metadata={"group": "task-3", "task_index": 3})]
+    out = tmp_path / "run"
+    for step in (1, 2, 3):
+        save_checkpoint(
+            out,
+            step=step,
+            model=model,
+            optimizer=optimizer,
+            state={"loop": {"version": step}},
+            pending=pending,
+            tokenizer_dir=src,
+            keep=2,
+        )
+    # A half-written checkpoint (no state.json) is never "the latest".
+    (out / "checkpoints" / "step-000009").mkdir()
+    latest = latest_checkpoint(out)
+    assert latest is not None and latest.name == "step-000003"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step")) == [
+        "step-000002",
+        "step-000003",
+        "step-000009",
+    ]
+    ckpt = load_checkpoint(latest)
+    assert ckpt.step == 3 and ckpt.state["loop"]["version"] == 3
+    assert ckpt.pending[0].session_id == "s1" and ckpt.pending[0].samples[0] == sample
+    # The model dir stands alone: weights, config and the tokenizer of the source model.
+    assert (ckpt.model_dir / "tokenizer.json").is_file()
+    reloaded = load_model(ckpt.model_dir)
+    for a, b in zip(model.parameters(), reloaded.parameters(), strict=True):
+        assert torch.equal(a, b)
+    state = torch.load(ckpt.optimizer_path, weights_only=True)
+    restored = torch.optim.AdamW(reloaded.parameters(), lr=1e-3)
+    restored.load_state_dict(state)
+    assert restored.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]

@@ -1,0 +1,155 @@
+"""End-to-end runs of ``areal train`` on the nano model: real engine, gateway, rollout workers,
+ZeroMQ queue and trainer, in both modes; processes killed mid-run; a resume that neither loses nor
+repeats a trajectory. Each run takes ~10-20 s (process start-up dominates)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from areal.core.run_config import RunConfig, run_config_from_dict
+from areal.plugins.trainer.checkpoint import latest_checkpoint, load_checkpoint
+from areal.plugins.trainer.runner import RunError, RunSummary, train
+
+
+def make_config(tmp: Path, **sections: dict[str, Any]) -> RunConfig:
+    data: dict[str, Any] = {
+        "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
+        "dataset": {"name": "tool_then_answer", "seed": 0},
+        "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 3},
+        "algorithm": {"group_size": 2},
+        "sampling": {"max_new_tokens": 8},
+        "inference": {"max_total_tokens": 4096},
+        "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
+        "agent": {"reward_source": "agent", "concurrency": 4, "episode_timeout_s": 60},
+        "logging": {"log_dir": str(tmp / "logs"), "save_interval": 100},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return run_config_from_dict(data)
+
+
+def read_log(tmp: Path) -> list[str]:
+    return (tmp / "logs" / "train.log").read_text().splitlines()
+
+
+def trained(out: Path) -> list[dict[str, Any]]:
+    path = out / "run" / "trained.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("enabled", [True, False], ids=["async", "sync"])
+def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
+    config = make_config(tmp_path, **{"async": {"enabled": enabled}})
+    summary = train(config, tmp_path / "out")
+
+    assert summary.steps == 3 and summary.version == 3
+    assert summary.stopped_by == "max_steps" and not summary.restarts
+    # Sync mode trains only on samples of the current version; async within the bound.
+    bound = 1 if enabled else 0
+    assert all(h["max_staleness"] <= bound for h in summary.history)
+    c = summary.counters
+    assert c["received"] == c["trained"] + c["dropped"] + c["buffered"]
+    assert c["trained"] == 3 * 4
+    lines = read_log(tmp_path)
+    assert sum(line.startswith("[train] step=") for line in lines) == 3
+    assert any(line.startswith("[rollout] step=1 generated=") for line in lines)
+    assert (tmp_path / "logs" / "metrics.jsonl").is_file()
+    checkpoint = latest_checkpoint(tmp_path / "out")
+    assert checkpoint is not None and checkpoint.name == "step-000003"
+    # Every trained trajectory is recorded once, with the task it answered.
+    audit = trained(tmp_path / "out")
+    assert len({r["session_id"] for r in audit}) == len(audit) == 12
+    assert all(isinstance(r["task_index"], int) for r in audit)
+
+
+def _children(pattern: str) -> list[psutil.Process]:
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if pattern in " ".join(proc.cmdline()):
+                found.append(proc)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_run_goes_on_when_a_worker_and_the_engine_are_killed(tmp_path: Path) -> None:
+    config = make_config(tmp_path, train={"max_steps": 6})
+    result: list[RunSummary | BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(train(config, tmp_path / "out"))
+        except BaseException as err:  # handed to the test thread
+            result.append(err)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        log = tmp_path / "logs" / "train.log"
+        _wait_for(lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1")
+        for proc in _children("areal.core.rollout_process") + _children("serve inference"):
+            proc.send_signal(signal.SIGKILL)
+    finally:
+        thread.join(timeout=240)
+    assert result, "the run did not finish"
+    summary = result[0]
+    assert isinstance(summary, RunSummary), summary
+    assert summary.steps == 6
+    assert summary.restarts.get("engine0") == 1 and summary.restarts.get("rollout0") == 1
+    # The restarted engine serves the trainer's newest weights (its catch-up), and training
+    # went on after the kill.
+    assert sum(line.startswith("[train]") for line in read_log(tmp_path)) == 6
+
+
+def test_a_process_that_keeps_dying_stops_the_run_with_its_name(tmp_path: Path) -> None:
+    config = make_config(tmp_path, agent={"entrypoint": "no_such_module_xyz:agent"})
+    with pytest.raises(RunError, match=r"rollout0 exited with code .* giving up"):
+        train(config, tmp_path / "out")
+    # Nothing is left running.
+    assert not _children("areal.gateway.server") and not _children("serve inference")
+
+
+def test_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    # A generous bound, so no buffered sample turns stale across the resume.
+    first = make_config(tmp_path, **{"async": {"staleness_threshold": 8}})
+    summary = train(first, out)
+    assert summary.steps == 3
+    checkpoint = load_checkpoint(latest_checkpoint(out) or out)
+    buffered = {t.session_id for t in checkpoint.pending}
+    seen_tasks = {r["task_index"] for r in trained(out)}
+    before = trained(out)
+
+    second = make_config(tmp_path, train={"max_steps": 6}, **{"async": {"staleness_threshold": 8}})
+    resumed = train(second, out, resume=True)
+    assert resumed.steps == 6 and resumed.version == 6
+    after = trained(out)[len(before) :]
+    assert {r["step"] for r in after} == {4, 5, 6}
+    first_ids = {r["session_id"] for r in before}
+    second_ids = [r["session_id"] for r in after]
+    assert not first_ids & set(second_ids), "a trajectory was trained twice"
+    assert len(second_ids) == len(set(second_ids))
+    # What the first run had received but not trained is trained first after the resume.
+    assert buffered <= set(second_ids[: len(buffered)])
+    # New episodes answer tasks the first run never trained.
+    fresh = [r for r in after if r["session_id"] not in buffered]
+    assert fresh and all(r["task_index"] not in seen_tasks for r in fresh)
+    c = resumed.counters
+    assert c["received"] == c["trained"] + c["dropped"] + c["buffered"]
