@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-DEMO_DIR ?= runs/demo
+DEMO_DIR ?= runs/quickstart
 CLAUDE_CODE_VERSION := 2.1.332
 
 .PHONY: setup demo test lint typecheck clean bench
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(PY) -m areal.demo --output-dir $(DEMO_DIR)
+	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench
@@ -46,6 +46,11 @@ bench-gateway: $(STAMP)
 	test -x $(LITELLM) || ($(PYTHON) -m venv $(VENV)/litellm && \
 		$(VENV)/litellm/bin/pip install --quiet 'litellm[proxy]')
 	$(PY) bench/gateway.py $(BENCH_ARGS)
+
+# Sync vs async RL runs against the pipeline bound, on 2 pinned cores (minutes; BENCH_ARGS: --quick).
+.PHONY: bench-async
+bench-async: $(STAMP)
+	$(PY) bench/async_vs_sync.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

@@ -1,22 +1,23 @@
-"""``calculator``: ask a calculator with the question's numbers, read its answer, then reply.
+"""``calculator``: learn an undocumented calculator's protocol by trial and error, then reply.
 
-The task ``make demo`` trains on. The user asks "What is 7 squared?"; turn 1 the model writes a
-calculator request, ``square 7``; the agent (the environment) runs it and answers in a user
-message, ``= 49``; turn 2 the model replies with the result. Two model calls per episode with the
-environment's feedback between them, written with nothing but the plain ``openai`` SDK.
+The task ``make demo`` trains on. The user asks "What is 7 squared?". Turn 1 the model writes a
+request to a calculator whose syntax it was never told; the agent (the environment) runs it and
+answers in a user message: ``= 49`` when it understood (only ``square N`` works), else
+``error: unknown command``. Turn 2 the model replies to the user; the grader reads only a bare
+number. Two model calls per episode with the environment's feedback between them, written with
+nothing but the plain ``openai`` SDK.
 
-Why a text protocol and not OpenAI tool calling (which :mod:`.tool_then_answer` uses): the chat
-template renders a tool spec into every prompt (~200 tokens of preamble for one tool), and a tiny
-model learns to copy a number from the question far more slowly when the question is 10 tokens
-out of 230 than when it is most of a 15-token prompt (measured: no progress in 60 GRPO steps with
-the tool preamble). A real policy reads both; the demo has five minutes on two cores.
+The format warm start (:func:`demonstration`) shows episodes of the right *shape* with requests
+and replies in eight and six styles at random (and random numbers), so it teaches what an
+episode looks like but not which request the calculator accepts or which reply the grader
+reads: that is what RL finds out, from the reward alone (0.6 the calculator understood the
+request, 0.4 the reply is a bare number). Whether the number is right is not rewarded.
 
-Reward in [0, 1] with partial credit, so RL has a gradient to climb from a format-only warm start
-(:func:`demonstration` shows random numbers, so it teaches the shape of an episode, not which
-number to copy): 0.2 for a well-formed request, 0.4 for its number equal to the question's, 0.4
-for a reply equal to the true result. One number, not two: a tiny random-init model has no
-copying circuit yet, and picking *which* of two digits to copy took it hundreds of steps even
-supervised (measured), while reading the one digit that varies is within reach of ~40 RL steps.
+Why this and not copying numbers from the question into a tool call (:mod:`.tool_then_answer`,
+which rewards exactly that): a tiny random-init model has no copying circuit, and building one
+took it hundreds of steps even fully supervised (measured), while learning which of a few
+behaviours the environment rewards takes it tens: the five minutes of ``make demo`` on two
+cores show the second, a real policy model the first.
 """
 
 from __future__ import annotations
@@ -32,13 +33,25 @@ if TYPE_CHECKING:
     from areal.core.rollout import Episode
 
 NAME = "calculator"
-DESCRIPTION = "Ask the calculator 'square N' with the question's digit, then reply its result."
+DESCRIPTION = "Find the calculator's request syntax and the grader's reply format by trial."
 
-REQUEST_MAX_TOKENS = 8
-REPLY_MAX_TOKENS = 4
-VALID_REQUEST = 0.2
-NUMBER = 0.4
-ANSWER = 0.4
+# What a warm-started model tries; only the first request style is the calculator's.
+REQUEST_STYLES = (
+    "square {n}",
+    "pow {n} 2",
+    "{n}^2",
+    "calc {n}*{n}",
+    "compute {n} times {n}",
+    "multiply {n} {n}",
+    "{n} squared",
+    "eval {n}**2",
+)
+REPLY_STYLES = ("{r}", "It is {r}.", "The answer is {r}", "{r}!", "Result: {r}", "= {r}")
+REQUEST_MAX_TOKENS = 10
+REPLY_MAX_TOKENS = 8
+UNDERSTOOD = 0.6
+BARE_NUMBER = 0.4
+UNKNOWN = "error: unknown command"
 
 _REQUEST = re.compile(r"\s*square (\d+)\s*")
 _INTEGER = re.compile(r"\s*(-?\d+)\s*")
@@ -56,14 +69,18 @@ def task(index: int, seed: int) -> dict[str, Any]:
 
 
 def demonstration(index: int, seed: int) -> dict[str, Any]:
-    """A format-only episode: the question, a request with RANDOM numbers, the calculator's true
-    answer to that request, and a reply equal to it."""
-    x = random.Random(f"{NAME}-demo:{seed}:{index}").randint(0, LARGEST)
+    """A format-only episode: the question, a request in a random style with a random number,
+    the calculator's true answer to it, and a reply in a random style."""
+    rng = random.Random(f"{NAME}-demo:{seed}:{index}")
+    x = rng.randint(0, LARGEST)
+    request = rng.choice(REQUEST_STYLES).format(n=x)
+    answer = calculate(request)
+    result = answer.removeprefix("= ") if answer != UNKNOWN else str(rng.randint(0, 81))
     messages = [
         {"role": "user", "content": task(index, seed)["question"]},
-        {"role": "assistant", "content": f"square {x}"},
-        {"role": "user", "content": calculate(f"square {x}")},
-        {"role": "assistant", "content": str(x * x)},
+        {"role": "assistant", "content": request},
+        {"role": "user", "content": answer},
+        {"role": "assistant", "content": rng.choice(REPLY_STYLES).format(r=result)},
     ]
     return {"messages": messages, "tools": []}
 
@@ -74,20 +91,19 @@ def parse_request(text: str) -> int | None:
 
 
 def calculate(text: str) -> str:
-    """The environment: ``square N`` -> ``= N*N``; anything else gets an error line."""
+    """The environment: ``square N`` -> ``= N*N``; anything else is not understood."""
     n = parse_request(text)
-    return "error: write square N" if n is None else f"= {n * n}"
+    return UNKNOWN if n is None else f"= {n * n}"
 
 
 def score(task: Mapping[str, Any], request: str, reply: str | None) -> Score:
-    n = parse_request(request)
+    """``call``: the calculator understood; ``a``: the reply is a bare number."""
     parts: dict[str, float] = {}
-    if n is not None:
-        parts["call"] = VALID_REQUEST
-        parts["a"] = NUMBER if n == task["n"] else 0.0
+    if parse_request(request) is not None:
+        parts["call"] = UNDERSTOOD
     match = _INTEGER.fullmatch(reply or "")
-    if match and int(match.group(1)) == task["n"] ** 2:
-        parts["answer"] = ANSWER
+    if match:
+        parts["a"] = BARE_NUMBER
     return Score(**parts)
 
 
@@ -98,7 +114,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     outcome.transcript = messages
     request = await _call(client, model, messages, REQUEST_MAX_TOKENS, outcome)
     messages.append({"role": "assistant", "content": request})
-    if max_calls < 2 or parse_request(request) is None:
+    if max_calls < 2:
         outcome.score = score(task, request, None)
         return outcome
     messages.append({"role": "user", "content": calculate(request)})
