@@ -68,7 +68,8 @@ def test_validate_seed_config_json() -> None:
 
 
 def test_validate_prints_warnings_on_stderr() -> None:
-    result = runner.invoke(make_app(), ["config", "validate", "configs/quickstart.yaml"])
+    args = ["config", "validate", "configs/quickstart.yaml", "--set", "model.init_tiny=null"]
+    result = runner.invoke(make_app(), args)
     assert result.exit_code == 0, result.output
     assert result.stdout == "configs/quickstart.yaml: valid (1 warning about this machine)\n"
     assert result.stderr == f"warning: {QUICKSTART_WARNING}\n"
@@ -83,7 +84,8 @@ def test_validate_clean_config(tmp_path: Path) -> None:
 
 
 def test_validate_strict_fails_on_warnings(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["config", "validate", "configs/quickstart.yaml", "--strict"]) == 1
+    args = ["config", "validate", "configs/quickstart.yaml", "--strict"]
+    assert main([*args, "--set", "model.init_tiny=null"]) == 1
     captured = capsys.readouterr()
     assert captured.out == "configs/quickstart.yaml: valid (1 warning about this machine)\n"
     assert captured.err == (
@@ -100,10 +102,10 @@ def test_validate_errors_json_and_one_line(capsys: pytest.CaptureFixture[str]) -
         "config": "configs/quickstart.yaml",
         "valid": False,
         "errors": [
-            "train.mini_batch_size: 6 does not divide train.global_batch_size 16; use a divisor "
+            "train.mini_batch_size: 6 does not divide train.global_batch_size 128; use a divisor "
             "such as 4",
-            "async.trigger_batch_size: 16 is more than async.queue_max_size 8, so a step could "
-            "never trigger; raise queue_max_size to at least 16",
+            "async.trigger_batch_size: 128 is more than async.queue_max_size 8, so a step could "
+            "never trigger; raise queue_max_size to at least 128",
         ],
         "warnings": [],
     }
@@ -112,7 +114,7 @@ def test_validate_errors_json_and_one_line(capsys: pytest.CaptureFixture[str]) -
     assert captured.out == ""
     assert captured.err == (
         "error: configs/quickstart.yaml: train.mini_batch_size: 6 does not divide "
-        "train.global_batch_size 16; use a divisor such as 4\n"
+        "train.global_batch_size 128; use a divisor such as 4\n"
     )
 
 
@@ -144,8 +146,8 @@ def test_show_prints_the_resolved_config() -> None:
         "rollout_workers": 1,
         "train_workers": 1,
         "staleness_threshold": 0,  # sync mode
-        "queue_max_size": 64,
-        "trigger_batch_size": 16,
+        "queue_max_size": 256,
+        "trigger_batch_size": 128,
     }
     expected = load_run_config("configs/quickstart.yaml", ["async.enabled=false"])
     assert shown == expected.model_dump(mode="json", by_alias=True)

@@ -97,12 +97,16 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
     config = load_run_config(QUICKSTART)
     assert (config.async_.rollout_workers, config.async_.train_workers) == (1, 1)
     assert (config.inference.backend, config.train.device) == ("embedded", "cpu")
-    assert check_machine(config, gpus=0) == [
+    assert check_machine(config, gpus=0) == []  # model.init_tiny creates it
+    no_init = load_run_config(QUICKSTART, ["model.init_tiny=null"])
+    assert check_machine(no_init, gpus=0) == [
         "model.path: runs/quickstart/model does not exist; create a tiny model there with "
         "`areal model init-tiny runs/quickstart/model` or point it at a checkpoint"
     ]
     (tmp_path / "model").mkdir()
-    moved = load_run_config(QUICKSTART, [f"model.path={tmp_path / 'model'}"])
+    moved = load_run_config(
+        QUICKSTART, [f"model.path={tmp_path / 'model'}", "model.init_tiny=null"]
+    )
     assert check_machine(moved, gpus=0) == []
 
 
@@ -111,13 +115,13 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
     [
         (
             ["train.mini_batch_size=6"],
-            "train.mini_batch_size: 6 does not divide train.global_batch_size 16; "
+            "train.mini_batch_size: 6 does not divide train.global_batch_size 128; "
             "use a divisor such as 4",
         ),
         (
-            ["async.trigger_batch_size=128"],
-            "async.trigger_batch_size: 128 is more than async.queue_max_size 64, so a step "
-            "could never trigger; raise queue_max_size to at least 128",
+            ["async.trigger_batch_size=512"],
+            "async.trigger_batch_size: 512 is more than async.queue_max_size 256, so a step "
+            "could never trigger; raise queue_max_size to at least 512",
         ),
         (
             ["train.parallelism.dp=2", "train.parallelism.tp=2"],
@@ -130,9 +134,9 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "data/context-parallel ranks); use a divisor of dp×cp",
         ),
         (
-            ["async.enabled=false", "train.global_batch_size=128", "train.mini_batch_size=8"],
-            "async.queue_max_size: 64 cannot hold one sync batch of train.global_batch_size 128; "
-            "raise it to at least 128",
+            ["async.enabled=false", "train.global_batch_size=512", "train.mini_batch_size=8"],
+            "async.queue_max_size: 256 cannot hold one sync batch of train.global_batch_size 512; "
+            "raise it to at least 512",
         ),
         (
             ["algorithm.advantage=rloo", "algorithm.group_size=1"],
@@ -140,8 +144,8 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "with the others); set group_size >= 2",
         ),
         (
-            ["sampling.max_new_tokens=20000"],
-            "sampling.max_new_tokens: 20000 exceeds inference.max_total_tokens 16384; "
+            ["sampling.max_new_tokens=40000"],
+            "sampling.max_new_tokens: 40000 exceeds inference.max_total_tokens 32768; "
             "lower it or raise the engine's capacity",
         ),
         (
@@ -162,9 +166,9 @@ def test_each_inconsistency_names_the_key_and_the_fix(overrides: list[str], expe
 
 def test_group_size_must_divide_the_batches() -> None:
     assert errors_of(["algorithm.group_size=6"]) == [
-        "train.global_batch_size: 16 is not a multiple of algorithm.group_size 6 (grpo trains "
+        "train.global_batch_size: 128 is not a multiple of algorithm.group_size 6 (grpo trains "
         "whole groups); use a multiple of 6",
-        "async.trigger_batch_size: 16 is not a multiple of algorithm.group_size 6 (grpo trains "
+        "async.trigger_batch_size: 128 is not a multiple of algorithm.group_size 6 (grpo trains "
         "whole groups); use a multiple of 6",
     ]
     # gae has no groups

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal.core.rewards import build_reward
 from areal.core.rollout import RolloutError, RolloutStats, RolloutWorker
 from areal.core.tasks import TaskStream, load_object, task_set
 
@@ -51,6 +52,7 @@ class WorkerSpec:
     model: str
     progress_path: str
     reward: str | None = None  # reward plugin for agents that return their answer as text
+    reward_options: dict[str, Any] = field(default_factory=dict)  # e.g. the judge's model id
     start: int = 0  # the first task index a fresh worker considers
     skip: list[list[int]] = field(default_factory=list)  # [start, end) ranges already trained
     report_interval: float = 10.0
@@ -107,9 +109,8 @@ async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:
     )
     reward_fn = None
     if spec.reward:
-        from areal.core.plugins import registry
-
-        reward_fn = registry("rewards").get(spec.reward, key="reward")
+        options = {"gateway_url": spec.gateway_url, **spec.reward_options}
+        reward_fn = build_reward(spec.reward, options)
     worker = RolloutWorker(
         spec.gateway_url,
         admin_token,

@@ -182,9 +182,11 @@ def worker_child(
     admin_token: str,
     start: int,
     skip: list[list[int]],
+    gateway_key: str | None = None,
     before_restart: Callable[[Child], Awaitable[None]] | None = None,
 ) -> Child:
     """Rollout worker ``index``: its spec file (no secrets), its progress file, its log."""
+    reward, reward_options = reward_plugin(config)
     spec = WorkerSpec(
         gateway_url=gateway_url,
         agent=config.agent.entrypoint,
@@ -197,7 +199,8 @@ def worker_child(
         max_turns=config.agent.max_turns,
         model=model_id,
         progress_path=str(run_dir / f"rollout{index}.progress.json"),
-        reward=_reward_plugin(config),
+        reward=reward,
+        reward_options=reward_options,
         start=start,
         skip=skip,
     )
@@ -207,16 +210,40 @@ def worker_child(
         name=f"rollout{index}",
         command=lambda: [sys.executable, "-m", "areal.core.rollout_process", str(spec_path)],
         log_path=log_dir / f"rollout{index}.log",
-        env={"AREAL_ADMIN_TOKEN": admin_token, "OMP_NUM_THREADS": "1"},
+        env={
+            "AREAL_ADMIN_TOKEN": admin_token,
+            "OMP_NUM_THREADS": "1",
+            # Plain calls (a judge's or reward model's) need the gateway's key.
+            **({"AREAL_GATEWAY_KEY": gateway_key} if gateway_key else {}),
+        },
         max_restarts=5,
         before_restart=before_restart,
         stage=2,
     )
 
 
-def _reward_plugin(config: RunConfig) -> str | None:
-    """For agents that return their final answer as text: the rule that scores it."""
-    return "exact_match" if config.agent.reward_source == "rule" else None
+def reward_plugin(config: RunConfig) -> tuple[str | None, dict[str, Any]]:
+    """How a worker scores an agent's text answer: ``rule`` is ``exact_match`` against the task's
+    ``answer``; ``judge`` / ``reward_model`` ask the router's model of that name through the
+    gateway; ``agent``: the agent gives (or posts) its reward itself; any other name is a
+    registered reward plugin."""
+    source = config.agent.reward_source
+    if source == "agent":
+        return None, {}
+    if source == "rule":
+        return "exact_match", {}
+    if source in ("judge", "reward_model"):
+        from areal.core.config import RouterConfig
+
+        routing = RouterConfig.load(config.agent.gateway_config or "").model_routing
+        route = routing.judge_model if source == "judge" else routing.reward_model
+        if route is None:
+            raise ValueError(
+                f"agent.reward_source: {source} needs model_routing.{source.removesuffix('_model')}"
+                f"_model in {config.agent.gateway_config}"
+            )
+        return source, {"model": route.model_id}
+    return source, {}
 
 
 def write_json(path: Path, data: Any) -> None:

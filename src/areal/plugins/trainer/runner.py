@@ -288,6 +288,7 @@ class _Run:
         config = self.config
         supervisor = Supervisor()
         admin_token = secrets.token_urlsafe(24)
+        gateway_key = secrets.token_urlsafe(24)
 
         async def catch_up(child: Child) -> None:
             """A (re)started engine loads the trainer's newest weights if it is behind."""
@@ -329,7 +330,7 @@ class _Run:
             version=lambda: self.version,
             log_dir=self.log_dir,
             admin_token=admin_token,
-            gateway_key=secrets.token_urlsafe(24),
+            gateway_key=gateway_key,
             after_start=announce,
         )
         supervisor.add(gateway_proc)
@@ -350,6 +351,7 @@ class _Run:
                     run_dir=self.run_dir,
                     log_dir=self.log_dir,
                     admin_token=admin_token,
+                    gateway_key=gateway_key,
                     start=start,
                     skip=skip,
                     before_restart=discard_sessions,
