@@ -47,7 +47,9 @@ def trained(out: Path) -> list[dict[str, Any]]:
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["async", "sync"])
 def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
-    config = make_config(tmp_path, **{"async": {"enabled": enabled}})
+    # The sync run also carries the KL-to-reference penalty (a frozen copy of the start).
+    algorithm = {} if enabled else {"kl_coef": 0.01}
+    config = make_config(tmp_path, algorithm=algorithm, **{"async": {"enabled": enabled}})
     summary = train(config, tmp_path / "out")
 
     assert summary.steps == 3 and summary.version == 3
@@ -55,6 +57,10 @@ def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     # Sync mode trains only on samples of the current version; async within the bound.
     bound = 1 if enabled else 0
     assert all(h["max_staleness"] <= bound for h in summary.history)
+    # Step 1 trains the reference's own samples: KL 0; later steps have moved away from it.
+    assert summary.history[0]["kl_ref"] == pytest.approx(0.0, abs=1e-4)
+    if not enabled:
+        assert any(h["kl_ref"] != 0.0 for h in summary.history[1:])
     c = summary.counters
     assert c["received"] == c["trained"] + c["dropped"] + c["buffered"]
     assert c["trained"] == 3 * 4

@@ -90,6 +90,8 @@ class TrainerLoop:
         start_version: int = 0,
         poll_timeout: float = 0.2,
         losses: Registry[Any] | None = None,
+        kl_coef: float = 0.0,
+        reference: DecoderForCausalLM | None = None,
     ) -> None:
         for name, value in (
             ("trigger_batch_size", trigger_batch_size),
@@ -121,6 +123,8 @@ class TrainerLoop:
             "max_grad_norm": max_grad_norm,
             "max_tokens": max_tokens,
             "losses": losses,
+            "kl_coef": kl_coef,
+            "reference": reference,
         }
         self.metrics = metrics
         self.version = start_version

@@ -165,6 +165,11 @@ class _Run:
         )
         if checkpoint:
             optimizer.load_state_dict(torch.load(checkpoint.optimizer_path, weights_only=True))
+        reference = None
+        if config.algorithm.kl_coef:
+            # The KL anchor is the policy the run started from (after the warm start), also
+            # after a resume.
+            reference = load_model(policy_dir, dtype=dtype).eval().requires_grad_(False)
 
         source = make_source(
             "zmq",
@@ -192,6 +197,8 @@ class _Run:
             behavior_weight_cap=config.algorithm.behavior_weight_cap,
             prox_logp=config.algorithm.prox_logp,
             max_grad_norm=config.train.max_grad_norm,
+            kl_coef=config.algorithm.kl_coef,
+            reference=reference,
             metrics=metrics,
             start_version=self.version,
         )

@@ -33,7 +33,7 @@ from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
 
-__all__ = ["PROX_LOGP_METHODS", "aligned_loss_mask", "token_logprobs", "train_step"]
+__all__ = ["PROX_LOGP_METHODS", "aligned_loss_mask", "reference_kl", "token_logprobs", "train_step"]
 
 PROX_LOGP_METHODS = ("recompute", "loglinear")
 
@@ -97,6 +97,8 @@ def train_step(
     max_grad_norm: float | None = None,
     max_tokens: int | None = None,
     losses: Registry[Any] | None = None,
+    kl_coef: float = 0.0,
+    reference: DecoderForCausalLM | None = None,
 ) -> dict[str, float]:
     """Train ``model`` on ``samples`` (one RL step) and return the step's averaged statistics.
 
@@ -105,7 +107,8 @@ def train_step(
     these very weights carry it), so the update produces ``current_version + 1``. ``max_tokens``
     caps a pack: a minibatch that does not fit is run as several packs whose gradients accumulate,
     weighted so the loss is still the mean over all the minibatch's valid tokens. ``losses`` is the
-    loss registry (default: the process-wide one).
+    loss registry (default: the process-wide one). With ``kl_coef > 0`` each sample's reward is
+    lowered by ``kl_coef ×`` its KL to ``reference`` (:func:`reference_kl`) before the advantages.
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
     ``n_minibatches``, and the loss statistics (``clip_fraction``, ``ratio_mean``, ...) averaged
@@ -126,14 +129,6 @@ def train_step(
     approx_prox = _resolve(losses.get("proximal/loglinear")) if prox_logp == "loglinear" else None
     device = next(model.parameters()).device
 
-    # 1. Advantages, [N, T] in the prediction-aligned layout.
-    token_adv = advantage_fn(
-        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
-        group_ids=torch.tensor(list(group_ids), dtype=torch.long),
-        loss_mask=aligned_loss_mask(samples),
-        **(advantage_options or {}),
-    ).to(device=device, dtype=torch.float32)
-
     # Minibatches by samples; each becomes one or more packs (sample_index made global).
     minibatches: list[list[PackedBatch]] = []
     for start in range(0, len(samples), mini_batch_size):
@@ -141,6 +136,22 @@ def train_step(
         for p in packs:
             p.sample_index += start
         minibatches.append([p.to(device) for p in packs])
+
+    # 1. Advantages, [N, T] in the prediction-aligned layout, from the rewards less the optional
+    # KL-to-reference penalty.
+    rewards = torch.tensor([s.reward for s in samples], dtype=torch.float32)
+    kl_ref = torch.zeros(len(samples))
+    if kl_coef:
+        if reference is None:
+            raise ValueError("kl_coef > 0 needs the reference model")
+        kl_ref = reference_kl(reference, minibatches, len(samples)).cpu()
+        rewards = rewards - kl_coef * kl_ref
+    token_adv = advantage_fn(
+        rewards=rewards,
+        group_ids=torch.tensor(list(group_ids), dtype=torch.long),
+        loss_mask=aligned_loss_mask(samples),
+        **(advantage_options or {}),
+    ).to(device=device, dtype=torch.float32)
 
     # 2. Proximal log-probs with the pre-update weights, before any optimizer step.
     prox: list[list[Tensor]] = []
@@ -199,7 +210,24 @@ def train_step(
     result["n_tokens"] = float(n_tokens)
     result["n_valid_tokens"] = float(n_valid)
     result["n_minibatches"] = float(len(grad_norms))
+    result["kl_ref"] = float(kl_ref.sum()) / denom  # per trained token
     return result
+
+
+def reference_kl(
+    reference: DecoderForCausalLM, minibatches: Sequence[Sequence[PackedBatch]], n_samples: int
+) -> Tensor:
+    """``[n_samples]``: Σ over each sample's generated tokens of log π_behav − log π_ref, the k1
+    estimate of KL(π ‖ π_ref) along the sampled sequence (the rollout's own log-probs stand for
+    π, as in AReaL and InstructGPT)."""
+    total = torch.zeros(n_samples, dtype=torch.float32)
+    with torch.no_grad():
+        for packs in minibatches:
+            for p in packs:
+                ref = token_logprobs(reference, p)
+                diff = torch.where(p.loss_mask, p.behavior_logprobs - ref, 0.0)
+                total.index_add_(0, p.sample_index.cpu(), diff.cpu())
+    return total
 
 
 def _resolve(entry: Any) -> Any:
