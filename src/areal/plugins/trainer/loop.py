@@ -332,6 +332,8 @@ class TrainerLoop:
                 "sync_seconds": sync_s,
                 **{k: v for k, v in self.counters().items() if k not in ("version", "steps")},
             }
+            if self.step_options["kl_coef"]:
+                values["kl_ref"] = stats["kl_ref"]
             self.metrics.write("train", self._steps, values)
         return result
 
