@@ -36,6 +36,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.losses.register",
     "areal.plugins.metrics.register",
     "areal.plugins.tasks.register",
+    "areal.adapters.register",
     "areal.cli.builtin_commands",
 )
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import logging
 import os
@@ -56,6 +57,7 @@ class WorkerSpec:
     start: int = 0  # the first task index a fresh worker considers
     skip: list[list[int]] = field(default_factory=list)  # [start, end) ranges already trained
     report_interval: float = 10.0
+    framework: str | None = None  # agent.framework: the adapter that wraps the agent
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -86,10 +88,40 @@ def _record(progress: Path, index: int) -> None:
     os.replace(tmp, progress)
 
 
-def resolve_agent(spec: WorkerSpec) -> Any:
-    """The agent function: the spec's entrypoint, else the built-in task set's own agent."""
-    if spec.agent:
-        return load_object(spec.agent)
+# Frameworks whose adapter wraps the user's code; any other names a harness that is the agent
+# itself (claude_code, openclaw), so a run needs no entrypoint for it.
+LIBRARY_FRAMEWORKS = ("python", "openai_sdk", "anthropic_sdk", "langchain")
+
+
+def resolve_agent(spec: WorkerSpec, pm: Any = None) -> Any:
+    """The :data:`~areal.core.rollout.AgentFn`: the spec's entrypoint (else the built-in task
+    set's own agent, else the harness ``agent.framework`` names), wrapped by that framework's
+    adapter.
+
+    A plain ``agent(episode)`` (framework ``python``, or a function whose one parameter is the
+    episode) and an ``areal.wrap(...)`` result run unchanged. Adapters are reached through the
+    plugin registry only (core never imports ``areal.adapters``); without a framework the
+    ``areal_wrap_agent`` hook chooses, as ``areal.wrap`` does.
+    """
+    from areal.core.plugins import get_plugin_manager, registry
+
+    framework = spec.framework
+    if not spec.agent and framework and framework not in LIBRARY_FRAMEWORKS:
+        return _agent_fn(registry("adapters", pm).get(framework, key="agent.framework")(framework))
+    agent = load_object(spec.agent) if spec.agent else _task_set_agent(spec)
+    if callable(getattr(agent, "agent_fn", None)):
+        return agent.agent_fn  # already wrapped
+    if framework == "python" or takes_episode(agent):
+        return agent
+    if framework is None:
+        wrapped = (pm or get_plugin_manager()).hook.areal_wrap_agent(agent=agent, options={})
+        if wrapped is None:
+            raise ValueError(f"agent.framework: no adapter knows how to run {spec.agent}")
+        return _agent_fn(wrapped)
+    return _agent_fn(registry("adapters", pm).get(framework, key="agent.framework")(agent))
+
+
+def _task_set_agent(spec: WorkerSpec) -> Any:
     name = spec.dataset.get("name")
     if not name:
         raise ValueError(
@@ -97,6 +129,24 @@ def resolve_agent(spec: WorkerSpec) -> Any:
             "(agent.entrypoint or --agent-config)"
         )
     return load_object(task_set(name).agent)
+
+
+def _agent_fn(adapter: Any) -> Any:
+    return adapter.agent_fn if callable(getattr(adapter, "agent_fn", None)) else adapter
+
+
+def takes_episode(agent: Any) -> bool:
+    """Whether ``agent`` is a plain ``agent(episode)``: one parameter, named ``episode`` or
+    annotated :class:`~areal.core.rollout.Episode` (string annotations included)."""
+    try:
+        params = list(inspect.signature(agent).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if len(params) != 1 or params[0].kind in (params[0].VAR_POSITIONAL, params[0].VAR_KEYWORD):
+        return False
+    annotation = params[0].annotation
+    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
+    return params[0].name == "episode" or named.rsplit(".", 1)[-1] == "Episode"
 
 
 async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:

@@ -190,6 +190,7 @@ def worker_child(
     spec = WorkerSpec(
         gateway_url=gateway_url,
         agent=config.agent.entrypoint,
+        framework=config.agent.framework,
         dataset=config.dataset.model_dump(),
         worker=index,
         workers=config.async_.rollout_workers,
