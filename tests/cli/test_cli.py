@@ -114,7 +114,14 @@ def test_plug_info_builtin() -> None:
     assert result.exit_code == 0, result.output
     assert "qwen3_moe" in result.stdout
     as_json = runner.invoke(make_app(), ["plug", "info", "areal.cli.builtin_commands", "--json"])
-    assert json.loads(as_json.stdout)["commands"] == ["train", "plug", "model", "serve", "config"]
+    assert json.loads(as_json.stdout)["commands"] == [
+        "train",
+        "plot",
+        "plug",
+        "model",
+        "serve",
+        "config",
+    ]
 
 
 def test_error_is_one_line_without_traceback(capsys: pytest.CaptureFixture[str]) -> None:
