@@ -280,6 +280,12 @@ class InferenceConfig(_Section):
     cpu_affinity: list[int] | None = Field(
         default=None, description="CPU cores the engine processes run on (default: any)."
     )
+    pause_mode: Literal["retract", "in_place"] = Field(
+        default="retract",
+        description="Weight updates: retract in-flight generations (re-prefilled on the new "
+        "weights: exact) or keep their KV cache (in_place: faster, keys/values of the old "
+        "weights).",
+    )
 
 
 # --- the whole run -----------------------------------------------------------------------------

@@ -136,6 +136,10 @@ class _Run:
 
     async def main(self) -> RunSummary:
         config, started = self.config, time.perf_counter()
+        if config.train.cpu_affinity:
+            # Before the first worker thread: Linux pins the calling thread, and threads (the one
+            # that runs train_step included) inherit the mask of the thread that creates them.
+            os.sched_setaffinity(0, set(config.train.cpu_affinity))
         for d in (self.out, self.log_dir, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob("rollout*.progress.json"):
@@ -154,8 +158,6 @@ class _Run:
         weights_dir = checkpoint.model_dir if checkpoint else policy_dir
 
         threads = _threads(config)
-        if config.train.cpu_affinity:
-            os.sched_setaffinity(0, set(config.train.cpu_affinity))
         torch.manual_seed(config.train.seed)
         torch.set_num_threads(threads)
         dtype = getattr(torch, config.model.dtype)
@@ -175,7 +177,7 @@ class _Run:
             "zmq",
             {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
         )
-        sync = DiskWeightSync([], self.out / "weights")
+        sync = DiskWeightSync([], self.out / "weights", pause_mode=config.inference.pause_mode)
         supervisor, gateway = self.processes(
             str(weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )

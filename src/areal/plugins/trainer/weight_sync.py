@@ -5,9 +5,13 @@ SGLang API (the embedded one or real SGLang) and needs no shared process group:
 
 1. **save**: the model's weights as safetensors into ``out_dir/v{version}``. They are written to a
    temporary sibling and renamed, so an engine never reads a half-written checkpoint.
-2. **pause**: ``/pause_generation`` with ``mode="retract"`` on every engine: in-flight sequences
-   keep their partial output, go back to the queue and resume on the new weights (interruptible
-   generation; their ``weight_versions`` record the switch).
+2. **pause**: ``/pause_generation`` on every engine, with ``pause_mode``: ``retract`` (default)
+   sends in-flight sequences back to the queue with their partial output, to be prefilled again
+   and resumed on the new weights (interruptible generation: exact, but each update costs the
+   engine a prefill of everything in flight); ``in_place`` keeps their KV caches and goes on with
+   the new weights (cheap; the tokens after the switch attend to keys and values of the previous
+   weights). Either way their ``weight_versions`` record the switch. bench/async_vs_sync.py
+   measured retract as what limits an async run on one CPU core (docs/benchmarks.md).
 3. **update**: ``/update_weights_from_disk`` with ``weight_version=str(version)`` on every engine.
 4. **continue**: ``/continue_generation`` on every engine.
 
@@ -29,7 +33,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.core.inference_client import InferenceClient, InferenceError
+from areal.core.inference_client import InferenceClient, InferenceError, PauseMode
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import save_model
 
@@ -69,10 +73,14 @@ class DiskWeightSync:
         pause_timeout: float = 60.0,
         update_timeout: float = 300.0,
         continue_timeout: float = 60.0,
+        pause_mode: PauseMode = "retract",
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1; got {keep}")
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
+        if pause_mode not in ("retract", "in_place"):
+            raise ValueError(f"pause_mode must be retract or in_place; got {pause_mode!r}")
+        self.pause_mode: PauseMode = pause_mode
         self.out_dir = Path(out_dir)
         self.keep = keep
         self.timeouts = {
@@ -96,7 +104,7 @@ class DiskWeightSync:
         start = time.perf_counter()
         path = await self._save(model, version)
         try:
-            await self._on_all("pause", lambda c: c.pause_generation(mode="retract"))
+            await self._on_all("pause", lambda c: c.pause_generation(mode=self.pause_mode))
             await self._on_all(
                 "update",
                 lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
