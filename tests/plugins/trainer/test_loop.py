@@ -257,3 +257,9 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "buffered": 0,
     }
     assert (tmp_path / "v2" / "model.safetensors").is_file()
+
+
+def test_weight_sync_pause_mode_is_checked(tmp_path: Path) -> None:
+    assert DiskWeightSync([], tmp_path, pause_mode="in_place").pause_mode == "in_place"
+    with pytest.raises(ValueError, match="retract or in_place"):
+        DiskWeightSync([], tmp_path, pause_mode="abort")

@@ -49,7 +49,11 @@ def trained(out: Path) -> list[dict[str, Any]]:
 def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     # The sync run also carries the KL-to-reference penalty (a frozen copy of the start).
     algorithm = {} if enabled else {"kl_coef": 0.01}
-    config = make_config(tmp_path, algorithm=algorithm, **{"async": {"enabled": enabled}})
+    # The async run updates the engine in place (the sync one retracts, the default).
+    inference = {"pause_mode": "in_place"} if enabled else {}
+    config = make_config(
+        tmp_path, algorithm=algorithm, inference=inference, **{"async": {"enabled": enabled}}
+    )
     summary = train(config, tmp_path / "out")
 
     assert summary.steps == 3 and summary.version == 3
