@@ -1,0 +1,56 @@
+"""``areal train`` without starting a run: --dry-run, config errors, and the seed's
+``python -m areal.train --agent-config`` mapping of AGENT_CONFIG onto run config keys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from areal import train as entry
+from areal.cli.main import main, make_app
+from areal.core.config import ConfigError
+
+runner = CliRunner()
+
+
+def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
+    args = ["train", "configs/quickstart.yaml", "--dry-run", "--set", "async.rollout_workers=2"]
+    result = runner.invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    body, _, tail = result.stdout.rpartition("# processes:")
+    assert yaml.safe_load(body)["async"]["rollout_workers"] == 2
+    assert tail.strip() == (
+        "1 embedded engine(s), 1 gateway, 2 rollout worker(s), 1 trainer rank(s); "
+        "output runs/quickstart"
+    )
+
+
+def test_a_bad_config_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "configs/quickstart.yaml", "--set", "train.max_steps=0"]) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: configs/quickstart.yaml: train.max_steps:") and err.count("\n") == 1
+    )
+
+
+def test_agent_config_keys_become_run_config_keys(tmp_path: Path) -> None:
+    agent = tmp_path / "agent_config.py"
+    agent.write_text(
+        "AGENT_CONFIG = {'model_base_url': 'http://elsewhere/v1', 'api_key': 'k', "
+        "'model_name': 'gpt-x', 'max_turns': 3, 'entrypoint': 'my_agent:run'}\n"
+    )
+    assert entry.agent_config_overrides(agent) == [
+        "agent.max_turns=3",
+        "agent.entrypoint=my_agent:run",
+    ]
+    config = entry.load("configs/quickstart.yaml", ["agent.max_turns=5"], str(agent))
+    # --set wins over the agent config; the URL, key and model name are per-episode, not kept.
+    assert (config.agent.max_turns, config.agent.entrypoint) == (5, "my_agent:run")
+    (tmp_path / "bad.py").write_text("X = 1\n")
+    with pytest.raises(ConfigError, match="must define AGENT_CONFIG"):
+        entry.agent_config_overrides(tmp_path / "bad.py")
+    with pytest.raises(ConfigError, match="does not exist"):
+        entry.agent_config_overrides(tmp_path / "missing.py")
