@@ -89,3 +89,16 @@ def test_bad_settings_and_misuse_are_refused() -> None:
         StalenessBudget(max_concurrent=0)
     with pytest.raises(RuntimeError, match="without a running episode"):
         StalenessBudget().finish(accepted=True)
+
+
+def test_episodes_dropped_as_stale_give_their_slots_back() -> None:
+    budget = StalenessBudget(trigger_batch_size=2, staleness_threshold=0)
+    assert budget.try_start() and budget.try_start() and not budget.try_start()
+    budget.finish(accepted=True)
+    budget.finish(accepted=True)
+    assert budget.capacity() == 0  # (0 + 0 + 1) × 2 = 2 accepted: full until the version moves
+    # The trainer dropped one of them as stale (a running total): one slot comes back, once.
+    assert budget.release_dropped(1) == 1 and budget.capacity() == 1
+    assert budget.release_dropped(1) == 0 and budget.capacity() == 1
+    assert budget.release_dropped(3) == 1  # accepted cannot go below zero
+    assert budget.snapshot().accepted == 0

@@ -405,3 +405,24 @@ def test_router_sampling_defaults_reach_the_engine(
         (2, 0.0, 0.7),
         (3, 0.9, 0.7),
     ]
+
+
+def test_version_route_gives_stale_drops_their_slots_back(start_gateway: Any) -> None:
+    budget = StalenessBudget(trigger_batch_size=1, staleness_threshold=0)
+    with start_gateway(budget=budget) as gw:
+        opened = create(gw).json()
+        session = gw.state.sessions.get(opened["session_id"])
+        generation = Generation("x", [5, 6], [-1.0, -2.0], [0, 0], [1, 2], finish_reason="stop")
+        assert gw.run(gw.state.sessions.record(session, model=gw.model, generation=generation))
+        ended = post(gw, f"/rl/sessions/{opened['session_id']}/end", gw.admin, {"reward": 1.0})
+        assert ended.status_code == 200
+        assert get(gw, "/rl/version", gw.admin).json()["capacity"] == 0  # 1 accepted: full
+        # The trainer dropped that episode as stale: its slot comes back, and only once.
+        snap = post(gw, "/rl/version", gw.admin, {"version": 0, "dropped": 1}).json()
+        assert (snap["accepted"], snap["capacity"]) == (0, 1)
+        assert (
+            post(gw, "/rl/version", gw.admin, {"version": 0, "dropped": 1}).json()["capacity"] == 1
+        )
+        for bad in (-1, "2", True):
+            answer = post(gw, "/rl/version", gw.admin, {"version": 0, "dropped": bad})
+            assert error_of(answer, 400)["param"] == "dropped"

@@ -82,6 +82,7 @@ class StalenessBudget:
         self._accepted = 0
         self._running = 0
         self._rejected = 0
+        self._released = 0  # accepted episodes the trainer dropped as stale, given back
         self._lock = threading.Lock()
 
     @property
@@ -129,6 +130,18 @@ class StalenessBudget:
                 self._accepted += 1
             else:
                 self._rejected += 1
+
+    def release_dropped(self, total_dropped: int) -> int:
+        """The trainer has now dropped ``total_dropped`` accepted episodes as stale (a running
+        total): they leave ``accepted``, so a drop does not shrink the look-ahead for good (the
+        episodes that outlive the bound are the long ones; keeping their slots would also bias
+        the run against long outputs). Returns how many slots this call freed."""
+        with self._lock:
+            new = max(0, total_dropped - self._released)
+            self._released += new
+            freed = min(new, self._accepted)  # never below zero (e.g. a restarted gateway)
+            self._accepted -= freed
+            return freed
 
     def set_version(self, version: int) -> None:
         """The trainer's weights are now ``version`` (the clock never moves back)."""

@@ -3,9 +3,11 @@ discarding a crashed rollout worker's sessions, and the reaper of idle sessions.
 
 Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
 
-- ``POST /rl/version`` ``{"version": N}``: the trainer's weights are now version ``N``. The clock
-  never moves back, and it also follows the versions the engines report on generated tokens
-  (whichever is further wins). Answers the budget snapshot, as does ``GET /rl/version``.
+- ``POST /rl/version`` ``{"version": N, "dropped": D}``: the trainer's weights are now version
+  ``N``. The clock never moves back, and it also follows the versions the engines report on
+  generated tokens (whichever is further wins). ``D`` (optional) is the running total of accepted
+  episodes the trainer dropped as stale: they give their admission slots back
+  (``StalenessBudget.release_dropped``). Answers the budget snapshot, as does ``GET /rl/version``.
 - ``POST /rl/sessions/discard`` ``{"metadata": {"worker": "3"}}``: end, as discarded, every open
   session whose metadata has all the given key/values (compared as JSON values: ``"3"`` is not
   ``3``); answers ``{"discarded": n, "session_ids": [...]}``. The run supervisor calls it when it
@@ -41,15 +43,19 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         from areal.gateway.app import read_json
 
         sessions.require_admin(request)
-        version = (await read_json(request)).get("version")
-        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
-            raise GatewayError(
-                400,
-                f"version must be a non-negative integer, got {version!r}",
-                param="version",
-                code="bad_version",
-            )
+        body = await read_json(request)
+        version, dropped = body.get("version"), body.get("dropped", 0)
+        for name, value in (("version", version), ("dropped", dropped)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise GatewayError(
+                    400,
+                    f"{name} must be a non-negative integer, got {value!r}",
+                    param=name,
+                    code=f"bad_{name}",
+                )
+        assert isinstance(version, int) and isinstance(dropped, int)
         sessions.budget.set_version(version)
+        sessions.budget.release_dropped(dropped)
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def discard(request: web.Request) -> web.Response:

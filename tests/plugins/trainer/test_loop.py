@@ -254,6 +254,7 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "dropped": 1,
         "dropped_stale": 1,
         "dropped_empty": 0,
+        "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone
         "buffered": 0,
     }
     assert (tmp_path / "v2" / "model.safetensors").is_file()

@@ -132,6 +132,7 @@ class TrainerLoop:
         self._buffer: deque[_Entry] = deque()
         self._received = self._trained = self._dropped_stale = self._dropped_empty = 0
         self._trajectories = 0
+        self._dropped_trajectories = 0  # episodes none of whose samples survived
         self._steps = 0
         # (session id, metadata) of each trajectory the last step trained: an audit trail.
         self.last_batch: list[tuple[str, dict[str, Any]]] = []
@@ -154,6 +155,7 @@ class TrainerLoop:
             "dropped": self._dropped_stale + self._dropped_empty,
             "dropped_stale": self._dropped_stale,
             "dropped_empty": self._dropped_empty,
+            "dropped_trajectories": self._dropped_trajectories,
             "buffered": self.buffered,
         }
 
@@ -177,6 +179,8 @@ class TrainerLoop:
         entry = _Entry(self._fresh(samples), group, trajectory.session_id, dict(meta))
         if entry.samples:
             self._buffer.append(entry)
+        elif samples:
+            self._dropped_trajectories += 1
 
     def _fresh(self, samples: list[Sample]) -> list[Sample]:
         """The samples within the staleness bound at the current version; the rest are counted."""
@@ -194,6 +198,7 @@ class TrainerLoop:
         """Whole trajectories totalling >= ``batch_size`` fresh samples, or ``None`` (not yet)."""
         for entry in list(self._buffer):
             entry.samples = self._fresh(entry.samples)
+        self._dropped_trajectories += sum(1 for e in self._buffer if not e.samples)
         self._buffer = deque(e for e in self._buffer if e.samples)
         if self.buffered < self.batch_size:
             return None
@@ -234,6 +239,7 @@ class TrainerLoop:
             "trained": self._trained,
             "dropped_stale": self._dropped_stale,
             "dropped_empty": self._dropped_empty,
+            "dropped_trajectories": self._dropped_trajectories,
         }
 
     def restore(self, state: dict[str, int], pending: list[Trajectory]) -> None:
@@ -245,6 +251,7 @@ class TrainerLoop:
         self._trained = int(state["trained"])
         self._dropped_stale = int(state["dropped_stale"])
         self._dropped_empty = int(state["dropped_empty"])
+        self._dropped_trajectories = int(state.get("dropped_trajectories", 0))
         self._buffer = deque(
             _Entry(list(t.samples), ("task", str(t.metadata["group"])), t.session_id, t.metadata)
             for t in pending

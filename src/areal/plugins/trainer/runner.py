@@ -104,6 +104,7 @@ class _Run:
         self.rollout_step = 0
         self._rollout_window: list[Trajectory] = []
         self.hub: MetricsHub | None = None
+        self.dropped_at_start = 0
 
     # --- 1. the policy ----------------------------------------------------------------------
 
@@ -207,13 +208,17 @@ class _Run:
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
         first_step = loop.state_dict()["steps"]
+        self.dropped_at_start = loop.counters()["dropped_trajectories"]
         history: list[dict[str, float]] = []
         last_saved = first_step
 
         async def on_step(result: dict[str, float]) -> None:
             nonlocal last_saved
             self.version = loop.version
-            await gateway.post("/rl/version", {"version": loop.version})
+            # Episodes dropped whole as stale give their admission slots back (the running total of
+            # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
+            dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
+            await gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
             self.audit(loop)
             await self.account(gateway, source, loop, metrics)
             step = int(result["step"])
