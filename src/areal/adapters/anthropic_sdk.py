@@ -13,11 +13,10 @@ its own pool costs 18.9 ms of CPU to build and close, one on the shared pool 0.0
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 from areal.adapters.base import LibraryAdapter, gateway_root
-from areal.core.rollout import Episode
+from areal.core.rollout import Episode, loop_http_pool
 
 
 class AnthropicAdapter(LibraryAdapter):
@@ -53,20 +52,8 @@ class AnthropicAdapter(LibraryAdapter):
         }
 
 
-_pools: dict[int, Any] = {}
-
-
 def _shared_pool() -> Any:
-    """This event loop's pooled HTTP client for episodes' ``AsyncAnthropic`` clients; closing an
-    episode's client leaves it open (it lives as long as the loop)."""
+    """This event loop's pooled HTTP client for episodes' ``AsyncAnthropic`` clients."""
     import anthropic
 
-    class _Shared(anthropic.DefaultAsyncHttpxClient):
-        async def aclose(self) -> None:  # owned by the process, not by one episode's client
-            return None
-
-    key = id(asyncio.get_running_loop())
-    if key not in _pools:
-        _pools.clear()  # a new loop: the old loop's pool cannot be used from it
-        _pools[key] = _Shared()
-    return _pools[key]
+    return loop_http_pool("anthropic", anthropic.DefaultAsyncHttpxClient)

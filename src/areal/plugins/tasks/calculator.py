@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score
+from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat
 
 if TYPE_CHECKING:
     from areal.core.rollout import Episode
@@ -112,13 +112,13 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     outcome = Outcome(score=Score())
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
     outcome.transcript = messages
-    request = await _call(client, model, messages, REQUEST_MAX_TOKENS, outcome)
+    request = str((await chat(client, model, messages, REQUEST_MAX_TOKENS, outcome)).content or "")
     messages.append({"role": "assistant", "content": request})
     if max_calls < 2:
         outcome.score = score(task, request, None)
         return outcome
     messages.append({"role": "user", "content": calculate(request)})
-    reply = await _call(client, model, messages, REPLY_MAX_TOKENS, outcome)
+    reply = str((await chat(client, model, messages, REPLY_MAX_TOKENS, outcome)).content or "")
     messages.append({"role": "assistant", "content": reply})
     outcome.score = score(task, request, reply)
     return outcome
@@ -132,15 +132,3 @@ async def agent(episode: Episode) -> float:
     finally:
         await client.close()
     return outcome.score.total
-
-
-async def _call(
-    client: Any, model: str, messages: list[dict[str, Any]], max_tokens: int, outcome: Outcome
-) -> str:
-    response = await client.chat.completions.create(
-        model=model, messages=list(messages), max_tokens=max_tokens
-    )
-    if response.usage is not None:
-        outcome.prompt_tokens.append(response.usage.prompt_tokens)
-        outcome.completion_tokens.append(response.usage.completion_tokens)
-    return str(response.choices[0].message.content or "")

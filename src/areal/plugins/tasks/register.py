@@ -9,23 +9,14 @@ from areal.plugins.tasks import calculator, tool_then_answer
 
 @hookimpl
 def areal_register_task_sets(register: Register) -> None:
-    register(
-        tool_then_answer.NAME,
-        TaskSet(
-            name=tool_then_answer.NAME,
-            description=tool_then_answer.DESCRIPTION,
-            task=tool_then_answer.task,
-            agent="areal.plugins.tasks.tool_then_answer:agent",
-            demonstration=tool_then_answer.demonstration,
-        ),
-    )
-    register(
-        calculator.NAME,
-        TaskSet(
-            name=calculator.NAME,
-            description=calculator.DESCRIPTION,
-            task=calculator.task,
-            agent="areal.plugins.tasks.calculator:agent",
-            demonstration=calculator.demonstration,
-        ),
-    )
+    for module in (tool_then_answer, calculator):
+        register(
+            module.NAME,
+            TaskSet(
+                name=module.NAME,
+                description=module.DESCRIPTION,
+                task=module.task,
+                agent=f"{module.__name__}:agent",
+                demonstration=module.demonstration,
+            ),
+        )

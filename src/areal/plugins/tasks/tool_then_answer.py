@@ -180,7 +180,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     outcome = Outcome(score=Score())
     messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
     outcome.transcript = messages
-    reply = await _call(client, model, messages, CALL_MAX_TOKENS, outcome)
+    reply = await chat(client, model, messages, CALL_MAX_TOKENS, outcome, tools=[ADD_TOOL])
     calls = reply.tool_calls or []
     messages.append(_assistant_message(reply))
     if not calls:
@@ -193,7 +193,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     for tool_call in calls:
         result = run_tool(tool_call.function.name, tool_call.function.arguments)
         messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": result})
-    final = await _call(client, model, messages, ANSWER_MAX_TOKENS, outcome)
+    final = await chat(client, model, messages, ANSWER_MAX_TOKENS, outcome, tools=[ADD_TOOL])
     messages.append(_assistant_message(final))
     outcome.score = score(task, first, None if final.tool_calls else final.content)
     return outcome
@@ -209,11 +209,18 @@ async def agent(episode: Episode) -> float:
     return outcome.score.total
 
 
-async def _call(
-    client: Any, model: str, messages: Sequence[dict[str, Any]], max_tokens: int, outcome: Outcome
+async def chat(
+    client: Any,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    max_tokens: int,
+    outcome: Outcome,
+    **extra: Any,
 ) -> Any:
+    """One model call of an episode (``extra``: e.g. ``tools``), its token counts kept in
+    ``outcome``; returns the reply's message."""
     response = await client.chat.completions.create(
-        model=model, messages=list(messages), tools=[ADD_TOOL], max_tokens=max_tokens
+        model=model, messages=list(messages), max_tokens=max_tokens, **extra
     )
     if response.usage is not None:
         outcome.prompt_tokens.append(response.usage.prompt_tokens)

@@ -146,16 +146,10 @@ class TrainerLoop:
 
     def counters(self) -> dict[str, int]:
         """Sample counters; ``received == trained + dropped + buffered`` always holds."""
+        state = self.state_dict()
         return {
-            "version": self.version,
-            "steps": self._steps,
-            "trajectories": self._trajectories,
-            "received": self._received,
-            "trained": self._trained,
-            "dropped": self._dropped_stale + self._dropped_empty,
-            "dropped_stale": self._dropped_stale,
-            "dropped_empty": self._dropped_empty,
-            "dropped_trajectories": self._dropped_trajectories,
+            **state,
+            "dropped": state["dropped_stale"] + state["dropped_empty"],
             "buffered": self.buffered,
         }
 

@@ -8,8 +8,6 @@ gateway key) travel in the children's environment only, never in files or comman
 
 from __future__ import annotations
 
-import json
-import os
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -245,9 +243,3 @@ def reward_plugin(config: RunConfig) -> tuple[str | None, dict[str, Any]]:
             )
         return source, {"model": route.model_id}
     return source, {}
-
-
-def write_json(path: Path, data: Any) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
