@@ -35,8 +35,8 @@ demo: $(STAMP)
 	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src tests bench
-	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/ruff check src tests bench examples
+	$(VENV)/bin/ruff format --check src tests bench examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

@@ -97,6 +97,12 @@ def test_an_episode_runs_through_the_gateway_and_is_recorded(cli: str, gateway: 
     assert calls and all(" status=200 " in x and "/v1/chat/completions" in x for x in calls)
 
 
+def test_a_fixed_key_variable_that_is_not_set_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NO_SUCH_OPENCLAW_KEY", raising=False)
+    with pytest.raises(ValueError, match="NO_SUCH_OPENCLAW_KEY is not set"):
+        OpenClawAdapter(fixed_key_env="NO_SUCH_OPENCLAW_KEY")
+
+
 def test_the_config_points_only_at_the_gateway_and_home_is_isolated(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -116,7 +116,11 @@ def test_plug_info_builtin() -> None:
     as_json = runner.invoke(make_app(), ["plug", "info", "areal.cli.builtin_commands", "--json"])
     assert json.loads(as_json.stdout)["commands"] == [
         "train",
+        "monitor",
         "plot",
+        "probe",
+        "check-channel",
+        "doctor",
         "plug",
         "model",
         "serve",

@@ -92,6 +92,10 @@ class EveryRegistry:
     def areal_register_task_sets(self, register):
         register("demo-tasks", "task set")
 
+    @hookimpl
+    def areal_register_monitor_panels(self, register):
+        register("demo-panel", lambda view: "panel")
+
 
 def test_every_register_hook_fills_its_registry(pm) -> None:
     pm.register(EveryRegistry(), name="areal-every")

@@ -42,6 +42,8 @@ class Adapter:
     def __init__(self, agent: Any, **options: Any) -> None:
         self.agent = agent
         self.options = options
+        # Added to the body of every session the rollout worker opens for this agent.
+        self.session_fields: dict[str, Any] = {}
 
     async def agent_fn(self, episode: Episode) -> Result:
         raise NotImplementedError

@@ -79,6 +79,9 @@ class OpenClawOptions:
     answer: bool = True
     work_root: str | None = None
     keep_workdir: bool = False
+    # One key per install: the variable holding it. Every episode's calls then carry this key and
+    # the gateway maps it to the episode's session (one episode at a time per key).
+    fixed_key_env: str | None = None
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> OpenClawOptions:
@@ -118,6 +121,14 @@ class OpenClawAdapter(Adapter):
         if config.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
         self.config = config
+        if config.fixed_key_env:
+            key = os.environ.get(config.fixed_key_env)
+            if not key:
+                raise ValueError(
+                    f"fixed_key_env: the environment variable {config.fixed_key_env} is not set "
+                    "(it must hold the key this OpenClaw install sends)"
+                )
+            self.session_fields = {"api_key": key}
 
     async def agent_fn(self, episode: Episode) -> float | str | None:
         opts = self.config

@@ -1,18 +1,27 @@
 """``areal train CONFIG``: one asynchronous RL run (engines, gateway, rollout workers, trainer).
 
 Example: ``areal train configs/quickstart.yaml --set train.max_steps=5``. torch is imported only
-when the run starts, so ``areal train --help`` and config errors stay fast.
+when the run starts, so ``areal train --help`` and config errors stay fast. On a terminal the live
+monitor (``areal monitor``'s view) is drawn below the log lines; otherwise the log lines are all.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
+import threading
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from areal.cli.errors import CLIError
 from areal.core.config import ConfigError
+
+if TYPE_CHECKING:
+    from areal.core.run_config import RunConfig
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def train_command(
@@ -51,7 +60,53 @@ def train_command(
             f"{run.train_workers} trainer rank(s); output {out}"
         )
         return
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    code = entry.run(run_config, out, resume=resume)
+    names = run_config.logging.metric_sinks
+    if _on_terminal() and (names is None or "events" in names):
+        code = _run_with_monitor(run_config, out, resume)
+    else:
+        logging.basicConfig(level="INFO", format=LOG_FORMAT)
+        code = entry.run(run_config, out, resume=resume)
     if code:
         raise typer.Exit(code)
+
+
+def _on_terminal() -> bool:
+    return sys.stdout.isatty()
+
+
+def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool) -> int:
+    """The run, with the live monitor drawn by a thread subscribed to the run's own events (the
+    same view as ``areal monitor``); log lines scroll above it."""
+    from rich.console import Console
+    from rich.logging import RichHandler
+
+    from areal import train as entry
+    from areal.cli.monitor import live, source
+
+    console = Console()
+    handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S")
+    logging.basicConfig(level="INFO", format="%(name)s: %(message)s", handlers=[handler])
+    log_dir = Path(run_config.logging.log_dir)
+    previous = (source.read_events_file(log_dir) or {}).get("run")
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():  # the run writes a fresh events.json once its sinks are up
+            info = source.read_events_file(log_dir) or {}
+            if info.get("run") not in (None, previous) and isinstance(info.get("address"), str):
+                subscriber = source.Subscriber(info["address"])
+                try:
+                    live.follow(subscriber, console, panels=live.plugin_panels(), stop=stop)
+                finally:
+                    subscriber.close()
+                return
+            stop.wait(0.2)
+
+    watcher = threading.Thread(target=watch, name="areal-monitor", daemon=True)
+    watcher.start()
+    try:
+        return entry.run(run_config, out, resume=resume)
+    finally:
+        watcher.join(timeout=2.0)  # time to draw the run's ``end`` event
+        stop.set()
+        watcher.join(timeout=2.0)

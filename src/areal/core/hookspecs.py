@@ -105,6 +105,18 @@ def areal_wrap_agent(agent: Any, options: dict[str, Any]) -> Any:
 
 
 @hookspec
+def areal_register_monitor_panels(register: Register) -> None:
+    """Add panels to the live monitor (``areal monitor``, ``areal train`` on a terminal):
+    ``register(name, render)``, where ``render(view)`` returns a rich renderable.
+
+    ``view`` is the monitor's read-only state, built from the run's published events:
+    ``view.latest(event) -> dict`` (the newest values of an event such as ``"train"``) and
+    ``view.series(event, key) -> list[float]`` (that key's history, oldest first). ``render`` is
+    called on every refresh, so it must be cheap and must not raise for missing keys.
+    """
+
+
+@hookspec
 def areal_register_commands(cli: Any) -> None:
     """Add commands or command groups to the ``areal`` typer app (``cli.add_typer(...)``,
     ``cli.command()(...)``). Heavy imports belong inside the commands, not at module level."""

@@ -51,6 +51,7 @@ REGISTRY_HOOKS: dict[str, str] = {
     "metric_sinks": "metric sink",
     "adapters": "adapter",
     "task_sets": "task set",
+    "monitor_panels": "monitor panel",
 }
 
 

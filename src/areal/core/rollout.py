@@ -157,6 +157,9 @@ class RolloutWorker:
         max_wait_s: float = 600.0,
         request_timeout_s: float = 60.0,
         metadata: Mapping[str, Any] | None = None,
+        session_fields: Mapping[str, Any] | None = None,
+        train: bool = True,
+        gateway_log: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -173,6 +176,9 @@ class RolloutWorker:
         self.max_wait_s = max_wait_s
         self.request_timeout_s = request_timeout_s
         self.metadata = dict(metadata or {})  # added to every session's metadata
+        self.session_fields = dict(session_fields or {})  # e.g. {"api_key": fixed key}
+        self.train = train  # False: sessions end discarded, nothing reaches the trainer
+        self.gateway_log = gateway_log  # named when the gateway cannot be reached
         self.last_stats: RolloutStats | None = None  # the counters of the current/last run
 
     async def run(
@@ -248,7 +254,9 @@ class RolloutWorker:
         metadata = {**self.metadata, "task_id": task_id, "group": group, "sample": sample}
         if "task_index" in task:
             metadata["task_index"] = task["task_index"]
-        opened = await self._open(http, stats, {"metadata": metadata, "task_id": task_id})
+        opened = await self._open(
+            http, stats, {**self.session_fields, "metadata": metadata, "task_id": task_id}
+        )
         sid = opened["session_id"]
         episode = Episode(
             task=task,
@@ -271,23 +279,34 @@ class RolloutWorker:
             stats.timed_out += 1
             stats.errors["TimeoutError"] += 1
             log.warning(
-                "episode %s (task %r) timed out after %ss", sid, task_id, self.episode_timeout_s
+                "episode %s (task %r) timed out after %ss (the worker's episode_timeout_s)",
+                sid,
+                task_id,
+                self.episode_timeout_s,
             )
+            await self._before_end(http, episode)
             await self._discard(http, sid)
             return
         except Exception as err:
             stats.failed += 1
             stats.errors[type(err).__name__] += 1
             log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
+            await self._before_end(http, episode)
             await self._discard(http, sid)
             return
+        await self._before_end(http, episode)
+        body: dict[str, Any] = {} if reward is None else {"reward": reward}
         ended = await self._post(
-            http, f"/rl/sessions/{sid}/end", {} if reward is None else {"reward": reward}
+            http, f"/rl/sessions/{sid}/end", body if self.train else {"discard": True}
         )
         stats.finished += 1
         stats.sent += bool(ended.get("sent"))
         if reward is not None:
             stats.rewards.append(reward)
+
+    async def _before_end(self, http: aiohttp.ClientSession, episode: Episode) -> None:
+        """Called while the episode's session is still open, whatever the outcome (a probe
+        reads the session's trace here)."""
 
     async def _play(self, episode: Episode) -> float | None:
         """Run the agent and turn what it returns into the episode's reward."""
@@ -321,6 +340,8 @@ class RolloutWorker:
                         return await _json_or_raise(resp, "open a session")
                     wait = _retry_after(resp.headers.get("Retry-After"))
                     message = await resp.text()
+            except aiohttp.ClientConnectionError as err:
+                raise RolloutError(self._unreachable(err)) from err
             except aiohttp.ClientError as err:
                 raise RolloutError(
                     f"the gateway at {self.gateway_url} failed to open a session: {err!r}"
@@ -342,10 +363,18 @@ class RolloutWorker:
         try:
             async with http.post(self._url(path), json=body, headers=self._auth()) as resp:
                 return await _json_or_raise(resp, f"POST {path}")
+        except aiohttp.ClientConnectionError as err:
+            raise RolloutError(self._unreachable(err)) from err
         except aiohttp.ClientError as err:
             raise RolloutError(
                 f"the gateway at {self.gateway_url} failed on POST {path}: {err!r}"
             ) from err
+
+    def _unreachable(self, err: BaseException) -> str:
+        from areal.core.reachability import describe_unreachable
+
+        why = describe_unreachable(self.gateway_url, log_path=self.gateway_log)
+        return f"cannot reach the gateway at {self.gateway_url} ({type(err).__name__}): {why}"
 
     def _url(self, path: str) -> str:
         return self.gateway_url + path

@@ -58,6 +58,7 @@ class WorkerSpec:
     skip: list[list[int]] = field(default_factory=list)  # [start, end) ranges already trained
     report_interval: float = 10.0
     framework: str | None = None  # agent.framework: the adapter that wraps the agent
+    gateway_log: str | None = None  # named in the message when the gateway cannot be reached
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(asdict(self), indent=2) + "\n")
@@ -135,6 +136,13 @@ def _agent_fn(adapter: Any) -> Any:
     return adapter.agent_fn if callable(getattr(adapter, "agent_fn", None)) else adapter
 
 
+def session_fields(agent: Any) -> dict[str, Any]:
+    """What the agent's adapter adds to each session it opens (a fixed key, say)."""
+    owner = getattr(agent, "__self__", agent)  # agent_fn is a bound method of its adapter
+    fields = getattr(owner, "session_fields", None)
+    return dict(fields) if isinstance(fields, dict) else {}
+
+
 def takes_episode(agent: Any) -> bool:
     """Whether ``agent`` is a plain ``agent(episode)``: one parameter, named ``episode`` or
     annotated :class:`~areal.core.rollout.Episode` (string annotations included)."""
@@ -161,16 +169,19 @@ async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:
     if spec.reward:
         options = {"gateway_url": spec.gateway_url, **spec.reward_options}
         reward_fn = build_reward(spec.reward, options)
+    agent = resolve_agent(spec)
     worker = RolloutWorker(
         spec.gateway_url,
         admin_token,
-        resolve_agent(spec),
+        agent,
         reward_fn=reward_fn,
         concurrency=spec.concurrency,
         episode_timeout_s=spec.episode_timeout_s,
         max_turns=spec.max_turns,
         model=spec.model,
         metadata={"worker": str(spec.worker)},
+        session_fields=session_fields(agent),
+        gateway_log=spec.gateway_log,
     )
     progress = Path(spec.progress_path)
 

@@ -177,7 +177,8 @@ class LoggingConfig(_Section):
     keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept on disk.")
     metric_sinks: list[str] | None = Field(
         default=None,
-        description="Metric sinks; default: train_log, jsonl, and tensorboard when installed.",
+        description="Metric sinks; default: train_log, jsonl, events (for the live monitor), "
+        "and tensorboard when installed.",
     )
 
 

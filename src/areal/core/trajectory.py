@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from areal.core.types import Completion, Sample, Trajectory
@@ -77,6 +78,45 @@ def merge_completions(completions: Sequence[Completion]) -> list[Sample]:
             samples.append(_start(completion))
         _append(samples[-1], completion)
     return samples
+
+
+@dataclass(frozen=True)
+class TurnJoin:
+    """How one turn joined the episode's samples: ``start`` (the first), ``merged`` (its prompt
+    extends the sample so far token for token) or ``split`` (a new sample; ``diverged_at`` is the
+    first index where its prompt differs from the sample's tokens)."""
+
+    turn: int
+    how: str
+    sample: int
+    diverged_at: int | None = None
+
+
+def join_report(completions: Sequence[Completion]) -> list[TurnJoin]:
+    """:func:`merge_completions`' decisions, turn by turn, with where each split's prefix broke."""
+    joins: list[TurnJoin] = []
+    current: list[int] = []
+    n_samples = 0
+    for completion in sorted(completions, key=lambda c: c.turn):
+        prompt = list(completion.prompt_ids)
+        if not joins:
+            how, at = "start", None
+        elif extends(current, prompt):
+            how, at = "merged", None
+        else:
+            how, at = "split", first_difference(current, prompt)
+        n_samples += how != "merged"
+        current = prompt + list(completion.output_ids)  # a merged sample's tokens, too
+        joins.append(TurnJoin(completion.turn, how, n_samples - 1, at))
+    return joins
+
+
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
+    """The first index where ``a`` and ``b`` differ (the shorter length when one is a prefix)."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
 
 
 def discounted_returns(

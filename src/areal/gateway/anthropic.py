@@ -400,13 +400,16 @@ def forced_call_schema(chat: ChatRequest) -> dict[str, Any]:
     return one(names[0]) if len(names) == 1 else {"anyOf": [one(n) for n in names]}
 
 
-def render_prompt(state: GatewayState, chat: ChatRequest) -> list[int]:
-    """The prompt ids: the chat, the prefill, and for a forced call the parser's opening tag."""
+def render_prompt(
+    state: GatewayState, chat: ChatRequest, history: list[int] | None = None
+) -> list[int]:
+    """The prompt ids: the chat, the prefill, and for a forced call the parser's opening tag
+    (``history``: the episode's tokens so far, see :meth:`PolicyService.render`)."""
     prefix = chat.prefill
     if chat.forced:
         prefix += state.policy.tool_parser.forced_prefix()
     tools = chat.tools if chat.choice != "none" else None
-    return state.policy.render(chat.messages, tools, prefix)
+    return state.policy.render(chat.messages, tools, prefix, history=history)
 
 
 # --- the reply -------------------------------------------------------------------------------
@@ -495,7 +498,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     episode = Episode.of(request, state, body)
     request[LOG_FIELDS].update(model=chat.model, route="local")
 
-    prompt_ids = render_prompt(state, chat)
+    prompt_ids = render_prompt(state, chat, episode.history(request))
     extra: dict[str, Any] = {}
     if "top_k" in options:
         extra["top_k"] = options["top_k"]

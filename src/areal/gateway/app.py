@@ -63,6 +63,7 @@ class GatewayState:
 STATE = web.AppKey("state", GatewayState)
 CALLER = web.RequestKey("caller", Caller)
 LOG_FIELDS = web.RequestKey("log", dict)  # what a handler adds to its gateway.log line
+BOUND_SESSION = "_bound_session"  # in LOG_FIELDS, not logged: a hint-bound call's session
 
 
 def state_of(request: web.Request) -> GatewayState:
@@ -154,6 +155,9 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             caller.session.busy -= 1
             caller.session.touch()
         info = request[LOG_FIELDS]
+        traced = caller.session or info.pop(BOUND_SESSION, None)
+        if traced is not None and not is_rl_path(request.path):
+            traced.note_call(path=request.path, model=info.get("model"), status=status)
         state.access_log.write(
             session=caller.session.session_id if caller.session else info.get("session"),
             model=info.get("model"),
@@ -191,7 +195,7 @@ async def health(request: web.Request) -> web.Response:
 
 
 def build_app(state: GatewayState) -> web.Application:
-    from areal.gateway import anthropic, models, openai_chat, openai_responses, rl_control
+    from areal.gateway import anthropic, models, openai_chat, openai_responses, rl_control, trace
 
     app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
@@ -200,6 +204,7 @@ def build_app(state: GatewayState) -> web.Application:
         module.add_routes(app, API_PREFIXES)
     state.sessions.add_routes(app, RL_PREFIXES)
     rl_control.add_routes(app, RL_PREFIXES, state.sessions)
+    trace.add_routes(app, RL_PREFIXES)
     reaper = rl_control.IdleReaper(state.sessions)
 
     async def on_startup(app: web.Application) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.gateway.app import LOG_FIELDS, GatewayState, caller_of
+from areal.gateway.app import BOUND_SESSION, LOG_FIELDS, GatewayState, caller_of
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
 from areal.gateway.sessions import Session
@@ -57,9 +57,19 @@ class Episode:
         bound = state.sessions.hint(hint)
         if bound is not None:
             bound.touch()  # activity, as a call with its key would be
+            request[LOG_FIELDS][BOUND_SESSION] = bound
         name = bound.session_id if bound is not None else hint
         request[LOG_FIELDS]["session"] = re.sub(r"[^A-Za-z0-9._:@-]", "_", name)
         return cls(name, bound)
+
+    def history(self, request: web.Request) -> list[int] | None:
+        """The tokens of this episode so far: its latest completion's prompt and output (what
+        :meth:`PolicyService.render` may reuse); None outside a session or before its first call."""
+        session = caller_of(request).session or self.bound
+        if session is None or not session.completions:
+            return None
+        last = max(session.completions, key=lambda c: c.turn)
+        return list(last.prompt_ids) + list(last.output_ids)
 
     async def record(
         self, request: web.Request, state: GatewayState, gen: Generation

@@ -548,8 +548,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             code="model_not_found",
         )
     request[LOG_FIELDS].update(route="local")
-    chat = parse_request(body, state.policy.tool_parser, Episode.of(request, state, body))
-    prompt_ids = state.policy.render(chat.messages, chat.plan.tools, chat.plan.prefix)
+    episode = Episode.of(request, state, body)
+    chat = parse_request(body, state.policy.tool_parser, episode)
+    prompt_ids = state.policy.render(
+        chat.messages, chat.plan.tools, chat.plan.prefix, history=episode.history(request)
+    )
     if chat.stream:
         return await stream_completion(request, state, chat, prompt_ids)
     return await complete(request, state, chat, prompt_ids)

@@ -39,6 +39,7 @@ from areal.gateway.chat_messages import (
     tool_names,
     type_name,
 )
+from areal.gateway.episodes import Episode
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation, TextDeltas
 
@@ -452,7 +453,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     request[LOG_FIELDS].update(model=state.policy.model_id, route="local")
     parser = state.policy.tool_parser
     req = parse_request(body, parser)
-    prompt_ids = state.policy.render(req.messages, req.plan.tools, req.plan.prefix)
+    history = Episode().history(request)  # a session key's calls (responses have no hints)
+    prompt_ids = state.policy.render(req.messages, req.plan.tools, req.plan.prefix, history=history)
     constraint = req.constraint
     sampling = state.policy.sampling(
         len(prompt_ids),

@@ -121,8 +121,20 @@ class PolicyService:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         prefix: str = "",
+        *,
+        history: Sequence[int] | None = None,
     ) -> list[int]:
-        """Prompt token ids for an OpenAI-shaped chat (plus a forced ``prefix`` of the reply)."""
+        """Prompt token ids for an OpenAI-shaped chat (plus a forced ``prefix`` of the reply).
+
+        ``history``: the tokens of the episode so far (its last call's prompt and output). When
+        the rendered chat's text starts with exactly their text, the prompt reuses those tokens
+        and only the new text is tokenized: a generated output that does not survive decode ->
+        re-encode (a character split across tokens, runs of newlines the tokenizer would merge,
+        tokens at the prompt/output boundary) then still extends the episode token for token, so
+        the turns merge into one sample and the engine reuses its cached prefix. Text that differs
+        (an agent that edited history, a template that re-renders past turns) falls back to
+        tokenizing the whole chat.
+        """
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=True
@@ -131,7 +143,13 @@ class PolicyService:
             raise GatewayError(
                 400, f"messages cannot be rendered with the policy's chat template: {err}"
             ) from None
-        ids: list[int] = self.tokenizer.encode(str(text) + prefix, add_special_tokens=False)
+        text = str(text) + prefix
+        if history:
+            head = self.tokenizer.decode(list(history), clean_up_tokenization_spaces=False)
+            if head and text.startswith(head):
+                rest: list[int] = self.tokenizer.encode(text[len(head) :], add_special_tokens=False)
+                return list(history) + rest
+        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
         return ids
 
     def sampling(

@@ -9,12 +9,15 @@ then sets rewards and ends the session; ``end`` turns the completions into a
 
 Routes, under ``/rl`` and ``/gateway/rl``:
 
-- ``POST /rl/sessions`` (admin) ``{"metadata": {...}, "task_id": ..., "hint": ...}`` ->
-  ``{"session_id", "api_key"}``; ``429`` + ``Retry-After`` when the staleness budget is full.
+- ``POST /rl/sessions`` (admin) ``{"metadata": {...}, "task_id": ..., "hint": ...,
+  "api_key": optional fixed key}`` -> ``{"session_id", "api_key"}``; ``429`` + ``Retry-After``
+  when the staleness budget is full (or another open session holds the fixed key).
 - ``POST /rl/sessions/{id}/reward`` ``{"reward": float, "completion_id": optional}``: a turn's
   reward, or the episode's when no completion is named (the last value set wins).
 - ``POST /rl/sessions/{id}/end`` ``{"reward": optional float, "discard": optional bool}``.
 - ``GET /rl/sessions/{id}``: status. ``GET /rl/sessions`` (admin): open sessions and the budget.
+- ``GET /rl/sessions/{id}/trace`` (:mod:`areal.gateway.trace`): the calls and how the turns
+  merged, for ``areal probe``.
 
 The routes a training run adds (the version clock, discarding by metadata) and the idle reaper
 live in :mod:`areal.gateway.rl_control`; a session is *active* while a call made with its key
@@ -36,6 +39,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +58,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("areal.gateway.sessions")
 
 ENDED_KEPT = 4096  # ended sessions whose status can still be asked for
+CALLS_KEPT = 256  # calls remembered per session (for probes; the access log has them all)
+KEY_MIN_CHARS = 16
 
 
 @dataclass
@@ -73,6 +79,13 @@ class Session:
     summary: dict[str, Any] | None = None
     last_active: float = field(default_factory=time.monotonic, repr=False)
     busy: int = field(default=0, repr=False)  # calls with this session's key still running
+    calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
+
+    def note_call(self, **call: Any) -> None:
+        """Remember one API call made for this episode (path, model asked for, status), so a
+        probe can tell "the agent never called" from "it called and was refused"."""
+        if len(self.calls) < CALLS_KEPT:
+            self.calls.append(call)
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
@@ -220,10 +233,25 @@ class SessionManager:
         metadata: dict[str, Any] | None = None,
         task_id: Any = None,
         hint: str | None = None,
+        api_key: str | None = None,
     ) -> Session:
-        """Start an episode if the staleness budget has room (else a 429 with Retry-After)."""
+        """Start an episode if the staleness budget has room (else a 429 with Retry-After).
+
+        ``api_key``: a key chosen by the driver instead of a fresh one, for agents that keep one
+        key per install (OpenClaw in some setups). Each session holding it is one episode; while
+        one is open, opening another with the same key answers 429, so such episodes run one at
+        a time per key.
+        """
         if self._closed:
             raise GatewayError(503, "the gateway is shutting down; no new sessions")
+        if api_key is not None and api_key in self._by_key:
+            raise GatewayError(
+                429,
+                "a session holding this fixed key is still open (one episode at a time per "
+                "fixed key); retry after 1s",
+                code="session_key_busy",
+                headers={"Retry-After": "1"},
+            )
         if not self.budget.try_start():
             snap = self.budget.snapshot()
             wait = max(1, math.ceil(self.budget.retry_after_s))
@@ -236,7 +264,7 @@ class SessionManager:
             )
         session = Session(
             session_id="s_" + secrets.token_hex(8),
-            api_key="areal-session-" + secrets.token_urlsafe(32),
+            api_key=api_key or "areal-session-" + secrets.token_urlsafe(32),
             metadata=dict(metadata or {}),
             task_id=task_id,
             hint=hint,
@@ -395,7 +423,7 @@ class SessionManager:
                 code="admin_required",
             )
 
-    def _session_for(self, request: web.Request) -> Session:
+    def session_for(self, request: web.Request) -> Session:
         """The session in the path, if the caller is the admin or that session itself."""
         from areal.gateway.app import LOG_FIELDS
 
@@ -437,7 +465,8 @@ class SessionManager:
         task_id = body.get("task_id")
         if task_id is not None and not isinstance(task_id, (str, int)):
             raise GatewayError(400, "task_id must be a string or an integer", param="task_id")
-        session = self.open(metadata=metadata, task_id=task_id, hint=hint)
+        api_key = _fixed_key(body.get("api_key"), request)
+        session = self.open(metadata=metadata, task_id=task_id, hint=hint, api_key=api_key)
         request[LOG_FIELDS]["session"] = session.session_id
         return web.json_response({"session_id": session.session_id, "api_key": session.api_key})
 
@@ -446,6 +475,8 @@ class SessionManager:
         return web.json_response(
             {
                 "open": sorted(self._by_id),
+                # for the live monitor: in-flight episodes per rollout worker
+                "open_by_worker": _count_by_worker(self._by_id.values()),
                 "budget": self.budget.snapshot().to_json(),
                 "discount": self.discount,
                 "idle_timeout": self.idle_timeout,
@@ -455,12 +486,12 @@ class SessionManager:
         )
 
     async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self._session_for(request).status())
+        return web.json_response(self.session_for(request).status())
 
     async def _reward(self, request: web.Request) -> web.Response:
         from areal.gateway.app import read_json
 
-        session = self._session_for(request)
+        session = self.session_for(request)
         body = await read_json(request)
         reward = _reward_value(body.get("reward"), required=True)
         assert reward is not None
@@ -473,7 +504,7 @@ class SessionManager:
         )
 
     async def _end(self, request: web.Request) -> web.Response:
-        session = self._session_for(request)
+        session = self.session_for(request)
         body = await _optional_json(request)
         reward = _reward_value(body.get("reward"), required=False)
         discard = body.get("discard", False)
@@ -482,6 +513,29 @@ class SessionManager:
         if reward is not None:
             self.set_reward(session, reward)
         return web.json_response(await self.end(session, discard=discard))
+
+
+def _fixed_key(value: Any, request: web.Request) -> str | None:
+    """A driver-chosen session key: long enough, no whitespace, not the gateway's own keys."""
+    from areal.gateway.app import state_of
+
+    if value is None:
+        return None
+    if not isinstance(value, str) or len(value) < KEY_MIN_CHARS or any(c.isspace() for c in value):
+        raise GatewayError(
+            400,
+            f"api_key must be a string of at least {KEY_MIN_CHARS} characters without whitespace",
+            param="api_key",
+        )
+    state = state_of(request)
+    if value in (state.gateway_key, state.admin_token):
+        raise GatewayError(
+            400,
+            "api_key must differ from the gateway key and the admin token (calls made with "
+            "those are never recorded into a session)",
+            param="api_key",
+        )
+    return value
 
 
 def _reward_value(value: Any, *, required: bool) -> float | None:
@@ -501,3 +555,13 @@ async def _optional_json(request: web.Request) -> dict[str, Any]:
     if not (await request.read()).strip():
         return {}
     return await read_json(request)
+
+
+def _count_by_worker(sessions: Iterable[Session]) -> dict[str, int]:
+    """Open sessions per ``metadata["worker"]`` (sessions without one are not counted)."""
+    counts: dict[str, int] = {}
+    for session in sessions:
+        worker = session.metadata.get("worker")
+        if worker is not None:
+            counts[str(worker)] = counts.get(str(worker), 0) + 1
+    return counts

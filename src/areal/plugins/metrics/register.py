@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.core.hookspecs import Register, hookimpl
-from areal.core.metrics import MetricValue
+from areal.core.metrics import MetricSink, MetricValue
 from areal.plugins.metrics.jsonl import jsonl_metric_sink
 from areal.plugins.metrics.train_log import train_log_sink
 
@@ -57,9 +57,18 @@ def tensorboard_sink(options: dict[str, Any]) -> TensorBoardSink:
     return TensorBoardSink(Path(log_dir) / "tensorboard")
 
 
+def events_sink(options: dict[str, Any]) -> MetricSink:
+    """The ZeroMQ publisher; imported on use, so start-up does not pay for zmq."""
+    from areal.plugins.metrics.events_pub import events_sink as make
+
+    return make(options)
+
+
 @hookimpl
 def areal_register_metric_sinks(register: Register) -> None:
-    """``train_log`` and ``jsonl`` (``options.log_dir``), and the optional ``tensorboard``."""
+    """``train_log`` and ``jsonl`` (``options.log_dir``), the optional ``tensorboard``, and
+    ``events`` (ZeroMQ PUB for ``areal monitor``)."""
     register("train_log", train_log_sink)
     register("jsonl", jsonl_metric_sink)
     register("tensorboard", tensorboard_sink)
+    register("events", events_sink)

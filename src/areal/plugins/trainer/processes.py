@@ -202,6 +202,7 @@ def worker_child(
         reward_options=reward_options,
         start=start,
         skip=skip,
+        gateway_log=str(log_dir / "gateway.out"),
     )
     spec_path = run_dir / f"rollout{index}.json"
     spec.save(spec_path)

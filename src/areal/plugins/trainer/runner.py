@@ -11,7 +11,8 @@ The story of :func:`train`, top to bottom:
    rollout workers (running the agent once per task sample).
 3. **The trainer loop** in this process: trajectories in, decoupled-PPO steps, every new
    version published to the engines by disk and announced to the gateway's staleness clock;
-   ``[train]``, ``[rollout]``, ``accounting`` events to the metric sinks; a checkpoint every
+   ``[train]``, ``[rollout]``, ``accounting`` and ``sync`` events to the metric sinks (with a
+   ``run`` event first and an ``end`` event last, for the live monitor); a checkpoint every
    ``logging.save_interval`` steps.
 4. **The end** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers
    stop first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then
@@ -36,7 +37,7 @@ from typing import Any
 import torch
 
 from areal.core.inference_client import InferenceClient
-from areal.core.metrics import MetricsHub, make_metric_sink
+from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.queue import TrajectorySource, make_source
 from areal.core.run_config import RunConfig
 from areal.core.supervisor import Child, ChildFailed, Supervisor
@@ -103,8 +104,15 @@ class _Run:
         self.stopped_by = "max_steps"
         self.rollout_step = 0
         self._rollout_window: list[Trajectory] = []
+        self._arrivals = _ArrivalWindow()
         self.hub: MetricsHub | None = None
         self.dropped_at_start = 0
+        # For the live monitor: episodes received per rollout worker, generated tokens of each
+        # received trajectory until it is trained, and the supervisor (restart counts).
+        self.worker_episodes: dict[str, int] = {}
+        self._tokens_of: dict[str, int] = {}
+        self.tokens_trained = 0
+        self.supervisor: Supervisor | None = None
 
     # --- 1. the policy ----------------------------------------------------------------------
 
@@ -183,10 +191,12 @@ class _Run:
             str(weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )
         metrics = self.hub = self.metrics()
+        self.supervisor = supervisor
+        observed = _ObservedSource(source, self.observe, config.async_.queue_max_size)
         loop = TrainerLoop(
             model,
             optimizer,
-            _ObservedSource(source, self.observe),
+            observed,
             _SupervisedSync(sync, supervisor, self.publish_lock),
             trigger_batch_size=config.async_.trigger_batch_size,
             global_batch_size=config.train.global_batch_size,
@@ -209,6 +219,7 @@ class _Run:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
         first_step = loop.state_dict()["steps"]
         self.dropped_at_start = loop.counters()["dropped_trajectories"]
+        metrics.write("run", first_step, self.run_values())
         history: list[dict[str, float]] = []
         last_saved = first_step
 
@@ -220,14 +231,16 @@ class _Run:
             dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
             await gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
             self.audit(loop)
-            await self.account(gateway, source, loop, metrics)
             step = int(result["step"])
+            metrics.write("sync", step, _sync_values(result, sync.last_phases, loop.version))
+            await self.account(gateway, observed, loop, metrics)
             if step % config.logging.save_interval == 0:
                 await asyncio.to_thread(self.save, loop, tokenizer_dir)
                 last_saved = step
 
         self.install_signal_handlers()
         checkpoint_path = None
+        failure = ""
         try:
             try:
                 await supervisor.start_all()
@@ -271,10 +284,19 @@ class _Run:
             else:
                 found = latest_checkpoint(self.out)
                 checkpoint_path = str(found) if found else None
+        except BaseException as exc:
+            failure = str(exc) or type(exc).__name__
+            raise
         finally:
             await asyncio.to_thread(supervisor.stop_all)
             source.close()
             await sync.close()
+            end: dict[str, MetricValue] = {
+                "stopped_by": self.stopped_by,
+                "version": loop.version,
+                "error": failure,
+            }
+            metrics.write("end", loop.state_dict()["steps"], end)
             metrics.close()
         summary = RunSummary(
             steps=loop.state_dict()["steps"],
@@ -380,7 +402,7 @@ class _Run:
 
         names = self.config.logging.metric_sinks
         if names is None:
-            names = ["train_log", "jsonl"]
+            names = ["train_log", "jsonl", "events"]
             if importlib.util.find_spec("tensorboard") is not None:
                 names.append("tensorboard")
         return MetricsHub({n: make_metric_sink(n, {"log_dir": str(self.log_dir)}) for n in names})
@@ -390,13 +412,18 @@ class _Run:
         index = trajectory.metadata.get("task_index")
         if isinstance(index, int):
             self.seen_tasks.add(index)
+        worker = str(trajectory.metadata.get("worker", "?"))
+        self.worker_episodes[worker] = self.worker_episodes.get(worker, 0) + 1
+        self._tokens_of[trajectory.session_id] = sum(sum(s.loss_mask) for s in trajectory.samples)
         self._rollout_window.append(trajectory)
+        self._arrivals.add(trajectory, self.version)
         samples = sum(len(t.samples) for t in self._rollout_window)
         if samples >= self.config.async_.trigger_batch_size:
             self.rollout_step += 1
             window, self._rollout_window = self._rollout_window, []
             rewards = [t.reward for t in window if t.reward is not None]
             tokens = sum(sum(s.loss_mask) for t in window for s in t.samples)
+            arrivals = self._arrivals.take()
             if self.hub is None:
                 return
             self.hub.write(
@@ -407,21 +434,45 @@ class _Run:
                     "tokens": tokens,
                     "reward": sum(rewards) / len(rewards) if rewards else 0.0,
                     "episodes": len(window),
+                    **arrivals,
                 },
             )
+
+    def run_values(self) -> dict[str, MetricValue]:
+        """The ``run`` event: the limits the monitor draws its bars and warnings against."""
+        config = self.config
+        return {
+            "max_steps": config.train.max_steps,
+            "staleness_threshold": config.async_.staleness_threshold,
+            "queue_max_size": config.async_.queue_max_size,
+            "trigger_batch_size": config.async_.trigger_batch_size,
+            "rollout_workers": config.async_.rollout_workers,
+            "version": self.version,
+        }
 
     async def account(
         self,
         gateway: GatewayHandle,
-        source: TrajectorySource,
+        observed: _ObservedSource,
         loop: TrainerLoop,
         metrics: MetricsHub,
     ) -> None:
-        """``started = trained + dropped + in flight + queued``, from both ends of the queue."""
+        """``started = trained + dropped + in flight + queued``, from both ends of the queue;
+        plus, for the live monitor, episodes per rollout worker, the queue's time at
+        ``queue_max_size``, tokens trained and process restarts."""
+        source = observed.source
         status = await gateway.get("/rl/sessions") or {}
         budget = status.get("budget") or {}
         counters = loop.counters()
-        values = {
+        for session_id, _meta in loop.last_batch:
+            self.tokens_trained += self._tokens_of.pop(session_id, 0)
+        if len(self._tokens_of) > 100_000:  # dropped episodes are never trained: forget the oldest
+            for stale in list(self._tokens_of)[:50_000]:
+                del self._tokens_of[stale]
+        running: dict[str, Any] = status.get("open_by_worker") or {}
+        workers = {str(w) for w in running} | set(self.worker_episodes)
+        children = self.supervisor.children if self.supervisor else []
+        values: dict[str, MetricValue] = {
             "episodes_running": int(budget.get("running", 0)),
             "episodes_sent": int(budget.get("accepted", 0)),
             "episodes_discarded": int(budget.get("rejected", 0)),
@@ -430,7 +481,14 @@ class _Run:
             "samples_trained": counters["trained"],
             "samples_dropped": counters["dropped"],
             "samples_buffered": counters["buffered"],
+            "queue_full_seconds": round(observed.full_seconds(), 3),
+            "tokens_trained": self.tokens_trained,
+            "sessions_expired": int(status.get("expired", 0)),
+            "restarts": sum(c.restarts for c in children),
         }
+        for worker in sorted(workers, key=lambda w: (len(w), w)):
+            values[f"rollout{worker}_running"] = int(running.get(worker, 0))
+            values[f"rollout{worker}_episodes"] = self.worker_episodes.get(worker, 0)
         metrics.write("accounting", counters["steps"], values)
 
     def audit(self, loop: TrainerLoop) -> None:
@@ -476,18 +534,63 @@ class _Run:
                 loop.add_signal_handler(sig, on_signal)
 
 
-class _ObservedSource:
-    """The trajectory queue, with every trajectory shown to ``observe`` as the trainer takes it."""
+class _ArrivalWindow:
+    """A rollout batch's samples by staleness on arrival (``"12,3"``: 12 samples 0 versions behind
+    the trainer when they reached it, 3 one behind), and the newest policy version among them."""
 
-    def __init__(self, source: TrajectorySource, observe: Callable[[Trajectory], None]) -> None:
+    def __init__(self) -> None:
+        self.hist: list[int] = []
+        self.newest = -1
+
+    def add(self, trajectory: Trajectory, trainer_version: int) -> None:
+        for sample in trajectory.samples:
+            generated = set(sample.versions)  # a set: C speed on long samples; -1: prompt tokens
+            generated.discard(-1)
+            if not generated:
+                continue
+            self.newest = max(self.newest, max(generated))
+            lag = max(0, trainer_version - min(generated))
+            self.hist.extend([0] * (lag + 1 - len(self.hist)))
+            self.hist[lag] += 1
+
+    def take(self) -> dict[str, MetricValue]:
+        values: dict[str, MetricValue] = {
+            "version": self.newest,
+            "staleness_hist": ",".join(map(str, self.hist)),
+        }
+        self.hist, self.newest = [], -1
+        return values
+
+
+class _ObservedSource:
+    """The trajectory queue, with every trajectory shown to ``observe`` as the trainer takes it,
+    and the time it spent full (back-pressure on the rollout side), sampled at each take."""
+
+    def __init__(
+        self, source: TrajectorySource, observe: Callable[[Trajectory], None], limit: int
+    ) -> None:
         self.source = source
         self.observe = observe
+        self.limit = limit
+        self._full_s = 0.0
+        self._last = time.monotonic()
+        self._was_full = False
 
     async def aget(self, timeout: float | None = None) -> Trajectory | None:
+        self.full_seconds()
         trajectory = await self.source.aget(timeout)
         if trajectory is not None:
             self.observe(trajectory)
         return trajectory
+
+    def full_seconds(self) -> float:
+        """Seconds the queue was at ``queue_max_size`` so far (as seen at each sample)."""
+        now = time.monotonic()
+        if self._was_full:
+            self._full_s += now - self._last
+        self._last = now
+        self._was_full = self.source.buffered >= self.limit
+        return self._full_s
 
 
 class _SupervisedSync:
@@ -542,6 +645,15 @@ def _threads(config: RunConfig) -> int:
         return len(config.train.cpu_affinity)
     cores = os.cpu_count() or 1
     return max(1, cores // (1 + config.inference.engines))
+
+
+def _sync_values(
+    result: dict[str, float], phases: dict[str, float], version: int
+) -> dict[str, MetricValue]:
+    """The ``sync`` event: the weight sync that made ``version``, with its phases' seconds."""
+    values: dict[str, MetricValue] = {"version": version, "seconds": result["sync_seconds"]}
+    values.update((f"{phase}_seconds", seconds) for phase, seconds in phases.items())
+    return values
 
 
 def _advantage_options(config: RunConfig) -> dict[str, Any] | None:

@@ -90,6 +90,8 @@ class DiskWeightSync:
             "continue": continue_timeout,
         }
         self._clients: dict[str, InferenceClient] = {}
+        # Seconds of each phase of the last publish, for the live monitor.
+        self.last_phases: dict[str, float] = {}
 
     def version_dir(self, version: int) -> Path:
         return self.out_dir / f"v{version}"
@@ -103,16 +105,25 @@ class DiskWeightSync:
         """Save, pause, update, continue (module docstring); the seconds the whole sync took."""
         start = time.perf_counter()
         path = await self._save(model, version)
+        saved = time.perf_counter()
         try:
             await self._on_all("pause", lambda c: c.pause_generation(mode=self.pause_mode))
+            paused = time.perf_counter()
             await self._on_all(
                 "update",
                 lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
             )
+            updated = time.perf_counter()
         except WeightSyncError:
             await self._resume_quietly()
             raise
         await self._on_all("continue", lambda c: c.continue_generation())
+        self.last_phases = {
+            "save": saved - start,
+            "pause": paused - saved,
+            "update": updated - paused,
+            "continue": time.perf_counter() - updated,
+        }
         self._prune()
         return time.perf_counter() - start
 
