@@ -18,14 +18,21 @@ runner = CliRunner()
 
 def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
     args = ["train", "configs/quickstart.yaml", "--dry-run", "--set", "async.rollout_workers=2"]
+    args += ["--set", "inference.cpu_affinity=[0]", "--set", "async.staleness_threshold=3"]
     result = runner.invoke(make_app(), args)
     assert result.exit_code == 0, result.output
-    body, _, tail = result.stdout.rpartition("# processes:")
+    body, _, tail = result.stdout.rpartition("# plan (nothing is started):")
     assert yaml.safe_load(body)["async"]["rollout_workers"] == 2
-    assert tail.strip() == (
-        "1 embedded engine(s), 1 gateway, 2 rollout worker(s), 1 trainer rank(s); "
-        "output runs/quickstart"
-    )
+    rows = [line.removeprefix("#   ") for line in tail.strip().splitlines()]
+    assert [row.split()[0] for row in rows] == [
+        "engine0", "gateway", "rollout0", "rollout1", "trainer", "output",
+    ]  # fmt: skip
+    engine, gateway, rollout, _, trainer, output = rows
+    assert "embedded on 127.0.0.1:<free port at start>, cpu (cores 0)" in engine
+    assert "ZeroMQ queue" in gateway and "staleness_threshold 3" in gateway
+    assert "openai_sdk on task set calculator, 128 episodes at once" in rollout
+    assert trainer.startswith("trainer    1 rank(s) (dp 1 tp 1 pp 1 cp 1 ep 1), fsdp on ")
+    assert output.startswith("output     runs/quickstart (checkpoint every 20 steps")
 
 
 def test_a_bad_config_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:

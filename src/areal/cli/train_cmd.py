@@ -52,13 +52,10 @@ def train_command(
         raise CLIError(str(err)) from None
     out = output_dir or entry.default_output_dir(str(config))
     if dry_run:
+        from areal.cli.dry_run import plan_lines
+
         typer.echo(run_config.to_yaml())
-        run = run_config.async_
-        typer.echo(
-            f"# processes: {run_config.inference.engines} {run_config.inference.backend} "
-            f"engine(s), 1 gateway, {run.rollout_workers} rollout worker(s), "
-            f"{run.train_workers} trainer rank(s); output {out}"
-        )
+        typer.echo("\n".join(plan_lines(run_config, out)))
         return
     names = run_config.logging.metric_sinks
     if _on_terminal() and (names is None or "events" in names):

@@ -287,6 +287,14 @@ class InferenceConfig(_Section):
         "weights: exact) or keep their KV cache (in_place: faster, keys/values of the old "
         "weights).",
     )
+    weight_sync: Literal["disk", "collective"] = Field(
+        default="disk",
+        description="How new weights reach the engines: safetensors on a shared disk, or a "
+        "collective broadcast (gloo to the embedded engine, NCCL to SGLang).",
+    )
+    weight_sync_bucket_mb: int = Field(
+        default=64, ge=1, description="collective: the most MB broadcast per bucket."
+    )
 
 
 # --- the whole run -----------------------------------------------------------------------------

@@ -141,12 +141,17 @@ class Experts(nn.Module):
     def forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
     ) -> torch.Tensor:
-        """x: [T, H]; expert_ids, weights: [T, K]. Loops over the experts that got tokens."""
+        """x: [T, H]; expert_ids, weights: [T, K]. Loops over the experts that got tokens.
+
+        Under expert parallelism the weights are sharded DTensors and the ids local to this rank's
+        shard (the trainer routes the tokens); the loop then runs on the local shard.
+        """
+        gate_w, up_w, down_w = (_local(p) for p in (self.gate_proj, self.up_proj, self.down_proj))
         out = torch.zeros_like(x)
         flat_ids = expert_ids.reshape(-1)
         token_of = torch.arange(x.shape[0], device=x.device).repeat_interleave(expert_ids.shape[1])
         order = torch.argsort(flat_ids, stable=True)
-        counts = torch.bincount(flat_ids, minlength=self.gate_proj.shape[0]).tolist()
+        counts = torch.bincount(flat_ids, minlength=gate_w.shape[0]).tolist()
         flat_w = weights.reshape(-1)
         start = 0
         for e, n in enumerate(counts):
@@ -156,10 +161,16 @@ class Experts(nn.Module):
             start += n
             tokens = token_of[sel]
             h = x[tokens]
-            h = F.silu(h @ self.gate_proj[e].t()) * (h @ self.up_proj[e].t())
-            h = (h @ self.down_proj[e].t()) * flat_w[sel, None].to(h.dtype)
+            h = F.silu(h @ gate_w[e].t()) * (h @ up_w[e].t())
+            h = (h @ down_w[e].t()) * flat_w[sel, None].to(h.dtype)
             out.index_add_(0, tokens, h)
         return out
+
+
+def _local(weight: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of a weight sharded from outside (a DTensor), else the weight itself."""
+    to_local = getattr(weight, "to_local", None)
+    return to_local() if callable(to_local) else weight
 
 
 class MoE(nn.Module):

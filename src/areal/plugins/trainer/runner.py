@@ -36,12 +36,11 @@ from typing import Any
 
 import torch
 
-from areal.core.inference_client import InferenceClient
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.queue import TrajectorySource, make_source
 from areal.core.run_config import RunConfig
 from areal.core.supervisor import Child, ChildFailed, Supervisor
-from areal.core.types import Trajectory, version_number
+from areal.core.types import Trajectory
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.trainer.checkpoint import (
     latest_checkpoint,
@@ -50,6 +49,7 @@ from areal.plugins.trainer.checkpoint import (
     save_checkpoint,
     set_to_ranges,
 )
+from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 from areal.plugins.trainer.loop import TrainerLoop
 from areal.plugins.trainer.processes import (
     GatewayHandle,
@@ -186,7 +186,7 @@ class _Run:
             "zmq",
             {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
         )
-        sync = DiskWeightSync([], self.out / "weights", pause_mode=config.inference.pause_mode)
+        sync = make_weight_sync(config, self.out / "weights")
         supervisor, gateway = self.processes(
             str(weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )
@@ -317,7 +317,7 @@ class _Run:
         self,
         weights_dir: str,
         queue_address: str,
-        sync: DiskWeightSync,
+        sync: EngineSync,
         threads: int,
         data: tuple[int, list[list[int]]],
     ) -> tuple[Supervisor, GatewayHandle]:
@@ -327,17 +327,9 @@ class _Run:
         gateway_key = secrets.token_urlsafe(24)
 
         async def catch_up(child: Child) -> None:
-            """A (re)started engine loads the trainer's newest weights if it is behind."""
+            """A (re)started engine gets the trainer's newest weights if it is behind."""
             async with self.publish_lock:
-                latest = sync.version_dir(self.version)
-                if self.version == 0 or not latest.is_dir():
-                    return
-                async with InferenceClient(child.url or "", timeout=300) as client:
-                    info = await client.model_info()
-                    if version_number(info.get("weight_version")) < self.version:
-                        await client.update_weights_from_disk(
-                            str(latest), weight_version=str(self.version)
-                        )
+                await sync.catch_up(child.url or "", self.version)
 
         engines = [
             supervisor.add(
@@ -597,7 +589,7 @@ class _SupervisedSync:
     """Disk weight sync to the engines that are up; one that died mid-publish is skipped (its
     restart loads the newest weights), any other failure stops the run."""
 
-    def __init__(self, sync: DiskWeightSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
+    def __init__(self, sync: EngineSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
         self.sync = sync
         self.supervisor = supervisor
         self.lock = lock
@@ -625,6 +617,24 @@ class _SupervisedSync:
 
     async def close(self) -> None:
         await self.sync.close()
+
+
+EngineSync = DiskWeightSync | CollectiveWeightSync
+
+
+def make_weight_sync(config: RunConfig, weights_dir: Path) -> EngineSync:
+    """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
+    embedded engine on CPU, NCCL to SGLang on GPUs)."""
+    inference = config.inference
+    if inference.weight_sync == "collective":
+        backend = "nccl" if inference.backend == "sglang" else "gloo"
+        return CollectiveWeightSync(
+            [],
+            backend=backend,
+            bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
+            pause_mode=inference.pause_mode,
+        )
+    return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)
 
 
 def checkpoint_start(checkpoint: Any) -> tuple[int, list[list[int]]]:

@@ -16,12 +16,20 @@ The story of :func:`train_step`, top to bottom:
 
 Deviation from a textbook PPO epoch: one pass over the data (no repeated epochs), as AReaL runs it
 by default; minibatches follow the order of ``samples``.
+
+Across ranks (:mod:`areal.plugins.trainer.parallel`) the same story runs on every rank with the
+whole step's ``samples``: a :class:`StepLayout` picks this rank's packs of each minibatch, the
+attention backend, how packs go forward and backward (one by one, or a pipeline schedule), the
+gradient-norm reduction and the sum of the statistics. Every rank knows every minibatch's
+valid-token count from ``samples``, so each pack's loss is already divided by the *global* count
+and the ranks' gradients only need summing (DESIGN.md §3: token-level averaging).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -29,11 +37,21 @@ from torch import Tensor
 from areal.core.plugins import registry
 from areal.core.registry import Registry
 from areal.core.types import Sample
+from areal.plugins.models.attention import AttentionBackend
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
 
-__all__ = ["PROX_LOGP_METHODS", "aligned_loss_mask", "reference_kl", "token_logprobs", "train_step"]
+__all__ = [
+    "PROX_LOGP_METHODS",
+    "SingleProcess",
+    "StepLayout",
+    "aligned_loss_mask",
+    "logprobs_from_hidden",
+    "reference_kl",
+    "token_logprobs",
+    "train_step",
+]
 
 PROX_LOGP_METHODS = ("recompute", "loglinear")
 
@@ -47,7 +65,82 @@ _TOKEN_STATS = (
 )
 
 
-def token_logprobs(model: DecoderForCausalLM, batch: PackedBatch) -> Tensor:
+class StepLayout(Protocol):
+    """How one train step spreads over ranks: the seam between the step and the parallel engine."""
+
+    def packs(
+        self, samples: Sequence[Sample], start: int, max_tokens: int | None
+    ) -> list[PackedBatch]:
+        """This rank's packs of one minibatch (``start`` = index of ``samples[0]`` in the step).
+
+        Every rank of a data-parallel group must get the same number of packs (collectives run
+        per forward), ``sample_index`` refers to the whole step's samples.
+        """
+        ...
+
+    def attention(self, batch: PackedBatch) -> AttentionBackend:
+        """The attention backend for one of :meth:`packs`' batches."""
+        ...
+
+    def clip_grad_norm(self, parameters: list[Tensor], max_norm: float) -> float:
+        """Clip the gradients to ``max_norm`` by their global norm; return that norm."""
+        ...
+
+    def all_reduce(self, tensor: Tensor) -> Tensor:
+        """Sum over the ranks that hold different tokens of the step (dp × cp)."""
+        ...
+
+    def logprobs(self, model: DecoderForCausalLM, packs: Sequence[PackedBatch]) -> list[Tensor]:
+        """:func:`token_logprobs` of every pack (called under ``no_grad``)."""
+        ...
+
+    def forward_backward(
+        self,
+        model: DecoderForCausalLM,
+        packs: Sequence[PackedBatch],
+        pack_loss: Callable[[int, Tensor], Tensor],
+    ) -> None:
+        """Forward each pack, ``pack_loss(j, logprobs)`` on it, backward (a pipeline runs these
+        as its schedule says, the loss on the last stage)."""
+        ...
+
+
+class SingleProcess:
+    """The whole step in this process: every sample, plain packed attention."""
+
+    def packs(
+        self, samples: Sequence[Sample], start: int, max_tokens: int | None
+    ) -> list[PackedBatch]:
+        packs = pack(list(samples), max_tokens)
+        for p in packs:
+            p.sample_index += start
+        return packs
+
+    def attention(self, batch: PackedBatch) -> AttentionBackend:
+        return PackedCausalAttention(batch.cu_seqlens)
+
+    def clip_grad_norm(self, parameters: list[Tensor], max_norm: float) -> float:
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+    def all_reduce(self, tensor: Tensor) -> Tensor:
+        return tensor
+
+    def logprobs(self, model: DecoderForCausalLM, packs: Sequence[PackedBatch]) -> list[Tensor]:
+        return [token_logprobs(model, p, self.attention(p)) for p in packs]
+
+    def forward_backward(
+        self,
+        model: DecoderForCausalLM,
+        packs: Sequence[PackedBatch],
+        pack_loss: Callable[[int, Tensor], Tensor],
+    ) -> None:
+        for j, p in enumerate(packs):
+            pack_loss(j, token_logprobs(model, p, self.attention(p))).backward()
+
+
+def token_logprobs(
+    model: DecoderForCausalLM, batch: PackedBatch, attention: AttentionBackend | None = None
+) -> Tensor:
     """log π(target token) at every packed position that is trained on, ``[N]`` float32.
 
     One forward pass through the decoder body, then the LM head and ``log_softmax`` only at the
@@ -57,11 +150,20 @@ def token_logprobs(model: DecoderForCausalLM, batch: PackedBatch) -> Tensor:
     ``log_softmax``: in bf16 the log-probs of likely tokens round to steps of ~0.01, which is the
     size of the ratios PPO clips.
     """
-    attention = PackedCausalAttention(batch.cu_seqlens)
+    if attention is None:
+        attention = PackedCausalAttention(batch.cu_seqlens)
     hidden = model.hidden_states(batch.input_ids, batch.positions, attention)[0]  # [N, H]
-    index = batch.loss_mask.nonzero().squeeze(-1)
-    logits = model.lm_head(hidden[index]).float()  # [M, V], M = trained positions
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, batch.target_ids[index, None])
+    return logprobs_from_hidden(model.lm_head, hidden, batch.target_ids, batch.loss_mask)
+
+
+def logprobs_from_hidden(
+    lm_head: torch.nn.Module, hidden: Tensor, target_ids: Tensor, loss_mask: Tensor
+) -> Tensor:
+    """The LM head and ``log_softmax`` of :func:`token_logprobs` on final hidden states ``[N, H]``
+    (a pipeline's last stage has these without the rest of the model)."""
+    index = loss_mask.nonzero().squeeze(-1)
+    logits = lm_head(hidden[index]).float()  # [M, V], M = trained positions
+    picked = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[index, None])
     out = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
     return out.index_put((index,), picked.squeeze(-1))
 
@@ -99,6 +201,7 @@ def train_step(
     losses: Registry[Any] | None = None,
     kl_coef: float = 0.0,
     reference: DecoderForCausalLM | None = None,
+    layout: StepLayout | None = None,
 ) -> dict[str, float]:
     """Train ``model`` on ``samples`` (one RL step) and return the step's averaged statistics.
 
@@ -112,7 +215,8 @@ def train_step(
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
     ``n_minibatches``, and the loss statistics (``clip_fraction``, ``ratio_mean``, ...) averaged
-    over valid tokens; ``loss`` too is per valid token over the whole step.
+    over valid tokens; ``loss`` too is per valid token over the whole step. ``layout`` spreads the
+    step over ranks (default :class:`SingleProcess`); every rank passes the same ``samples``.
     """
     if not samples:
         raise ValueError("train_step needs at least one sample")
@@ -127,15 +231,20 @@ def train_step(
     loss_fn = _resolve(losses.get("decoupled_ppo"))
     advantage_fn = _resolve(losses.get(f"advantage/{advantage}", key="advantage"))
     approx_prox = _resolve(losses.get("proximal/loglinear")) if prox_logp == "loglinear" else None
+    layout = layout if layout is not None else SingleProcess()
     device = next(model.parameters()).device
 
-    # Minibatches by samples; each becomes one or more packs (sample_index made global).
+    # Minibatches by samples; each becomes this rank's packs (sample_index made global). The
+    # token counts come from the samples themselves, so every rank knows the global ones.
     minibatches: list[list[PackedBatch]] = []
+    mb_tokens: list[int] = []
+    mb_valid_tokens: list[int] = []
     for start in range(0, len(samples), mini_batch_size):
-        packs = pack(list(samples[start : start + mini_batch_size]), max_tokens)
-        for p in packs:
-            p.sample_index += start
+        chunk = samples[start : start + mini_batch_size]
+        packs = layout.packs(chunk, start, max_tokens)
         minibatches.append([p.to(device) for p in packs])
+        mb_tokens.append(sum(len(s.input_ids) for s in chunk))
+        mb_valid_tokens.append(sum(sum(1 for m in s.loss_mask[1:] if m) for s in chunk))
 
     # 1. Advantages, [N, T] in the prediction-aligned layout, from the rewards less the optional
     # KL-to-reference penalty.
@@ -144,7 +253,7 @@ def train_step(
     if kl_coef:
         if reference is None:
             raise ValueError("kl_coef > 0 needs the reference model")
-        kl_ref = reference_kl(reference, minibatches, len(samples)).cpu()
+        kl_ref = reference_kl(reference, minibatches, len(samples), layout).cpu()
         rewards = rewards - kl_coef * kl_ref
     token_adv = advantage_fn(
         rewards=rewards,
@@ -157,53 +266,64 @@ def train_step(
     prox: list[list[Tensor]] = []
     if prox_logp == "recompute":
         with torch.no_grad():
-            prox = [[token_logprobs(model, p) for p in packs] for packs in minibatches]
+            prox = [layout.logprobs(model, packs) for packs in minibatches]
 
     # 3. One optimizer step per minibatch.
     totals: dict[str, float] = dict.fromkeys(("loss", *_TOKEN_STATS), 0.0)
+
+    def pack_loss(m: int, records: dict[int, dict[str, float]], j: int, logp: Tensor) -> Tensor:
+        """Pack j of minibatch m: its decoupled PPO loss, weighted to the minibatch's token mean
+        (the pack's loss is a mean over its own valid tokens). Its statistics go to
+        ``records[j]``, overwritten if a pipeline schedule evaluates the loss twice."""
+        p = minibatches[m][j]
+        if approx_prox is None:
+            prox_p = prox[m][j]
+        else:
+            # v_θ is the version this update produces: the step's weights are v_θ − 1.
+            prox_p = approx_prox(
+                behavior_logprobs=p.behavior_logprobs,
+                logprobs=logp.detach(),
+                versions=p.versions,
+                current_version=current_version + 1,
+            )
+        loss, stats = loss_fn(
+            logprobs=logp,
+            proximal_logprobs=prox_p,
+            behavior_logprobs=p.behavior_logprobs,
+            advantages=token_adv[p.sample_index, p.positions[0]],
+            loss_mask=p.loss_mask,
+            eps_clip=eps_clip,
+            eps_clip_high=eps_clip_high,
+            behavior_weight_cap=behavior_weight_cap,
+        )
+        pack_valid = int(stats["n_valid_tokens"])
+        records[j] = {"loss": float(loss.detach()) * pack_valid}
+        records[j].update({name: stats[name] * pack_valid for name in _TOKEN_STATS})
+        return loss * (pack_valid / mb_valid_tokens[m])
+
     grad_norms: list[float] = []
     n_tokens = n_valid = 0
     for m, packs in enumerate(minibatches):
-        mb_valid = sum(int(p.loss_mask.sum()) for p in packs)
-        n_tokens += sum(p.n_tokens for p in packs)
+        mb_valid = mb_valid_tokens[m]  # global: the loss is a mean over all ranks' valid tokens
+        n_tokens += mb_tokens[m]
         if mb_valid == 0:
             continue  # nothing to learn from; an AdamW step would still apply weight decay
         optimizer.zero_grad(set_to_none=True)
-        for j, p in enumerate(packs):
-            logp = token_logprobs(model, p)
-            if approx_prox is None:
-                prox_p = prox[m][j]
-            else:
-                # v_θ is the version this update produces: the step's weights are v_θ − 1.
-                prox_p = approx_prox(
-                    behavior_logprobs=p.behavior_logprobs,
-                    logprobs=logp.detach(),
-                    versions=p.versions,
-                    current_version=current_version + 1,
-                )
-            loss, stats = loss_fn(
-                logprobs=logp,
-                proximal_logprobs=prox_p,
-                behavior_logprobs=p.behavior_logprobs,
-                advantages=token_adv[p.sample_index, p.positions[0]],
-                loss_mask=p.loss_mask,
-                eps_clip=eps_clip,
-                eps_clip_high=eps_clip_high,
-                behavior_weight_cap=behavior_weight_cap,
-            )
-            pack_valid = int(stats["n_valid_tokens"])
-            # The loss is a mean over this pack's valid tokens; reweight to the minibatch's mean.
-            (loss * (pack_valid / mb_valid)).backward()
-            totals["loss"] += float(loss.detach()) * pack_valid
-            for name in _TOKEN_STATS:
-                totals[name] += stats[name] * pack_valid
+        records: dict[int, dict[str, float]] = {}
+        layout.forward_backward(model, packs, functools.partial(pack_loss, m, records))
+        for record in records.values():
+            for name, value in record.items():
+                totals[name] += value
         limit = max_grad_norm if max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), limit)
-        grad_norms.append(float(grad_norm))
+        grad_norms.append(layout.clip_grad_norm(list(model.parameters()), limit))
         optimizer.step()
         n_valid += mb_valid
     optimizer.zero_grad(set_to_none=True)
 
+    # Sync point: each rank summed its own tokens' statistics; one all-reduce makes them global.
+    names = list(totals)
+    summed = layout.all_reduce(torch.tensor([totals[k] for k in names], dtype=torch.float64))
+    totals = dict(zip(names, summed.tolist(), strict=True))
     denom = max(n_valid, 1)
     result = {name: value / denom for name, value in totals.items()}
     result["grad_norm"] = sum(grad_norms) / len(grad_norms) if grad_norms else 0.0
@@ -215,19 +335,23 @@ def train_step(
 
 
 def reference_kl(
-    reference: DecoderForCausalLM, minibatches: Sequence[Sequence[PackedBatch]], n_samples: int
+    reference: DecoderForCausalLM,
+    minibatches: Sequence[Sequence[PackedBatch]],
+    n_samples: int,
+    layout: StepLayout | None = None,
 ) -> Tensor:
     """``[n_samples]``: Σ over each sample's generated tokens of log π_behav − log π_ref, the k1
     estimate of KL(π ‖ π_ref) along the sampled sequence (the rollout's own log-probs stand for
-    π, as in AReaL and InstructGPT)."""
+    π, as in AReaL and InstructGPT). Under a ``layout`` each rank adds its own tokens, then the
+    sums are all-reduced."""
+    layout = layout if layout is not None else SingleProcess()
     total = torch.zeros(n_samples, dtype=torch.float32)
     with torch.no_grad():
         for packs in minibatches:
-            for p in packs:
-                ref = token_logprobs(reference, p)
+            for p, ref in zip(packs, layout.logprobs(reference, packs), strict=True):
                 diff = torch.where(p.loss_mask, p.behavior_logprobs - ref, 0.0)
                 total.index_add_(0, p.sample_index.cpu(), diff.cpu())
-    return total
+    return layout.all_reduce(total)
 
 
 def _resolve(entry: Any) -> Any:

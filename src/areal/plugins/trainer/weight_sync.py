@@ -20,7 +20,8 @@ naming the phase and the engine. After a failed pause or update the engines are 
 ``continue`` (best effort) so they do not stay paused while the caller decides what to do. Old
 version directories are deleted, keeping the newest ``keep``.
 
-:class:`WeightSync` is the seam: a collective (NCCL/gloo broadcast) sync can replace the disk one.
+:class:`WeightSync` is the seam: :class:`~areal.plugins.trainer.collective_sync.CollectiveWeightSync`
+broadcasts the weights to the engines instead (``inference.weight_sync: collective``).
 """
 
 from __future__ import annotations
@@ -34,10 +35,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal.core.inference_client import InferenceClient, InferenceError, PauseMode
+from areal.core.types import version_number
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import save_model
 
-__all__ = ["DiskWeightSync", "WeightSync", "WeightSyncError"]
+__all__ = ["DiskWeightSync", "EngineCalls", "WeightSync", "WeightSyncError"]
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 
@@ -60,98 +62,41 @@ class WeightSync(Protocol):
     async def close(self) -> None: ...
 
 
-class DiskWeightSync:
-    """Weight sync through safetensors on a shared file system (see the module docstring)."""
+class EngineCalls:
+    """What every weight sync does to the engines: the same call on all of them at once, each
+    phase under its own timeout (the watchdog), failures named by phase and engine."""
 
     def __init__(
         self,
         engine_urls: Sequence[str],
-        out_dir: str | Path,
         *,
-        keep: int = 2,
-        save_timeout: float = 300.0,
-        pause_timeout: float = 60.0,
-        update_timeout: float = 300.0,
-        continue_timeout: float = 60.0,
+        timeouts: dict[str, float],
         pause_mode: PauseMode = "retract",
     ) -> None:
-        if keep < 1:
-            raise ValueError(f"keep must be >= 1; got {keep}")
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         if pause_mode not in ("retract", "in_place"):
             raise ValueError(f"pause_mode must be retract or in_place; got {pause_mode!r}")
         self.pause_mode: PauseMode = pause_mode
-        self.out_dir = Path(out_dir)
-        self.keep = keep
-        self.timeouts = {
-            "save": save_timeout,
-            "pause": pause_timeout,
-            "update": update_timeout,
-            "continue": continue_timeout,
-        }
+        self.timeouts = dict(timeouts)
         self._clients: dict[str, InferenceClient] = {}
         # Seconds of each phase of the last publish, for the live monitor.
         self.last_phases: dict[str, float] = {}
-
-    def version_dir(self, version: int) -> Path:
-        return self.out_dir / f"v{version}"
 
     def _client(self, url: str) -> InferenceClient:
         if url not in self._clients:
             self._clients[url] = InferenceClient(url, timeout=None)
         return self._clients[url]
 
-    async def publish(self, model: DecoderForCausalLM, version: int) -> float:
-        """Save, pause, update, continue (module docstring); the seconds the whole sync took."""
-        start = time.perf_counter()
-        path = await self._save(model, version)
-        saved = time.perf_counter()
-        try:
-            await self._on_all("pause", lambda c: c.pause_generation(mode=self.pause_mode))
-            paused = time.perf_counter()
-            await self._on_all(
-                "update",
-                lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
-            )
-            updated = time.perf_counter()
-        except WeightSyncError:
-            await self._resume_quietly()
-            raise
-        await self._on_all("continue", lambda c: c.continue_generation())
-        self.last_phases = {
-            "save": saved - start,
-            "pause": paused - saved,
-            "update": updated - paused,
-            "continue": time.perf_counter() - updated,
-        }
-        self._prune()
-        return time.perf_counter() - start
-
     async def close(self) -> None:
         for client in self._clients.values():
             await client.aclose()
         self._clients.clear()
 
-    async def _save(self, model: DecoderForCausalLM, version: int) -> Path:
-        final = self.version_dir(version)
-        tmp = self.out_dir / f".v{version}.tmp"
+    async def _pause_all(self) -> None:
+        await self._on_all("pause", lambda c: c.pause_generation(mode=self.pause_mode))
 
-        def write() -> None:
-            shutil.rmtree(tmp, ignore_errors=True)
-            save_model(model, tmp)
-            shutil.rmtree(final, ignore_errors=True)
-            tmp.rename(final)  # atomic on one file system: the engine sees all or nothing
-
-        try:
-            # The thread cannot be killed on a timeout; the watchdog still frees the trainer.
-            await asyncio.wait_for(asyncio.to_thread(write), self.timeouts["save"])
-        except TimeoutError as exc:
-            raise WeightSyncError(
-                "save", None, f"writing {final} took over {self.timeouts['save']:g} s"
-            ) from exc
-        except OSError as exc:
-            raise WeightSyncError("save", None, f"writing {final}: {exc}") from exc
-        return final
+    async def _continue_all(self) -> None:
+        await self._on_all("continue", lambda c: c.continue_generation())
 
     async def _on_all(
         self, phase: str, call: Callable[[InferenceClient], Awaitable[dict[str, Any]]]
@@ -184,6 +129,94 @@ class DiskWeightSync:
             ),
             return_exceptions=True,
         )
+
+
+class DiskWeightSync(EngineCalls):
+    """Weight sync through safetensors on a shared file system (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        out_dir: str | Path,
+        *,
+        keep: int = 2,
+        save_timeout: float = 300.0,
+        pause_timeout: float = 60.0,
+        update_timeout: float = 300.0,
+        continue_timeout: float = 60.0,
+        pause_mode: PauseMode = "retract",
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be >= 1; got {keep}")
+        timeouts = {
+            "save": save_timeout,
+            "pause": pause_timeout,
+            "update": update_timeout,
+            "continue": continue_timeout,
+        }
+        super().__init__(engine_urls, timeouts=timeouts, pause_mode=pause_mode)
+        self.out_dir = Path(out_dir)
+        self.keep = keep
+
+    def version_dir(self, version: int) -> Path:
+        return self.out_dir / f"v{version}"
+
+    async def catch_up(self, url: str, version: int) -> None:
+        """A (re)started engine behind ``version`` loads that version's weights from disk."""
+        latest = self.version_dir(version)
+        if version == 0 or not latest.is_dir():
+            return
+        async with InferenceClient(url, timeout=self.timeouts["update"]) as client:
+            info = await client.model_info()
+            if version_number(info.get("weight_version")) < version:
+                await client.update_weights_from_disk(str(latest), weight_version=str(version))
+
+    async def publish(self, model: DecoderForCausalLM, version: int) -> float:
+        """Save, pause, update, continue (module docstring); the seconds the whole sync took."""
+        start = time.perf_counter()
+        path = await self._save(model, version)
+        saved = time.perf_counter()
+        try:
+            await self._pause_all()
+            paused = time.perf_counter()
+            await self._on_all(
+                "update",
+                lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
+            )
+            updated = time.perf_counter()
+        except WeightSyncError:
+            await self._resume_quietly()
+            raise
+        await self._continue_all()
+        self.last_phases = {
+            "save": saved - start,
+            "pause": paused - saved,
+            "update": updated - paused,
+            "continue": time.perf_counter() - updated,
+        }
+        self._prune()
+        return time.perf_counter() - start
+
+    async def _save(self, model: DecoderForCausalLM, version: int) -> Path:
+        final = self.version_dir(version)
+        tmp = self.out_dir / f".v{version}.tmp"
+
+        def write() -> None:
+            shutil.rmtree(tmp, ignore_errors=True)
+            save_model(model, tmp)
+            shutil.rmtree(final, ignore_errors=True)
+            tmp.rename(final)  # atomic on one file system: the engine sees all or nothing
+
+        try:
+            # The thread cannot be killed on a timeout; the watchdog still frees the trainer.
+            await asyncio.wait_for(asyncio.to_thread(write), self.timeouts["save"])
+        except TimeoutError as exc:
+            raise WeightSyncError(
+                "save", None, f"writing {final} took over {self.timeouts['save']:g} s"
+            ) from exc
+        except OSError as exc:
+            raise WeightSyncError("save", None, f"writing {final}: {exc}") from exc
+        return final
 
     def _prune(self) -> None:
         """Delete all version directories but the newest ``keep``."""

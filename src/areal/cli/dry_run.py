@@ -1,0 +1,57 @@
+"""``areal train --dry-run``: what a run would start, where, and on what, without starting it.
+
+Ports are chosen free on 127.0.0.1 when the run starts (so two runs never collide), which the plan
+says instead of guessing numbers; devices come from the config and a torch-free look at the
+machine (:func:`areal.core.run_config.gpu_count`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from areal.core.run_config import RunConfig, gpu_count
+
+FREE_PORT = "127.0.0.1:<free port at start>"
+
+
+def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
+    """One line per process (and one for the output), each starting with ``# ``."""
+    inference, run, train, agent = config.inference, config.async_, config.train, config.agent
+    gpus = gpu_count()
+    engine_device = "cuda" if inference.backend != "embedded" and gpus else "cpu"
+    cores = _cores(inference.cpu_affinity)
+    lines = [
+        f"engine{i}    {inference.backend} on {FREE_PORT}, {engine_device}{cores}, "
+        f"{inference.max_total_tokens} KV tokens"
+        for i in range(inference.engines)
+    ]
+    sink = f"trajectories to the trainer's ZeroMQ queue (tcp://{FREE_PORT})"
+    mode = (
+        f"async, staleness_threshold {run.staleness_threshold}"
+        if run.enabled
+        else "sync (staleness 0)"
+    )
+    lines.append(f"gateway    {FREE_PORT}, {sink}, {mode}")
+    framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
+    source = config.dataset.path or f"task set {config.dataset.name}"
+    lines += [
+        f"rollout{i}   {framework} on {source}, {agent.concurrency} episodes at once"
+        for i in range(run.rollout_workers)
+    ]
+    device = train.device if train.device != "auto" else ("cuda" if gpus else "cpu")
+    layout = train.parallelism
+    lines.append(
+        f"trainer    {run.train_workers} rank(s) (dp {layout.dp} tp {layout.tp} pp {layout.pp} "
+        f"cp {layout.cp} ep {layout.ep}), {train.engine} on {device}{_cores(train.cpu_affinity)}; "
+        f"{gpus} GPU(s) visible"
+    )
+    logging = config.logging
+    lines.append(
+        f"output     {output_dir} (checkpoint every {logging.save_interval} steps, keep "
+        f"{logging.keep_checkpoints}); logs {logging.log_dir}"
+    )
+    return ["# plan (nothing is started):", *[f"#   {line}" for line in lines]]
+
+
+def _cores(affinity: list[int] | None) -> str:
+    return f" (cores {','.join(map(str, affinity))})" if affinity else ""

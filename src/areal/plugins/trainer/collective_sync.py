@@ -1,0 +1,304 @@
+"""Weight sync by collective broadcast: SGLang's ``/init_weights_update_group`` +
+``/update_weights_from_distributed`` protocol, NCCL to SGLang on GPUs, gloo to the embedded engine.
+
+No file system in the path: the trainer (rank 0 of a group it owns with one rank per engine)
+broadcasts the weights in buckets while each engine's HTTP call for that bucket is in flight.
+The story of one :meth:`CollectiveWeightSync.publish`:
+
+1. **join** (first publish, or after the engines changed): a fresh group — a TCPStore on a free
+   port, the trainer as rank 0, engine ``i`` as rank ``i + 1`` (``/init_weights_update_group``).
+2. **gather**: the model's weights as Hugging Face tensors; a sharded model's DTensors are
+   gathered in full (``full_tensor()``, a collective every trainer rank joins).
+3. **pause**, as the disk sync does (``retract`` or ``in_place``).
+4. **update**: bucket by bucket (at most ``bucket_bytes``, one dtype each, sent flattened), every
+   engine's ``/update_weights_from_distributed`` call and rank 0's ``broadcast`` run together; the
+   last bucket carries ``weight_version``.
+5. **continue**.
+
+Weight-sync hangs are the most reported failure of peer projects, so every phase runs under a
+watchdog: a stall raises :class:`~areal.plugins.trainer.weight_sync.WeightSyncError` naming the
+phase, the bucket and the ranks (engines) that had not answered, instead of hanging. After a
+failure the group is re-formed at the next publish (a half-finished broadcast leaves it unusable).
+A (re)started engine is not in the group: :meth:`catch_up` re-forms it at the next publish, and
+until then the engine's tokens carry their old version (staleness control handles them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import secrets
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from areal.core.inference_client import InferenceClient, PauseMode
+from areal.core.process import pick_free_port
+from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.hf_io import to_checkpoint
+from areal.plugins.trainer.weight_sync import EngineCalls, WeightSyncError
+
+DEFAULT_BUCKET_BYTES = 64 * 1024**2
+
+
+@dataclass
+class Bucket:
+    names: list[str]
+    tensors: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors)
+
+    def flat(self, device: torch.device | str) -> torch.Tensor:
+        return torch.cat([t.reshape(-1) for t in self.tensors]).to(device)
+
+
+def hf_tensors(model: DecoderForCausalLM) -> dict[str, torch.Tensor]:
+    """The model's weights under checkpoint names, full tensors (tied LM head left out: the
+    engine ties it to the embedding itself)."""
+    state = model.state_dict()
+    if getattr(model.config, "tie_word_embeddings", False):
+        state.pop("lm_head.weight", None)
+    full = {}
+    for name, tensor in state.items():
+        if hasattr(tensor, "full_tensor"):  # a DTensor of a sharded (FSDP/TP) model
+            tensor = tensor.full_tensor()
+        full[name] = tensor.detach()
+    return to_checkpoint(full)
+
+
+def buckets(tensors: dict[str, torch.Tensor], max_bytes: int) -> list[Bucket]:
+    """Tensors in name order, cut into buckets of at most ``max_bytes`` (a bigger tensor gets
+    a bucket of its own) and of one dtype each (a flattened bucket has one dtype)."""
+    out: list[Bucket] = []
+    for name in sorted(tensors):
+        tensor = tensors[name]
+        size = tensor.numel() * tensor.element_size()
+        last = out[-1] if out else None
+        if last is None or last.tensors[0].dtype != tensor.dtype or last.nbytes + size > max_bytes:
+            out.append(Bucket([], []))
+        out[-1].names.append(name)
+        out[-1].tensors.append(tensor)
+    return out
+
+
+class CollectiveWeightSync(EngineCalls):
+    """Broadcasts the trainer's weights to every engine (see the module docstring)."""
+
+    def __init__(
+        self,
+        engine_urls: Sequence[str],
+        *,
+        backend: str = "gloo",
+        master_address: str = "127.0.0.1",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        join_timeout: float = 120.0,
+        pause_timeout: float = 60.0,
+        update_timeout: float = 300.0,
+        continue_timeout: float = 60.0,
+        pause_mode: PauseMode = "retract",
+    ) -> None:
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend must be gloo or nccl; got {backend!r}")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes must be >= 1; got {bucket_bytes}")
+        timeouts = {
+            "join": join_timeout,
+            "gather": update_timeout,
+            "pause": pause_timeout,
+            "update": update_timeout,
+            "continue": continue_timeout,
+        }
+        super().__init__(engine_urls, timeouts=timeouts, pause_mode=pause_mode)
+        self.backend = backend
+        self.master_address = master_address
+        self.bucket_bytes = bucket_bytes
+        self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
+        self._group: Any = None
+        self._store: Any = None
+        self._group_name = ""
+        self._members: tuple[str, ...] = ()
+        self._abandoned: list[asyncio.Future[Any]] = []  # rank 0's side of a stalled phase
+
+    async def publish(self, model: DecoderForCausalLM, version: int) -> float:
+        start = time.perf_counter()
+        phases: dict[str, float] = {}
+        if self._group is None or self._members != tuple(self.engine_urls):
+            await self._join()
+            phases["join"] = time.perf_counter() - start
+        mark = time.perf_counter()
+        tensors = await self._watch("gather", asyncio.to_thread(hf_tensors, model), None)
+        phases["gather"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+        try:
+            await self._pause_all()
+            phases["pause"] = time.perf_counter() - mark
+            mark = time.perf_counter()
+            parts = buckets(tensors, self.bucket_bytes)
+            for i, bucket in enumerate(parts):
+                last = i == len(parts) - 1
+                await self._send(bucket, f"{i + 1}/{len(parts)}", str(version) if last else None)
+            phases["update"] = time.perf_counter() - mark
+        except WeightSyncError:
+            self._group = None  # a broadcast cut short leaves the group unusable: form a new one
+            await self._resume_quietly()
+            raise
+        mark = time.perf_counter()
+        await self._continue_all()
+        phases["continue"] = time.perf_counter() - mark
+        self.last_phases = phases
+        return time.perf_counter() - start
+
+    async def catch_up(self, url: str, version: int) -> None:
+        """A (re)started engine is not in the group: form a new one at the next publish."""
+        self._group = None
+
+    async def close(self) -> None:
+        if self._group is not None:
+            await asyncio.gather(
+                *(
+                    self._one("join", u, lambda c: c.destroy_weights_update_group(self._group_name))
+                    for u in self._members
+                ),
+                return_exceptions=True,
+            )
+        if self._abandoned:  # let a stalled broadcast's thread reach the group's timeout
+            await asyncio.wait(self._abandoned, timeout=self.timeouts["update"] + 5)
+            for task in self._abandoned:
+                if task.done() and not task.cancelled():
+                    task.exception()  # retrieved: it is the stall already reported
+            self._abandoned.clear()
+        self._group = self._store = None
+        await super().close()
+
+    # --- the group ----------------------------------------------------------------------------
+
+    async def _join(self) -> None:
+        """A new group with every engine: rank 0 here (the store's owner), engine i as i + 1."""
+        urls = tuple(self.engine_urls)
+        port = pick_free_port(self.master_address)
+        name = f"areal-weights-{secrets.token_hex(4)}"
+        world = len(urls) + 1
+
+        def join(rank: int) -> Callable[[InferenceClient], Awaitable[dict[str, Any]]]:
+            return lambda c: c.init_weights_update_group(
+                master_address=self.master_address,
+                master_port=port,
+                rank_offset=rank,
+                world_size=world,
+                group_name=name,
+                backend=self.backend,
+            )
+
+        joins = [
+            asyncio.ensure_future(self._one("join", url, join(rank)))
+            for rank, url in enumerate(urls, start=1)
+        ]
+        try:
+            made = asyncio.to_thread(self._make_group, port, world)
+            self._store, self._group = await self._watch("join", made, joins, urls)
+            for joined in joins:
+                await joined
+        except BaseException:
+            for joined in joins:
+                joined.cancel()
+            raise
+        self._group_name, self._members = name, urls
+
+    def _make_group(self, port: int, world: int) -> tuple[Any, Any]:
+        timeout = datetime.timedelta(seconds=self.timeouts["update"])
+        store = dist.TCPStore(
+            self.master_address, port, world, True, timeout=timeout, wait_for_workers=True
+        )
+        if self.backend == "nccl":  # GPU-only: written for SGLang, checked by bench/gpu
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            return store, dist.ProcessGroupNCCL(store, 0, world, options)
+        return store, dist.ProcessGroupGloo(store, 0, world, timeout)
+
+    # --- one bucket ---------------------------------------------------------------------------
+
+    async def _send(self, bucket: Bucket, which: str, version: str | None) -> None:
+        """Every engine's call for ``bucket`` and rank 0's broadcast of it, together."""
+        names = bucket.names
+        dtypes = [str(t.dtype).removeprefix("torch.") for t in bucket.tensors]
+        shapes = [list(t.shape) for t in bucket.tensors]
+        calls = [
+            asyncio.ensure_future(
+                self._one(
+                    "update",
+                    url,
+                    lambda c: c.update_weights_from_distributed(
+                        names=names,
+                        dtypes=dtypes,
+                        shapes=shapes,
+                        group_name=self._group_name,
+                        flush_cache=version is not None,
+                        weight_version=version,
+                        load_format="flattened_bucket",
+                    ),
+                )
+            )
+            for url in self._members
+        ]
+        flat = bucket.flat(self.device)
+        group = self._group
+
+        def broadcast() -> None:
+            group.broadcast(flat, 0).wait()
+
+        try:
+            await self._watch("update", asyncio.to_thread(broadcast), calls, which=which)
+            for call in calls:
+                await call
+        except BaseException:
+            for call in calls:
+                call.cancel()
+            raise
+
+    async def _watch(
+        self,
+        phase: str,
+        work: Any,
+        calls: Sequence[asyncio.Future[None]] | None,
+        urls: Sequence[str] | None = None,
+        *,
+        which: str = "",
+    ) -> Any:
+        """``work`` (rank 0's side) under the phase's timeout; an engine call that fails first
+        is raised as it is; a stall names the engines that had not answered."""
+        timeout = self.timeouts[phase]
+        task = asyncio.ensure_future(work)
+        pending: set[asyncio.Future[Any]] = {task, *(calls or [])}
+        deadline = time.monotonic() + timeout
+        while not task.done():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            for finished in done:
+                pending.discard(finished)
+                if finished is not task and finished.exception() is not None:
+                    raise finished.exception()  # type: ignore[misc]
+        if not task.done():
+            self._abandoned.append(task)  # its thread ends at the group's timeout; close() waits
+            members = list(urls or self._members)
+            waiting = [
+                f"rank {i + 1} ({members[i]})"
+                for i, call in enumerate(calls or [])
+                if not call.done() and i < len(members)
+            ]
+            bucket = f" of bucket {which}" if which else ""
+            who = ", ".join(waiting) or "no engine call was pending"
+            raise WeightSyncError(
+                phase,
+                None,
+                f"rank 0 (the trainer) stalled {timeout:g} s in the {phase}{bucket}; "
+                f"not answered: {who}",
+            )
+        return task.result()

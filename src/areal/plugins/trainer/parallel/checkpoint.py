@@ -1,0 +1,84 @@
+"""Checkpoints of a sharded trainer: DCP for resuming, Hugging Face safetensors for everyone else.
+
+- :func:`save_distributed` / :func:`load_distributed`: ``torch.distributed.checkpoint`` of the
+  model, the optimizer and the step. Every rank writes its own shards; loading plans the reads
+  against the *current* layout, so a run saved with dp=2×tp=2 resumes with dp=4 (resharding).
+- :func:`export_hf`: the full weights gathered to rank 0 and written by :func:`hf_io.save_model`
+  (config.json + safetensors), loadable by transformers and the inference engines.
+- :func:`load_hf`: a Hugging Face directory straight into a sharded model (each rank keeps its
+  shards of the full tensors).
+
+All are collectives: every rank of the mesh calls them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+
+from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.hf_io import iter_checkpoint, model_class_for, save_model, to_native
+
+__all__ = ["export_hf", "load_distributed", "load_hf", "save_distributed"]
+
+
+def save_distributed(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
+) -> None:
+    """Write model, optimizer and step as a DCP checkpoint directory (every rank its shards)."""
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": step}
+    dcp.save(state, checkpoint_id=str(path))
+
+
+def load_distributed(
+    path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> int:
+    """Load a :func:`save_distributed` checkpoint into ``model``/``optimizer`` in whatever layout
+    they have now; return the saved step."""
+    if not Path(path).is_dir():
+        raise FileNotFoundError(f"no distributed checkpoint at {path}")
+    model_state, optim_state = get_state_dict(model, optimizer)
+    state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": 0}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    return int(state["step"])
+
+
+def export_hf(model: DecoderForCausalLM, out_dir: str | Path) -> None:
+    """Gather the full weights to rank 0 and write a Hugging Face directory there."""
+    full = get_model_state_dict(
+        model, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+    )
+    if dist.get_rank() == 0:
+        # A plain copy on rank 0 reuses save_model's naming and sharding of the files.
+        with torch.device("meta"):
+            plain = model_class_for(model.config)(model.config)
+        plain.to_empty(device="cpu")
+        if model.config.tie_word_embeddings:
+            plain.lm_head.weight = plain.model.embed_tokens.weight
+        plain.load_state_dict(full)
+        save_model(plain, out_dir)
+    dist.barrier()
+
+
+def load_hf(model: DecoderForCausalLM, model_dir: str | Path) -> None:
+    """Load a Hugging Face checkpoint into a (sharded) model: every rank reads the files and
+    keeps its own shards."""
+    tensors: dict[str, Any] = dict(to_native(iter_checkpoint(model_dir)))
+    if model.config.tie_word_embeddings:
+        tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True))

@@ -1,0 +1,323 @@
+"""One multi-process launch that runs the RL step under several layouts (imported by the tests).
+
+``python dist_worker.py WORLD OUT_DIR`` spawns WORLD gloo ranks on CPU; for each layout of that
+world size it builds a fresh mesh and model, runs the real ``train_step`` and writes the loss,
+statistics and the updated full parameters to ``OUT_DIR/<layout>.pt`` (rank 0). With WORLD = 4 it
+also saves a DCP checkpoint in one layout, resumes it in another and exports HF safetensors from
+the sharded model. Torch imports cost seconds per process, so one launch does everything of its
+world size; the tests compare the files with the single-process step computed in the test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from areal.core.types import Sample
+from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.qwen3 import Qwen3ForCausalLM
+from areal.plugins.models.qwen3_moe import Qwen3MoeForCausalLM
+from areal.plugins.models.tiny import tiny_config
+from areal.plugins.trainer.packing import pack
+from areal.plugins.trainer.step import token_logprobs
+
+# name -> ParallelDims sizes (+ "ac": activation checkpointing). The model by the name's prefix:
+# the nano Qwen3 (tied embeddings), "moe_" its Qwen3-MoE twin, "untied_" it with an untied LM head.
+LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
+    2: {
+        "dp2": {"dp": 2},
+        "tp2": {"tp": 2},
+        "cp2": {"cp": 2},
+        "moe_dp2": {"dp": 2},
+        "moe_dp2_ep2": {"dp": 2, "ep": 2},
+        "untied_pp2": {"pp": 2},
+        "untied_pp2_zero_bubble": {"pp": 2},
+    },
+    4: {
+        "dp4": {"dp": 4},
+        "dp2_tp2": {"dp": 2, "tp": 2},
+        "hsdp2x2": {"dp": 4, "dp_replicate": 2},
+        "dp2_tp2_ac": {"dp": 2, "tp": 2, "ac": 1},
+        "dp2_cp2": {"dp": 2, "cp": 2},
+        "tp2_cp2": {"tp": 2, "cp": 2},
+        "moe_dp4_ep2": {"dp": 4, "ep": 2},
+        "moe_dp2_cp2_ep4": {"dp": 2, "cp": 2, "ep": 4, "ac": 1},
+        "untied_dp2_pp2": {"dp": 2, "pp": 2},
+        "untied_dp2_pp2_interleaved": {"dp": 2, "pp": 2},
+        "untied_tp2_pp2": {"tp": 2, "pp": 2},
+        "untied_cp2_pp2": {"cp": 2, "pp": 2},
+        "moe_dp2_pp2_ep2": {"dp": 2, "pp": 2, "ep": 2},
+    },
+}
+# layouts run with another pipeline schedule than 1F1B
+SCHEDULES = {  # name -> (schedule, stages per rank)
+    "untied_pp2_zero_bubble": ("ZeroBubble", 2),
+    "untied_dp2_pp2_interleaved": ("Interleaved1F1B", 2),
+}
+STEP_ARGS: dict[str, Any] = {
+    "mini_batch_size": 4,
+    "current_version": 3,
+    "max_tokens": 40,
+    "max_grad_norm": 1.0,
+    "behavior_weight_cap": 5.0,
+}
+LR = 0.5
+
+
+def model_kind(layout: str) -> str:
+    """``dense``, ``moe`` or ``untied``: which model a layout name trains."""
+    prefix = layout.partition("_")[0]
+    return prefix if prefix in ("moe", "untied") else "dense"
+
+
+def build_model(seed: int = 0, kind: str = "dense") -> DecoderForCausalLM:
+    """The nano Qwen3 (tied embeddings, q/k norms), the same weights in every process; ``moe``:
+    its Qwen3-MoE twin (4 experts, top 2, untied LM head); ``untied``: an untied LM head."""
+    torch.manual_seed(seed)
+    config = tiny_config("nano")
+    if kind == "untied":  # 4 layers: room for 2 stages on each of 2 ranks
+        config = dataclasses.replace(config, tie_word_embeddings=False, num_hidden_layers=4)
+    if kind == "moe":
+        config = dataclasses.replace(
+            config,
+            model_type="qwen3_moe",
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            norm_topk_prob=True,
+            tie_word_embeddings=False,
+        )
+        model: DecoderForCausalLM = Qwen3MoeForCausalLM(config)
+    else:
+        model = Qwen3ForCausalLM(config)
+    model.init_weights(generator=torch.Generator().manual_seed(seed))
+    return model
+
+
+def build_samples(model: DecoderForCausalLM, n: int = 8) -> tuple[list[Sample], list[int]]:
+    """``n`` samples of 5..22 tokens in groups of two, off-policy: the behaviour log-probs are
+    the model's own plus noise, and tokens carry versions 1..3."""
+    gen = torch.Generator().manual_seed(1)
+    samples = []
+    for _ in range(n):
+        prompt = int(torch.randint(2, 8, (1,), generator=gen))
+        answer = int(torch.randint(3, 15, (1,), generator=gen))
+        ids = torch.randint(10, 4000, (prompt + answer,), generator=gen).tolist()
+        versions = [-1] * prompt + torch.randint(1, 4, (answer,), generator=gen).tolist()
+        s = Sample(ids, [0] * prompt + [1] * answer, [0.0] * len(ids), versions)
+        s.reward = float(torch.rand((), generator=gen))
+        samples.append(s)
+    (p,) = pack(samples)
+    with torch.no_grad():
+        lp = token_logprobs(model, p)
+    noise = 0.1 * torch.randn(lp.shape, generator=gen)
+    for i, s in enumerate(samples):
+        start, end = int(p.cu_seqlens[i]), int(p.cu_seqlens[i + 1])
+        values = (lp + noise)[start : end - 1].tolist()
+        s.logprobs = [0.0] + [v if m else 0.0 for v, m in zip(values, s.loss_mask[1:], strict=True)]
+    return samples, [i // 2 for i in range(n)]
+
+
+def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every parameter as a plain full tensor, by its checkpoint name (a collective: every
+    rank's, pipeline stages merged)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    full = {k: v.detach().clone() for k, v in state.items()}
+    if dist.is_initialized():  # pipeline stages hold different parameters: merge them all
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, full)
+        full = {k: v for part in parts for k, v in part.items()}
+    return full
+
+
+def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
+    import torch.distributed as dist
+
+    from areal.plugins.trainer.parallel.layout import make_layout
+    from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
+    from areal.plugins.trainer.parallel.parallelize import ParallelizeOptions, parallelize
+    from areal.plugins.trainer.step import train_step
+
+    sizes = {k: v for k, v in spec.items() if k != "ac"}
+    dims = ParallelDims(world_size=dist.get_world_size(), **sizes)
+    mesh = dims.build_mesh()
+    model = build_model(kind=model_kind(name))
+    samples, groups = build_samples(model)
+    schedule, per_rank = SCHEDULES.get(name, ("1F1B", 1))
+    options = ParallelizeOptions(
+        activation_checkpointing=bool(spec.get("ac")),
+        pipeline_schedule=schedule,
+        pipeline_stages_per_rank=per_rank,
+    )
+    parallelize(model, mesh, options)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    start = time.perf_counter()
+    stats = train_step(
+        model,
+        optimizer,
+        samples,
+        group_ids=groups,
+        layout=make_layout(mesh),
+        **STEP_ARGS,
+    )
+    seconds = time.perf_counter() - start
+    params = full_parameters(model)
+    if dist.get_rank() == 0:
+        torch.save({"stats": stats, "params": params, "seconds": seconds}, out / f"{name}.pt")
+
+
+def _mesh(sizes: dict[str, int]) -> Any:
+    import torch.distributed as dist
+
+    from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
+
+    return ParallelDims(world_size=dist.get_world_size(), **sizes).build_mesh()
+
+
+def _full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer state by parameter name, full tensors, every rank's (stages merged)."""
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    options = StateDictOptions(full_state_dict=True)
+    state = get_optimizer_state_dict(model, optimizer, options=options)["state"]
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, dict(state))
+    return {k: v for part in parts for k, v in part.items()}
+
+
+# model kind -> (layout saved in, layout resumed in): DCP must reshard between them.
+CHECKPOINT_CASES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
+    "dense": ({"dp": 2, "tp": 2}, {"dp": 4}),
+    "moe": ({"dp": 4, "ep": 2}, {"dp": 2, "cp": 2, "ep": 4}),
+    "untied": ({"dp": 2, "pp": 2}, {"dp": 4}),
+}
+
+
+def _run_checkpoints(out: Path) -> None:
+    """For each case: a step in one layout, DCP save, resume in another layout; rank 0 writes
+    both views. The dense model resumed in dp4 is also exported to HF and loaded back into a
+    dp2×tp2 model."""
+    import torch.distributed as dist
+
+    from areal.plugins.trainer.parallel.checkpoint import (
+        export_hf,
+        load_distributed,
+        load_hf,
+        save_distributed,
+    )
+    from areal.plugins.trainer.parallel.layout import make_layout
+    from areal.plugins.trainer.parallel.parallelize import parallelize
+    from areal.plugins.trainer.step import train_step
+
+    rank0 = dist.get_rank() == 0
+    for kind, (save_in, resume_in) in CHECKPOINT_CASES.items():
+        mesh = _mesh(save_in)
+        model = build_model(seed=0, kind=kind)
+        samples, groups = build_samples(model)
+        parallelize(model, mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        layout = make_layout(mesh)
+        train_step(model, optimizer, samples, group_ids=groups, layout=layout, **STEP_ARGS)
+        save_distributed(out / f"dcp-{kind}", model, optimizer, step=7)
+        saved = {"params": full_parameters(model), "optim": _full_optimizer(model, optimizer)}
+
+        mesh = _mesh(resume_in)
+        model = parallelize(build_model(seed=5, kind=kind), mesh)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        step = load_distributed(out / f"dcp-{kind}", model, optimizer)
+        resumed = {"params": full_parameters(model), "optim": _full_optimizer(model, optimizer)}
+        if rank0:
+            torch.save({"saved": saved, "resumed": resumed, "step": step}, out / f"ckpt-{kind}.pt")
+        if kind == "dense":
+            export_hf(model, out / "hf")
+
+    model = parallelize(build_model(seed=9), _mesh({"dp": 2, "tp": 2}))
+    load_hf(model, out / "hf")
+    loaded = full_parameters(model)
+    if rank0:
+        torch.save({"params": loaded}, out / "hf_loaded.pt")
+
+
+MESH_LAYOUTS = {  # name -> ParallelDims keywords, for the 4-rank launch
+    "dp2_tp2": {"dp": 2, "tp": 2},
+    "dp2_cp2": {"dp": 2, "cp": 2},
+    "hsdp2x2_ep2": {"dp": 4, "dp_replicate": 2, "ep": 2},
+    "dp2_cp2_ep2": {"dp": 2, "cp": 2, "ep": 2},
+}
+MESH_NAMES = ("dp", "tp", "cp", "dp_shard_cp", "dp_cp", "ep")
+
+
+def _record_meshes(out: Path) -> None:
+    """The ranks of each named sub-mesh this rank belongs to, per layout, gathered on rank 0."""
+    import torch.distributed as dist
+
+    from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
+
+    seen: dict[str, dict[str, list[int]]] = {}
+    for name, kwargs in MESH_LAYOUTS.items():
+        mesh = ParallelDims(world_size=dist.get_world_size(), **kwargs).build_mesh()
+        groups = {k: mesh[k].mesh.flatten().tolist() for k in MESH_NAMES if k != "ep"}
+        if mesh.sparse is not None:
+            groups["ep"] = mesh["ep"].mesh.flatten().tolist()
+        groups["fsdp"] = mesh.fsdp.mesh.flatten().tolist()
+        groups["expert_fsdp"] = mesh.expert_fsdp.mesh.flatten().tolist()
+        seen[name] = groups
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, seen)
+    if dist.get_rank() == 0:
+        (out / "meshes.json").write_text(json.dumps(gathered))
+
+
+def _rank_main(rank: int, world: int, port: int, out: Path) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    errors: dict[str, str] = {}
+    try:
+        jobs: list[tuple[str, Any]] = [
+            (name, functools.partial(_run_layout, name, spec, out))
+            for name, spec in LAYOUTS[world].items()
+        ]
+        if world == 4:
+            jobs.append(("checkpoints", functools.partial(_run_checkpoints, out)))
+            jobs.append(("meshes", functools.partial(_record_meshes, out)))
+        for name, job in jobs:
+            try:
+                job()
+            except Exception:  # reported to the test, which fails with it
+                errors[name] = traceback.format_exc()
+                raise
+    finally:
+        if errors:
+            (out / f"error-rank{rank}.json").write_text(json.dumps(errors))
+        dist.destroy_process_group()
+
+
+def main(world: int, out: Path) -> None:
+    import torch.multiprocessing as mp
+
+    out.mkdir(parents=True, exist_ok=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_rank_main, args=(world, port, out), nprocs=world, join=True)
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), Path(sys.argv[2]))
