@@ -1,9 +1,11 @@
 """Trainer throughput: areal's packed RL step against the padded loop a user would write.
 
 Run: ``.venv/bin/python bench/train.py [--size small] [--batch 32] [--steps 3] [--threads 2]
-[--json PATH]``.
+[--dp 2] [--json PATH]``.
 
-Both sides train the same checkpoint (``areal model init-tiny``'s ``small``, a Qwen3-shaped
+With ``--dp 2`` both sides run on two gloo ranks: areal's step with FSDP2 (``parallelize`` +
+``MeshLayout``, each rank packing its share of every minibatch), the baseline under
+``DistributedDataParallel`` (each rank padding half of every minibatch). Both sides train the same checkpoint (``areal model init-tiny``'s ``small``, a Qwen3-shaped
 decoder) on the same RL batch, in fp32 on the CPU with the same number of torch threads:
 
 - **areal**: :func:`~areal.plugins.trainer.step.train_step` — GRPO advantages, proximal log-probs
@@ -128,6 +130,58 @@ def time_steps(step: Any, steps: int) -> list[float]:
     return times
 
 
+def dp_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: Path) -> None:
+    """One of ``world`` gloo ranks: areal's FSDP2 step, then the padded loop under DDP (each
+    rank pads and trains its half of every minibatch); rank 0 writes the timings."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from transformers import AutoModelForCausalLM
+
+    from areal.plugins.trainer.parallel.layout import make_layout
+    from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
+    from areal.plugins.trainer.parallel.parallelize import parallelize
+
+    torch.set_num_threads(max(1, args.threads // world))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world
+    )
+    try:
+        path = out / args.size
+        samples = make_batch(args.batch, read_vocab(path), args.group, seed=0)
+        groups = [i // args.group for i in range(len(samples))]
+        mesh = ParallelDims(world_size=world, dp=world).build_mesh()
+        ours = parallelize(load_model(path).train(), mesh)
+        ours_opt = torch.optim.AdamW(ours.parameters(), lr=1e-5)
+        layout = make_layout(mesh)
+
+        def ours_step() -> None:
+            train_step(
+                ours, ours_opt, samples, mini_batch_size=args.mini, group_ids=groups,
+                current_version=0, max_grad_norm=1.0, layout=layout,
+            )  # fmt: skip
+
+        theirs = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).train()
+        ddp = DistributedDataParallel(theirs)
+        theirs_opt = torch.optim.AdamW(ddp.parameters(), lr=1e-5)
+        mine = [s for i, s in enumerate(samples) if (i // (args.mini // world)) % world == rank]
+
+        def theirs_step() -> None:
+            baseline_step(ddp, theirs_opt, mine, args.mini // world, args.group)
+
+        timings = {}
+        for name, step in (("baseline", theirs_step), ("areal", ours_step)):
+            dist.barrier()
+            timings[name] = time_steps(step, args.steps)
+        if rank == 0:
+            (out / "dp.json").write_text(json.dumps(timings))
+    finally:
+        dist.destroy_process_group()
+
+
+def read_vocab(path: Path) -> int:
+    return int(json.loads((path / "config.json").read_text())["vocab_size"])
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="small", help="init-tiny size (nano, tiny, small)")
@@ -137,7 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after a warm-up)")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     parser.add_argument("--json", type=Path, help="write the results here too")
+    parser.add_argument("--dp", type=int, default=1, help="2: both sides on 2 gloo ranks")
     args = parser.parse_args(argv)
+    if args.dp > 1:
+        return main_dp(args)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
@@ -191,6 +248,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def main_dp(args: argparse.Namespace) -> int:
+    """``--dp N``: areal's FSDP2 step and the padded loop under DDP, each on N gloo ranks."""
+    import torch.multiprocessing as mp
+
+    from areal.core.process import pick_free_port
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp)
+        init_tiny(out / args.size, size=args.size, seed=0)
+        mp.spawn(dp_worker, args=(args.dp, pick_free_port(), args, out), nprocs=args.dp)
+        timings = json.loads((out / "dp.json").read_text())
+        samples = make_batch(args.batch, read_vocab(out / args.size), args.group, seed=0)
+    tokens = sum(len(s.input_ids) for s in samples)
+    rates = {name: tokens / statistics.median(times) for name, times in timings.items()}
+    for name, rate in rates.items():
+        print(f"{name:8s} {rate:9.0f} tokens/s on {args.dp} ranks")
+    print(f"areal / baseline (dp={args.dp}): {rates['areal'] / rates['baseline']:.2f}x")
+    if args.json:
+        args.json.write_text(json.dumps({"dp": args.dp, "tokens_per_s": rates}, indent=2) + "\n")
     return 0
 
 
