@@ -33,6 +33,7 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from areal.core.plugins import registry
 from areal.core.registry import Registry
@@ -163,9 +164,15 @@ def logprobs_from_hidden(
     (a pipeline's last stage has these without the rest of the model)."""
     index = loss_mask.nonzero().squeeze(-1)
     logits = lm_head(hidden[index]).float()  # [M, V], M = trained positions
-    picked = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[index, None])
+    if isinstance(logits, DTensor):  # tensor parallel: vocab-sharded logits (loss-parallel)
+        from areal.plugins.trainer.parallel.loss_parallel import vocab_parallel_logprobs
+
+        picked = vocab_parallel_logprobs(logits, target_ids[index])
+    else:
+        picked = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[index, None])
+        picked = picked.squeeze(-1)
     out = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
-    return out.index_put((index,), picked.squeeze(-1))
+    return out.index_put((index,), picked)
 
 
 def aligned_loss_mask(samples: Sequence[Sample]) -> Tensor:

@@ -163,6 +163,12 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
         pipeline_stages_per_rank=per_rank,
     )
     parallelize(model, mesh, options)
+    # Loss-parallel: with TP the LM head's output stays sharded along the vocabulary.
+    weight = getattr(model.lm_head, "weight", None)
+    names = getattr(getattr(weight, "device_mesh", None), "mesh_dim_names", None) or ()
+    flag = torch.tensor(float("tp" in names and weight.placements[names.index("tp")].is_shard(0)))
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the head lives on the last pipeline stage
+    sharded_logits = bool(flag)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     start = time.perf_counter()
     stats = train_step(
@@ -176,7 +182,10 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
     seconds = time.perf_counter() - start
     params = full_parameters(model)
     if dist.get_rank() == 0:
-        torch.save({"stats": stats, "params": params, "seconds": seconds}, out / f"{name}.pt")
+        torch.save(
+            {"stats": stats, "params": params, "seconds": seconds, "vocab_sharded": sharded_logits},
+            out / f"{name}.pt",
+        )
 
 
 def _mesh(sizes: dict[str, int]) -> Any:

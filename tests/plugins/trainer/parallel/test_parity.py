@@ -68,6 +68,8 @@ def test_step_matches_single_process(
     assert got["params"].keys() == reference["params"].keys()
     for name, expected in reference["params"].items():
         torch.testing.assert_close(got["params"][name], expected, atol=1e-5, rtol=0, msg=name)
+    # With TP the LM head is sharded along the vocabulary and its log-probs are loss-parallel.
+    assert got["vocab_sharded"] == ("tp2" in layout)
     # The step did move the weights (the comparison is not between two untouched models).
     moe = kind == "moe"
     name = "model.layers.0.mlp.experts.up_proj" if moe else "model.layers.0.mlp.up_proj.weight"

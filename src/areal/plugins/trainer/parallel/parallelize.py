@@ -123,7 +123,10 @@ def apply_tp(model: DecoderForCausalLM, tp_mesh: DeviceMesh) -> None:
             output_layouts=Shard(1), desired_output_layouts=Replicate()
         )
     if model.lm_head is not None:
-        top["lm_head"] = ColwiseParallel(output_layouts=Replicate())
+        # Loss-parallel: the logits stay sharded along the vocabulary; log_softmax and the
+        # target's pick run on the shards (step.logprobs_from_hidden), so no rank ever holds
+        # the [tokens, vocab] logits whole.
+        top["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, top)
     if tied:
         # Both shard the [vocab, hidden] matrix along vocab (Shard(0)), so they stay one tensor.
