@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import logging
 import runpy
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -47,8 +48,25 @@ def default_output_dir(config_path: str) -> Path:
     return Path("runs") / Path(config_path).stem
 
 
-def run(config: RunConfig, output_dir: Path, *, resume: bool = False) -> int:
-    """Train; one clear line and exit code 1 when the run fails, 130 on a second Ctrl-C."""
+def run(
+    config: RunConfig, output_dir: Path, *, resume: bool = False, torchrun: Sequence[str] = ()
+) -> int:
+    """Train; one clear line and exit code 1 when the run fails, 130 on a second Ctrl-C.
+
+    With ``async.train_workers > 1`` the first call starts the trainer's ranks under torchrun
+    (``torchrun``: extra flags for it, e.g. ``--nnodes``), which run this again: rank 0 runs the
+    whole run, the other ranks follow it.
+    """
+    if config.async_.train_workers > 1:
+        from areal.plugins.trainer import launch
+
+        if not launch.launched():
+            return launch.launch(config, output_dir, resume=resume, extra=torchrun)
+        if launch.rank() != 0:
+            from areal.plugins.trainer.ranks import follow
+
+            follow(config)
+            return 0
     from areal.plugins.trainer.runner import RunError, train
 
     try:
@@ -74,6 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", help="checkpoints and run files (default runs/<config>)")
     parser.add_argument("--set", action="append", default=[], help="override: key=value")
     parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
+    parser.add_argument(
+        "--torchrun",
+        default="",
+        help="extra torchrun flags when async.train_workers > 1 (several nodes: "
+        "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN')",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -82,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.output_dir) if args.output_dir else default_output_dir(args.config)
-    return run(config, out, resume=args.resume)
+    return run(config, out, resume=args.resume, torchrun=shlex.split(args.torchrun))
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +203,29 @@ def test_staleness_budget_answers_429_with_retry_after(start_gateway: Any) -> No
             "rejected": 1,
             "capacity": 0,
         }
+
+
+def test_a_long_poll_opens_as_soon_as_a_slot_frees(start_gateway: Any) -> None:
+    budget = StalenessBudget(max_concurrent=1, retry_after_s=5)
+    with start_gateway(budget=budget) as gw:
+        first = create(gw)
+        started = time.monotonic()
+        timer = threading.Timer(
+            0.3, lambda: post(gw, f"/rl/sessions/{first['session_id']}/end", gw.admin)
+        )
+        timer.start()
+        second = post(gw, "/rl/sessions", gw.admin, {"wait_s": 5})
+        held = time.monotonic() - started
+        assert second.status_code == 200 and 0.25 <= held < 1.0, (second.text, held)
+        # Nothing frees: the answer is still a 429, after wait_s.
+        started = time.monotonic()
+        full = post(gw, "/rl/sessions", gw.admin, {"wait_s": 0.3})
+        assert error_of(full, 429)["code"] == "staleness_budget_full"
+        assert 0.25 <= time.monotonic() - started < 2.0
+        for bad in (-1, 61, "5", True):
+            assert error_of(post(gw, "/rl/sessions", gw.admin, {"wait_s": bad}), 400)["param"] == (
+                "wait_s"
+            )
 
 
 def test_aborted_unfinished_and_hinted(gateway: Any) -> None:

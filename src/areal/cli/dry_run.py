@@ -45,6 +45,14 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         f"cp {layout.cp} ep {layout.ep}), {train.engine} on {device}{_cores(train.cpu_affinity)}; "
         f"{gpus} GPU(s) visible"
     )
+    if run.train_workers > 1:
+        from areal.plugins.trainer.launch import torchrun_command
+
+        command = torchrun_command(
+            run.train_workers, output_dir / "run" / "resolved.yaml", output_dir, resume=False
+        )
+        # command[:3] is ``python -m torch.distributed.run``: torchrun by its usual name.
+        lines.append(f"           torchrun {' '.join(command[3:])} (rank 0 runs the rest)")
     logging = config.logging
     lines.append(
         f"output     {output_dir} (checkpoint every {logging.save_interval} steps, keep "

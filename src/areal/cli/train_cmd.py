@@ -8,6 +8,7 @@ monitor (``areal monitor``'s view) is drawn below the log lines; otherwise the l
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 import threading
 from pathlib import Path
@@ -39,6 +40,12 @@ def train_command(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the resolved config and the processes, then exit."
     ),
+    torchrun: str = typer.Option(
+        "",
+        "--torchrun",
+        help="Extra torchrun flags when async.train_workers > 1, e.g. on each of 2 nodes: "
+        "--torchrun '--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN'.",
+    ),
 ) -> None:
     """Train a policy by asynchronous RL on a run config.
 
@@ -58,11 +65,12 @@ def train_command(
         typer.echo("\n".join(plan_lines(run_config, out)))
         return
     names = run_config.logging.metric_sinks
+    extra = shlex.split(torchrun)
     if _on_terminal() and (names is None or "events" in names):
-        code = _run_with_monitor(run_config, out, resume)
+        code = _run_with_monitor(run_config, out, resume, extra)
     else:
         logging.basicConfig(level="INFO", format=LOG_FORMAT)
-        code = entry.run(run_config, out, resume=resume)
+        code = entry.run(run_config, out, resume=resume, torchrun=extra)
     if code:
         raise typer.Exit(code)
 
@@ -71,7 +79,7 @@ def _on_terminal() -> bool:
     return sys.stdout.isatty()
 
 
-def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool) -> int:
+def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool, torchrun: list[str]) -> int:
     """The run, with the live monitor drawn by a thread subscribed to the run's own events (the
     same view as ``areal monitor``); log lines scroll above it."""
     from rich.console import Console
@@ -102,7 +110,7 @@ def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool) -> int:
     watcher = threading.Thread(target=watch, name="areal-monitor", daemon=True)
     watcher.start()
     try:
-        return entry.run(run_config, out, resume=resume)
+        return entry.run(run_config, out, resume=resume, torchrun=torchrun)
     finally:
         watcher.join(timeout=2.0)  # time to draw the run's ``end`` event
         stop.set()

@@ -38,6 +38,7 @@ import aiohttp
 from areal.core.rewards import RewardFn
 
 log = logging.getLogger("areal.rollout")
+LONG_POLL_S = 10.0  # how long one session request may wait at the gateway for a free slot
 
 
 @dataclass(frozen=True)
@@ -332,10 +333,17 @@ class RolloutWorker:
         """Open a session, waiting out ``429`` + ``Retry-After`` for at most ``max_wait_s``."""
         waited = 0.0
         while True:
+            # Long poll: the gateway holds the request until a slot frees (or wait_s passes).
+            window = min(LONG_POLL_S, self.max_wait_s - waited, self.request_timeout_s / 2)
+            poll = {**body, "wait_s": max(0.0, window)}
+            started = time.monotonic()
             try:
                 async with http.post(
-                    self._url("/rl/sessions"), json=body, headers=self._auth()
+                    self._url("/rl/sessions"), json=poll, headers=self._auth()
                 ) as resp:
+                    held = time.monotonic() - started  # a long poll's wait counts as waiting
+                    waited += held
+                    stats.waited_s += held
                     if resp.status != 429:
                         return await _json_or_raise(resp, "open a session")
                     wait = _retry_after(resp.headers.get("Retry-After"))
@@ -346,6 +354,8 @@ class RolloutWorker:
                 raise RolloutError(
                     f"the gateway at {self.gateway_url} failed to open a session: {err!r}"
                 ) from err
+            if poll["wait_s"] and held >= 0.9 * poll["wait_s"]:
+                wait = 0.0  # the gateway held it the whole time: ask again at once
             if waited + wait > self.max_wait_s:
                 raise RolloutError(
                     f"the gateway's staleness budget stayed full for {waited:.1f}s "

@@ -10,8 +10,9 @@ then sets rewards and ends the session; ``end`` turns the completions into a
 Routes, under ``/rl`` and ``/gateway/rl``:
 
 - ``POST /rl/sessions`` (admin) ``{"metadata": {...}, "task_id": ..., "hint": ...,
-  "api_key": optional fixed key}`` -> ``{"session_id", "api_key"}``; ``429`` + ``Retry-After``
-  when the staleness budget is full (or another open session holds the fixed key).
+  "api_key": optional fixed key, "wait_s": optional long poll}`` -> ``{"session_id", "api_key"}``;
+  ``429`` + ``Retry-After`` when the staleness budget is full (or another open session holds the
+  fixed key) and stays so for ``wait_s`` seconds.
 - ``POST /rl/sessions/{id}/reward`` ``{"reward": float, "completion_id": optional}``: a turn's
   reward, or the episode's when no completion is named (the last value set wins).
 - ``POST /rl/sessions/{id}/end`` ``{"reward": optional float, "discard": optional bool}``.
@@ -34,6 +35,7 @@ so no locks are needed.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
 import secrets
@@ -60,6 +62,8 @@ log = logging.getLogger("areal.gateway.sessions")
 ENDED_KEPT = 4096  # ended sessions whose status can still be asked for
 CALLS_KEPT = 256  # calls remembered per session (for probes; the access log has them all)
 KEY_MIN_CHARS = 16
+POLL_S = 0.01  # how often a long-polling open (wait_s) checks the budget again
+WAIT_MAX_S = 60.0
 
 
 @dataclass
@@ -275,6 +279,20 @@ class SessionManager:
             self._by_hint[hint] = session
         return session
 
+    async def open_waiting(self, wait_s: float, **fields: Any) -> Session:
+        """:meth:`open`, holding the request up to ``wait_s`` seconds while the answer would be
+        429 (budget full, fixed key busy): a long poll. A rollout worker then starts its episode
+        within ``POLL_S`` of a slot freeing, where waiting out ``Retry-After`` (whole seconds)
+        cost a synchronous run ~7 % of its throughput."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                return self.open(**fields)
+            except GatewayError as err:
+                if err.status != 429 or time.monotonic() + POLL_S > deadline:
+                    raise
+            await asyncio.sleep(POLL_S)
+
     def set_reward(
         self, session: Session, reward: float, completion_id: str | None = None
     ) -> Completion | None:
@@ -466,7 +484,10 @@ class SessionManager:
         if task_id is not None and not isinstance(task_id, (str, int)):
             raise GatewayError(400, "task_id must be a string or an integer", param="task_id")
         api_key = _fixed_key(body.get("api_key"), request)
-        session = self.open(metadata=metadata, task_id=task_id, hint=hint, api_key=api_key)
+        wait_s = _wait_seconds(body.get("wait_s"))
+        session = await self.open_waiting(
+            wait_s, metadata=metadata, task_id=task_id, hint=hint, api_key=api_key
+        )
         request[LOG_FIELDS]["session"] = session.session_id
         return web.json_response({"session_id": session.session_id, "api_key": session.api_key})
 
@@ -513,6 +534,20 @@ class SessionManager:
         if reward is not None:
             self.set_reward(session, reward)
         return web.json_response(await self.end(session, discard=discard))
+
+
+def _wait_seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not 0 <= value <= WAIT_MAX_S
+    ):
+        raise GatewayError(
+            400, f"wait_s must be a number of seconds in [0, {WAIT_MAX_S:g}]", param="wait_s"
+        )
+    return float(value)
 
 
 def _fixed_key(value: Any, request: web.Request) -> str | None:

@@ -4,7 +4,8 @@ One checkpoint is a directory ``{output_dir}/checkpoints/step-000120/``:
 
 - ``model/``: the policy in Hugging Face layout (config, safetensors, and the tokenizer files of
   the model the run started from), loadable by itself by transformers or ``areal serve inference``;
-- ``optimizer.pt``: the optimizer's ``state_dict``;
+- ``optimizer.pt``: the optimizer's ``state_dict`` (one trainer rank), or ``dcp/``: the model and
+  optimizer sharded by ``torch.distributed.checkpoint`` (several ranks; written by ``write_extra``);
 - ``buffered.jsonl``: the trajectories the trainer had received but not trained (one JSON object
   a line), so a resumed run trains them instead of losing them;
 - ``state.json``: the step, the weight version, the trainer loop's counters, and the data position
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,13 +69,18 @@ def save_checkpoint(
     *,
     step: int,
     model: DecoderForCausalLM,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     state: dict[str, Any],
     pending: Iterable[Trajectory],
     tokenizer_dir: str | Path | None = None,
     keep: int = 2,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write checkpoint ``step`` atomically and delete all but the newest ``keep``."""
+    """Write checkpoint ``step`` atomically and delete all but the newest ``keep``.
+
+    ``write_extra(tmp_dir)`` adds files before ``state.json`` (the sharded optimizer of several
+    trainer ranks, which has no single ``state_dict``).
+    """
     root = Path(output_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
@@ -84,7 +90,10 @@ def save_checkpoint(
     save_model(model, tmp / "model")
     if tokenizer_dir is not None:
         _copy_tokenizer(Path(tokenizer_dir), tmp / "model")
-    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if optimizer is not None:
+        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    if write_extra is not None:
+        write_extra(tmp)
     with open(tmp / "buffered.jsonl", "w", encoding="utf-8") as f:
         for trajectory in pending:
             f.write(json.dumps(trajectory.to_json()) + "\n")

@@ -17,6 +17,11 @@ The story of :func:`train`, top to bottom:
 4. **The end** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers
    stop first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then
    the gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
+
+Under torchrun (``async.train_workers > 1``, started by :mod:`.launch`) this is rank 0: the policy
+is sharded over all ranks (:mod:`.ranks`), each step runs on every rank, each new version is
+gathered into an unsharded shadow copy that the weight sync publishes, and checkpoints hold the
+sharded optimizer (DCP) beside the shadow's Hugging Face weights.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from areal.plugins.trainer.checkpoint import (
     set_to_ranges,
 )
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
+from areal.plugins.trainer.launch import launched
 from areal.plugins.trainer.loop import TrainerLoop
 from areal.plugins.trainer.processes import (
     GatewayHandle,
@@ -58,7 +64,17 @@ from areal.plugins.trainer.processes import (
     router_config,
     worker_child,
 )
-from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+from areal.plugins.trainer.ranks import (
+    DCP_DIR,
+    GatheringSync,
+    RankFailure,
+    RankGroup,
+    Ranks,
+    Start,
+    init_ranks,
+)
+from areal.plugins.trainer.step import train_step
+from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSync, WeightSyncError
 
 log = logging.getLogger("areal.train")
 
@@ -113,6 +129,7 @@ class _Run:
         self._tokens_of: dict[str, int] = {}
         self.tokens_trained = 0
         self.supervisor: Supervisor | None = None
+        self.group: RankGroup | None = None  # rank 0's handle on the trainer ranks (torchrun)
 
     # --- 1. the policy ----------------------------------------------------------------------
 
@@ -153,12 +170,19 @@ class _Run:
             d.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob("rollout*.progress.json"):
             stale.unlink()  # progress files only carry restarts within one run
+        ranks = None
+        if launched():  # before anything slow: the other ranks wait in the same rendezvous
+            try:
+                ranks = init_ranks(config)
+            except ValueError as err:
+                raise RunError(str(err)) from err
         policy_dir = await asyncio.to_thread(self.prepare_policy)
         checkpoint = None
         if self.resume:
             found = latest_checkpoint(self.out)
             if found is None:
                 raise RunError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
+            _check_resumable(found, ranks)
             checkpoint = load_checkpoint(found)
             self.version = int(checkpoint.state["loop"]["version"])
             self.seen_tasks = ranges_to_set(checkpoint.state["data"]["seen"])
@@ -170,17 +194,26 @@ class _Run:
         torch.manual_seed(config.train.seed)
         torch.set_num_threads(threads)
         dtype = getattr(torch, config.model.dtype)
-        model = load_model(weights_dir, dtype=dtype).train()
-        optimizer = torch.optim.AdamW(
-            model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
-        )
-        if checkpoint:
-            optimizer.load_state_dict(torch.load(checkpoint.optimizer_path, weights_only=True))
         reference = None
-        if config.algorithm.kl_coef:
-            # The KL anchor is the policy the run started from (after the warm start), also
-            # after a resume.
-            reference = load_model(policy_dir, dtype=dtype).eval().requires_grad_(False)
+        stepper: Callable[..., dict[str, float]] = train_step
+        if ranks is not None:
+            # Every rank loads and shards the policy; the KL reference is sharded the same way.
+            group = self.group = await asyncio.to_thread(
+                _start_group, ranks, config, weights_dir, policy_dir, checkpoint
+            )
+            model, optimizer = group.policy.model, group.policy.optimizer
+            stepper = group.step
+        else:
+            model = load_model(weights_dir, dtype=dtype).train()
+            optimizer = torch.optim.AdamW(
+                model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
+            )
+            if checkpoint:
+                optimizer.load_state_dict(torch.load(checkpoint.optimizer_path, weights_only=True))
+            if config.algorithm.kl_coef:
+                # The KL anchor is the policy the run started from (after the warm start), also
+                # after a resume.
+                reference = load_model(policy_dir, dtype=dtype).eval().requires_grad_(False)
 
         source = make_source(
             "zmq",
@@ -193,11 +226,14 @@ class _Run:
         metrics = self.hub = self.metrics()
         self.supervisor = supervisor
         observed = _ObservedSource(source, self.observe, config.async_.queue_max_size)
+        publisher: WeightSync = _SupervisedSync(sync, supervisor, self.publish_lock)
+        if self.group is not None:
+            publisher = GatheringSync(publisher, self.group)
         loop = TrainerLoop(
             model,
             optimizer,
             observed,
-            _SupervisedSync(sync, supervisor, self.publish_lock),
+            publisher,
             trigger_batch_size=config.async_.trigger_batch_size,
             global_batch_size=config.train.global_batch_size,
             mini_batch_size=config.train.mini_batch_size,
@@ -214,6 +250,7 @@ class _Run:
             reference=reference,
             metrics=metrics,
             start_version=self.version,
+            stepper=stepper,
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
@@ -284,10 +321,15 @@ class _Run:
             else:
                 found = latest_checkpoint(self.out)
                 checkpoint_path = str(found) if found else None
+        except RankFailure as exc:
+            failure = str(exc)
+            raise RunError(failure) from exc
         except BaseException as exc:
             failure = str(exc) or type(exc).__name__
             raise
         finally:
+            if self.group is not None:
+                self.group.stop()  # the followers return (or, after a failure, are stopped)
             await asyncio.to_thread(supervisor.stop_all)
             source.close()
             await sync.close()
@@ -497,15 +539,20 @@ class _Run:
             "loop": loop.state_dict(),
             "data": {"seen": set_to_ranges(self.seen_tasks)},
         }
+        step = loop.state_dict()["steps"]
+        group = self.group
         path = save_checkpoint(
             self.out,
-            step=loop.state_dict()["steps"],
-            model=loop.model,
-            optimizer=loop.optimizer,
+            step=step,
+            # Several ranks: the shadow holds the newest published weights (each step publishes
+            # before it checkpoints), and every rank writes its optimizer shards.
+            model=loop.model if group is None else group.shadow,
+            optimizer=loop.optimizer if group is None else None,
             state=state,
             pending=loop.pending(),
             tokenizer_dir=tokenizer_dir,
             keep=self.config.logging.keep_checkpoints,
+            write_extra=None if group is None else lambda tmp: group.save(tmp / DCP_DIR, step),
         )
         log.info("checkpoint %s", path)
         return path
@@ -635,6 +682,36 @@ def make_weight_sync(config: RunConfig, weights_dir: Path) -> EngineSync:
             pause_mode=inference.pause_mode,
         )
     return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)
+
+
+def _start_group(
+    ranks: Ranks, config: RunConfig, weights_dir: Path, policy_dir: Path, checkpoint: Any
+) -> RankGroup:
+    """Every rank loads and shards the policy (and the KL reference, the policy the run started
+    from), resuming the sharded optimizer from ``checkpoint``."""
+    start = Start(
+        weights_dir=str(weights_dir),
+        reference_dir=str(policy_dir) if config.algorithm.kl_coef else None,
+        resume_dir=str(checkpoint.path / DCP_DIR) if checkpoint else None,
+    )
+    try:
+        return RankGroup(ranks, config, start)
+    except ValueError as err:
+        raise RunError(str(err)) from err
+
+
+def _check_resumable(found: Path, ranks: Ranks | None) -> None:
+    """One rank saves ``optimizer.pt``, several a sharded ``dcp/``: each resumes only its own."""
+    if ranks is not None and not (found / DCP_DIR).is_dir():
+        raise RunError(
+            f"--resume: {found} was saved by one trainer rank (optimizer.pt, no {DCP_DIR}/); "
+            "resume it with async.train_workers: 1"
+        )
+    if ranks is None and not (found / "optimizer.pt").is_file():
+        raise RunError(
+            f"--resume: {found} was saved by several trainer ranks (a sharded {DCP_DIR}/); "
+            "resume it with async.train_workers > 1"
+        )
 
 
 def checkpoint_start(checkpoint: Any) -> tuple[int, list[list[int]]]:
