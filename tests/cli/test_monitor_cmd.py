@@ -123,7 +123,7 @@ def test_train_shows_the_monitor_only_on_a_terminal(
     log_dir = tmp_path / "logs"
     pubs: list[EventPublisher] = []
 
-    def run(config: object, out: Path, *, resume: bool = False) -> int:
+    def run(config: object, out: Path, *, resume: bool = False, torchrun: object = ()) -> int:
         logging.getLogger("areal.train").info("run started")
         pubs.append(publish_recorded(log_dir, pause=0.001))
         time.sleep(1.0)  # the run goes on while the monitor attaches

@@ -134,6 +134,11 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "data/context-parallel ranks); use a divisor of dp×cp",
         ),
         (
+            ["train.parallelism.dp=4", "train.parallelism.dp_replicate=3", "async.train_workers=4"],
+            "train.parallelism.dp_replicate: 3 does not divide dp = 4 (HSDP shards within a "
+            "replica group of dp / dp_replicate ranks); use a divisor of dp",
+        ),
+        (
             ["async.enabled=false", "train.global_batch_size=512", "train.mini_batch_size=8"],
             "async.queue_max_size: 256 cannot hold one sync batch of train.global_batch_size 512; "
             "raise it to at least 512",
@@ -177,7 +182,7 @@ def test_group_size_must_divide_the_batches() -> None:
 
 def test_unknown_keys_list_the_known_ones() -> None:
     assert errors_of(["train.parallelism.dq=2"]) == [
-        "train.parallelism.dq: unknown key; did you mean dp? known keys: dp, tp, pp, cp, ep"
+        "train.parallelism.dq: unknown key; did you mean dp? known keys: dp, tp, pp, cp, ep, dp_replicate"
     ]
     assert errors_of(["asyn.enabled=false"]) == [
         "asyn: unknown key; did you mean async? known keys: model, dataset, train, algorithm, "

@@ -80,6 +80,11 @@ class ParallelismConfig(_Section):
     pp: int = Field(default=1, ge=1, description="Pipeline parallel degree (stages).")
     cp: int = Field(default=1, ge=1, description="Context parallel degree.")
     ep: int = Field(default=1, ge=1, description="Expert parallel degree (MoE); divides dp × cp.")
+    dp_replicate: int = Field(
+        default=1,
+        ge=1,
+        description="HSDP: replicas of the dp ranks (dp = dp_replicate × FSDP shards); divides dp.",
+    )
 
     @property
     def world_size(self) -> int:
@@ -348,6 +353,12 @@ class RunConfig(_Section):
                 f"async.train_workers: {run.train_workers} ranks, but train.parallelism needs "
                 f"dp×tp×pp×cp = {par.dp}×{par.tp}×{par.pp}×{par.cp} = {par.world_size}; set "
                 f"async.train_workers: {par.world_size} or change the parallel sizes"
+            )
+        if par.dp % par.dp_replicate:
+            found.append(
+                f"train.parallelism.dp_replicate: {par.dp_replicate} does not divide dp = "
+                f"{par.dp} (HSDP shards within a replica group of dp / dp_replicate ranks); use a "
+                "divisor of dp"
             )
         if (par.dp * par.cp) % par.ep:
             found.append(
