@@ -43,9 +43,9 @@ from torch import Tensor
 from areal.core.run_config import RunConfig
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
-from areal.plugins.models.hf_io import load_model
+from areal.plugins.models.hf_io import load_model, model_class_for, read_config
 from areal.plugins.trainer.launch import dist_timeout
-from areal.plugins.trainer.parallel.checkpoint import load_distributed, save_distributed
+from areal.plugins.trainer.parallel.checkpoint import load_distributed, load_hf, save_distributed
 from areal.plugins.trainer.parallel.layout import MeshLayout, make_layout
 from areal.plugins.trainer.parallel.parallel_dims import ParallelDims, ParallelMesh
 from areal.plugins.trainer.parallel.parallelize import parallelize
@@ -164,10 +164,19 @@ class ShardedPolicy:
         self.layout: MeshLayout = make_layout(self.mesh)
 
     def _load(self, model_dir: str, dtype: torch.dtype) -> DecoderForCausalLM:
-        """The whole model on this rank's device, then only its shards kept (fine while one
-        copy fits a device; a meta-device load would lift that limit)."""
-        model = load_model(model_dir, dtype=dtype, device=self.ranks.device)
-        return parallelize(model, self.mesh)
+        """Only this rank's shards ever reach its device: the model is built on the meta device,
+        parallelized there, materialised empty, then filled from the checkpoint files (each
+        rank reads them and keeps its shards), as torchtitan does."""
+        config = read_config(model_dir)
+        with torch.device("meta"):
+            model = model_class_for(config)(config)
+        if config.tie_word_embeddings:
+            model.lm_head.weight = model.model.embed_tokens.weight
+        model = parallelize(model.to(dtype), self.mesh)
+        model.to_empty(device=self.ranks.device)
+        model.reset_buffers()
+        load_hf(model, model_dir)
+        return model
 
     def step(self, samples: list[Sample], options: dict[str, Any]) -> dict[str, float]:
         return train_step(
