@@ -96,7 +96,8 @@ def run_arm(
     """Wall seconds, trainer-process CPU seconds and monitor CPU seconds per step of one round."""
     from areal.core.metrics import MetricsHub, make_metric_sink
     from areal.plugins.trainer.loop import TrainerLoop
-    from areal.plugins.trainer.runner import _ObservedSource, _Run
+    from areal.plugins.trainer.observe import ObservedSource
+    from areal.plugins.trainer.runner import _Run
 
     log_dir = work / f"logs-{arm}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -123,7 +124,7 @@ def run_arm(
     loop = TrainerLoop(
         model,
         optimizer,
-        _ObservedSource(source, run.observe, 256),  # type: ignore[arg-type]
+        ObservedSource(source, run.observe, 256),  # type: ignore[arg-type]
         NoSync(),
         trigger_batch_size=128,
         mini_batch_size=64,
@@ -193,7 +194,7 @@ def unit_costs(work: Path) -> dict[str, float]:
     from areal.cli.monitor.source import read_records
     from areal.cli.monitor.state import MonitorState
     from areal.plugins.metrics.events_pub import EventPublisher
-    from areal.plugins.trainer.runner import _ArrivalWindow
+    from areal.plugins.trainer.observe import ArrivalWindow
 
     pub = EventPublisher(None)
     sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)
@@ -214,7 +215,7 @@ def unit_costs(work: Path) -> dict[str, float]:
     sub.close(0)
 
     trajectories = build_trajectories(4, version=0)
-    window = _ArrivalWindow()
+    window = ArrivalWindow()
     cpu = time.process_time()
     for t in trajectories:
         window.add(t, 1)

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
-from areal.core.queue import TrajectorySource, make_source
+from areal.core.queue import make_source
 from areal.core.run_config import RunConfig
 from areal.core.supervisor import Child, ChildFailed, Supervisor
 from areal.core.types import Trajectory
@@ -54,9 +54,9 @@ from areal.plugins.trainer.checkpoint import (
     save_checkpoint,
     set_to_ranges,
 )
-from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 from areal.plugins.trainer.launch import launched
 from areal.plugins.trainer.loop import TrainerLoop
+from areal.plugins.trainer.observe import ArrivalWindow, ObservedSource
 from areal.plugins.trainer.processes import (
     GatewayHandle,
     engine_child,
@@ -74,7 +74,8 @@ from areal.plugins.trainer.ranks import (
     init_ranks,
 )
 from areal.plugins.trainer.step import train_step
-from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSync, WeightSyncError
+from areal.plugins.trainer.supervised_sync import EngineSync, SupervisedSync, make_weight_sync
+from areal.plugins.trainer.weight_sync import WeightSync
 
 log = logging.getLogger("areal.train")
 
@@ -120,7 +121,7 @@ class _Run:
         self.stopped_by = "max_steps"
         self.rollout_step = 0
         self._rollout_window: list[Trajectory] = []
-        self._arrivals = _ArrivalWindow()
+        self._arrivals = ArrivalWindow()
         self.hub: MetricsHub | None = None
         self.dropped_at_start = 0
         # For the live monitor: episodes received per rollout worker, generated tokens of each
@@ -225,8 +226,8 @@ class _Run:
         )
         metrics = self.hub = self.metrics()
         self.supervisor = supervisor
-        observed = _ObservedSource(source, self.observe, config.async_.queue_max_size)
-        publisher: WeightSync = _SupervisedSync(sync, supervisor, self.publish_lock)
+        observed = ObservedSource(source, self.observe, config.async_.queue_max_size)
+        publisher: WeightSync = SupervisedSync(sync, supervisor, self.publish_lock)
         if self.group is not None:
             publisher = GatheringSync(publisher, self.group)
         loop = TrainerLoop(
@@ -487,7 +488,7 @@ class _Run:
     async def account(
         self,
         gateway: GatewayHandle,
-        observed: _ObservedSource,
+        observed: ObservedSource,
         loop: TrainerLoop,
         metrics: MetricsHub,
     ) -> None:
@@ -571,117 +572,6 @@ class _Run:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, on_signal)
-
-
-class _ArrivalWindow:
-    """A rollout batch's samples by staleness on arrival (``"12,3"``: 12 samples 0 versions behind
-    the trainer when they reached it, 3 one behind), and the newest policy version among them."""
-
-    def __init__(self) -> None:
-        self.hist: list[int] = []
-        self.newest = -1
-
-    def add(self, trajectory: Trajectory, trainer_version: int) -> None:
-        for sample in trajectory.samples:
-            generated = set(sample.versions)  # a set: C speed on long samples; -1: prompt tokens
-            generated.discard(-1)
-            if not generated:
-                continue
-            self.newest = max(self.newest, max(generated))
-            lag = max(0, trainer_version - min(generated))
-            self.hist.extend([0] * (lag + 1 - len(self.hist)))
-            self.hist[lag] += 1
-
-    def take(self) -> dict[str, MetricValue]:
-        values: dict[str, MetricValue] = {
-            "version": self.newest,
-            "staleness_hist": ",".join(map(str, self.hist)),
-        }
-        self.hist, self.newest = [], -1
-        return values
-
-
-class _ObservedSource:
-    """The trajectory queue, with every trajectory shown to ``observe`` as the trainer takes it,
-    and the time it spent full (back-pressure on the rollout side), sampled at each take."""
-
-    def __init__(
-        self, source: TrajectorySource, observe: Callable[[Trajectory], None], limit: int
-    ) -> None:
-        self.source = source
-        self.observe = observe
-        self.limit = limit
-        self._full_s = 0.0
-        self._last = time.monotonic()
-        self._was_full = False
-
-    async def aget(self, timeout: float | None = None) -> Trajectory | None:
-        self.full_seconds()
-        trajectory = await self.source.aget(timeout)
-        if trajectory is not None:
-            self.observe(trajectory)
-        return trajectory
-
-    def full_seconds(self) -> float:
-        """Seconds the queue was at ``queue_max_size`` so far (as seen at each sample)."""
-        now = time.monotonic()
-        if self._was_full:
-            self._full_s += now - self._last
-        self._last = now
-        self._was_full = self.source.buffered >= self.limit
-        return self._full_s
-
-
-class _SupervisedSync:
-    """Disk weight sync to the engines that are up; one that died mid-publish is skipped (its
-    restart loads the newest weights), any other failure stops the run."""
-
-    def __init__(self, sync: EngineSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
-        self.sync = sync
-        self.supervisor = supervisor
-        self.lock = lock
-        self.all_urls = list(sync.engine_urls)
-
-    async def publish(self, model: Any, version: int) -> float:
-        async with self.lock:
-            for _attempt in range(3):
-                live = [
-                    c.url
-                    for c in self.supervisor.children
-                    if c.name.startswith("engine") and c.up and c.running and c.url
-                ]
-                self.sync.engine_urls = live
-                try:
-                    return await self.sync.publish(model, version)
-                except WeightSyncError as err:
-                    dead = [
-                        c for c in self.supervisor.children if c.url == err.url and not c.running
-                    ]
-                    if not dead:
-                        raise
-                    log.warning("%s died during the weight sync; it will catch up", err.url)
-            raise WeightSyncError("publish", None, "engines kept dying during the weight sync")
-
-    async def close(self) -> None:
-        await self.sync.close()
-
-
-EngineSync = DiskWeightSync | CollectiveWeightSync
-
-
-def make_weight_sync(config: RunConfig, weights_dir: Path) -> EngineSync:
-    """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
-    embedded engine on CPU, NCCL to SGLang on GPUs)."""
-    inference = config.inference
-    if inference.weight_sync == "collective":
-        backend = "nccl" if inference.backend == "sglang" else "gloo"
-        return CollectiveWeightSync(
-            [],
-            backend=backend,
-            bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
-            pause_mode=inference.pause_mode,
-        )
-    return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)
 
 
 def _start_group(

@@ -1,0 +1,83 @@
+"""Weight sync inside a supervised run: publish to the engines that are up, skip one that dies
+mid-publish (its restart catches up), and choose the sync ``inference.weight_sync`` names."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from areal.core.process import ServerProcess
+from areal.core.run_config import RunConfig
+from areal.core.supervisor import Supervisor
+from areal.plugins.trainer.collective_sync import CollectiveWeightSync
+from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+
+log = logging.getLogger("areal.train")
+
+EngineSync = DiskWeightSync | CollectiveWeightSync
+
+
+class SupervisedSync:
+    """Disk weight sync to the engines that are up; one that died mid-publish is skipped (its
+    restart loads the newest weights), any other failure stops the run."""
+
+    def __init__(self, sync: EngineSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
+        self.sync = sync
+        self.supervisor = supervisor
+        self.lock = lock
+        self.all_urls = list(sync.engine_urls)
+
+    async def publish(self, model: Any, version: int) -> float:
+        async with self.lock:
+            for _attempt in range(3):
+                engines = [
+                    c
+                    for c in self.supervisor.children
+                    if c.name.startswith("engine") and c.up and c.running and c.url
+                ]
+                self.sync.engine_urls = [c.url for c in engines if c.url]
+                seen = {c.url: c.process for c in engines}
+                try:
+                    return await self.sync.publish(model, version)
+                except WeightSyncError as err:
+                    if not await self._died(err.url, seen.get(err.url)):
+                        raise
+                    log.warning("%s died during the weight sync; it will catch up", err.url)
+            raise WeightSyncError("publish", None, "engines kept dying during the weight sync")
+
+    async def _died(
+        self, url: str | None, process: ServerProcess | None, grace_s: float = 3.0
+    ) -> bool:
+        """Did the engine at ``url`` die (the process the sync talked to has exited, or the
+        supervisor already replaced it)? A killed engine's connection can drop a moment before
+        its process is gone, so this waits up to ``grace_s`` for the process to say so."""
+        child = next((c for c in self.supervisor.children if url and c.url == url), None)
+        if child is None or process is None:
+            return False
+        deadline = asyncio.get_running_loop().time() + grace_s
+        while True:
+            if child.process is not process or not process.running:
+                return True
+            if asyncio.get_running_loop().time() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        await self.sync.close()
+
+
+def make_weight_sync(config: RunConfig, weights_dir: Path) -> EngineSync:
+    """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
+    embedded engine on CPU, NCCL to SGLang on GPUs)."""
+    inference = config.inference
+    if inference.weight_sync == "collective":
+        backend = "nccl" if inference.backend == "sglang" else "gloo"
+        return CollectiveWeightSync(
+            [],
+            backend=backend,
+            bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
+            pause_mode=inference.pause_mode,
+        )
+    return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)
