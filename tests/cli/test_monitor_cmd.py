@@ -104,6 +104,29 @@ def test_a_finished_run_dir_is_replayed_from_metrics_jsonl(tmp_path: Path) -> No
     assert result.stdout == FINISHED
 
 
+def test_json_gives_scripts_what_the_panels_show(tmp_path: Path) -> None:
+    """The same numbers over PUB/SUB and from the file, computed from the recorded events."""
+    records = read_records(RECORDED)
+    trains = [r for r in records if r["event"] == "train"]
+    pub = publish_recorded(tmp_path)
+    try:
+        live = runner.invoke(make_app(), ["monitor", str(tmp_path), "--json"])
+    finally:
+        pub.close()
+    (tmp_path / "replay").mkdir()
+    shutil.copy(RECORDED, tmp_path / "replay" / "metrics.jsonl")
+    replay = runner.invoke(make_app(), ["monitor", str(tmp_path / "replay"), "--json"])
+    assert live.exit_code == replay.exit_code == 0, live.output + replay.output
+    data = json.loads(live.stdout)
+    assert data == json.loads(replay.stdout)
+    assert data["records"] == len(records)
+    assert data["latest"]["train"]["step"] == trains[-1]["step"]
+    assert data["elapsed_s"] == round(records[-1]["time"] - records[0]["time"], 3)
+    hist = [r["staleness_hist"] for r in records if r["event"] == "rollout"]
+    total = sum(int(c) for h in hist for c in h.split(","))
+    assert sum(data["staleness_on_arrival"]) == total
+
+
 def test_nothing_to_watch_is_one_line(tmp_path: Path) -> None:
     result = runner.invoke(make_app(), ["monitor", str(tmp_path / "nope")])
     assert result.exit_code != 0 and "no such run directory" in str(result.exception)

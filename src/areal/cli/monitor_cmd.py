@@ -7,6 +7,8 @@ Example: ``areal monitor runs/quickstart/logs``. Fed by the events the run publi
 
 from __future__ import annotations
 
+import json
+
 import typer
 
 from areal.cli.errors import CLIError
@@ -24,6 +26,9 @@ def monitor_command(
         None, "--exit-after", help="Stop watching after this many seconds.", min=0
     ),
     width: int | None = typer.Option(None, "--width", help="Columns (default: the terminal's)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print what the panels show as JSON, once (implies --once)."
+    ),
 ) -> None:
     """Watch a training run: steps, staleness, queue, throughput, reward and loss, weight syncs.
 
@@ -39,18 +44,25 @@ def monitor_command(
     console = Console(width=width)
     panels = live.plugin_panels()
     state = MonitorState()
+
+    def show() -> None:
+        if as_json:
+            typer.echo(json.dumps(state.summary(), indent=2, default=str))
+        else:
+            console.print(render(state, panels))
+
     if where.replay is not None:
         state.feed_all(source.read_records(where.replay))
-        console.print(render(state, panels))
+        show()
         return
     assert where.address is not None
     subscriber = source.Subscriber(where.address)
     try:
-        if once:
+        if once or as_json:
             live.collect(subscriber, state, timeout=exit_after if exit_after is not None else 5.0)
             if not state.records:
                 raise CLIError(f"no events from {where.address} (is the run still going?)")
-            console.print(render(state, panels))
+            show()
         else:
             pid = where.pid
             alive = (lambda: source.pid_alive(pid)) if pid is not None else None

@@ -151,3 +151,21 @@ class MonitorState:
             )
             for n in names
         ]
+
+    def summary(self) -> dict[str, Any]:
+        """What the panels show, as data for scripts (``areal monitor --json``)."""
+        return {
+            "records": self.records,
+            "elapsed_s": round(self.elapsed(), 3),
+            "eta_s": self.eta(),
+            "latest": {event: dict(values) for event, values in self._latest.items()},
+            "staleness_on_arrival": list(self.staleness),
+            "samples_per_s": {
+                "rollout": self.rate("rollout", "generated"),
+                "train": self.rate("train", "updated"),
+            },
+            "workers": [
+                {"worker": name, "in_flight": running, "episodes": episodes}
+                for name, running, episodes in self.workers()
+            ],
+        }
