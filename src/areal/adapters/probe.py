@@ -12,7 +12,6 @@ feeding a training run adds nothing to the training data.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import json
 import time
 from collections.abc import Mapping
@@ -197,16 +196,12 @@ class ProbeWorker(RolloutWorker):
 
     async def _play(self, episode: Episode) -> float | None:
         try:
-            out = self.agent(episode)
-            out = await out if inspect.isawaitable(out) else out
+            out = await self._run_agent(episode)
             if isinstance(out, str):
                 self.report.answer = out
                 if self.reward_fn is None:
-                    return None
-                scored = self.reward_fn(completion=out, task=episode.task)
-                out = await scored if inspect.isawaitable(scored) else scored
-            if out is not None:
-                self.report.reward = float(out)
+                    out = None  # an answer nothing scores: reported, not a failure
+            self.report.reward = await self._reward(out, episode)
             self.report.outcome = "finished"
             return self.report.reward
         except TimeoutError:
@@ -252,9 +247,7 @@ async def probe(
     started = time.monotonic()
     try:
         stats = await worker.run([dict(task or DEFAULT_TASK)])
-    except RolloutError:
-        raise
-    except aiohttp.ClientConnectionError as err:
+    except aiohttp.ClientConnectionError as err:  # the trace's call (the rest raise RolloutError)
         raise RolloutError(describe_unreachable(url)) from err
     if stats.timed_out:
         report.outcome = "timed_out"

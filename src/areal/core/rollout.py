@@ -311,9 +311,14 @@ class RolloutWorker:
 
     async def _play(self, episode: Episode) -> float | None:
         """Run the agent and turn what it returns into the episode's reward."""
+        return await self._reward(await self._run_agent(episode), episode)
+
+    async def _run_agent(self, episode: Episode) -> Any:
         out = self.agent(episode)
-        if inspect.isawaitable(out):
-            out = await out
+        return await out if inspect.isawaitable(out) else out
+
+    async def _reward(self, out: Any, episode: Episode) -> float | None:
+        """The agent's result as a reward: a number as is, an answer scored by ``reward_fn``."""
         if out is None:
             return None
         if isinstance(out, str):

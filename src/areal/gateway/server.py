@@ -250,16 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             api_key=args.api_key,
             log_dir=args.log_dir,
             log_level=args.log_level,
-            training=TrainingFlags(
-                sink=args.sink,
-                sink_address=args.sink_address,
-                staleness_threshold=args.staleness_threshold,
-                trigger_batch_size=args.trigger_batch_size,
-                max_concurrent=args.max_concurrent,
-                start_version=args.start_version,
-                discount=args.discount,
-                session_idle_timeout=args.session_idle_timeout,
-            ),
+            training=TrainingFlags.from_values(args),
         )
     except (ValueError, OSError) as err:
         print(f"error: {err}", file=sys.stderr)

@@ -7,7 +7,7 @@ starts the gateway with them. Light on purpose (no aiohttp, no zmq): ``areal --h
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 from areal.core.staleness import StalenessBudget
@@ -44,6 +44,11 @@ class TrainingFlags:
     start_version: int = 0
     discount: float = 1.0
     session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
+
+    @classmethod
+    def from_values(cls, values: Any) -> TrainingFlags:
+        """The flags out of an object holding them by name (argparse's namespace)."""
+        return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
     def check(self) -> TrainingFlags:
         if self.sink not in SINKS:

@@ -27,7 +27,7 @@ import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat
+from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat, play_episode
 
 if TYPE_CHECKING:
     from areal.core.rollout import Episode
@@ -126,9 +126,4 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
 
 async def agent(episode: Episode) -> float:
     """The task set's agent (an :data:`areal.core.rollout.AgentFn`): play, return the reward."""
-    client = episode.openai_client()
-    try:
-        outcome = await play(client, episode.model, episode.task, min(2, episode.max_turns))
-    finally:
-        await client.close()
-    return outcome.score.total
+    return await play_episode(play, episode)

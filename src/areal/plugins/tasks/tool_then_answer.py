@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -201,6 +201,15 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
 
 async def agent(episode: Episode) -> float:
     """The task set's agent (an :data:`areal.core.rollout.AgentFn`): play, return the reward."""
+    return await play_episode(play, episode)
+
+
+Play = Callable[[Any, str, Mapping[str, Any], int], Awaitable[Outcome]]
+
+
+async def play_episode(play: Play, episode: Episode) -> float:
+    """Run a task set's ``play`` (at most two calls) with the episode's own client; its total
+    score is the reward. Shared by the built-in task sets' agents."""
     client = episode.openai_client()
     try:
         outcome = await play(client, episode.model, episode.task, min(2, episode.max_turns))
