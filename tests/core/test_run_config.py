@@ -134,6 +134,16 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "data/context-parallel ranks); use a divisor of dp×cp",
         ),
         (
+            [
+                "train.parallelism.dp=4",
+                "train.parallelism.dp_replicate=2",
+                "train.parallelism.ep=4",
+                "async.train_workers=4",
+            ],
+            "train.parallelism.ep: 4 does not divide (dp / dp_replicate)×cp = 2 (experts are "
+            "sharded over data/context-parallel ranks); use a divisor of (dp / dp_replicate)×cp",
+        ),
+        (
             ["train.parallelism.dp=4", "train.parallelism.dp_replicate=3", "async.train_workers=4"],
             "train.parallelism.dp_replicate: 3 does not divide dp = 4 (HSDP shards within a "
             "replica group of dp / dp_replicate ranks); use a divisor of dp",

@@ -23,12 +23,12 @@ class AnthropicAdapter(LibraryAdapter):
     framework = "anthropic_sdk"
 
     def base_url(self, episode: Episode) -> str:
-        return gateway_root(episode)
+        return gateway_root(episode.base_url)
 
     def environment(self, episode: Episode) -> dict[str, str]:
         # The auth token too: the SDK would otherwise send the machine's ANTHROPIC_AUTH_TOKEN.
         key = episode.api_key
-        root = gateway_root(episode)
+        root = gateway_root(episode.base_url)
         return {"ANTHROPIC_BASE_URL": root, "ANTHROPIC_API_KEY": key, "ANTHROPIC_AUTH_TOKEN": key}
 
     # Clients are built inside the episode's environment (see LibraryAdapter.agent_fn), so the
@@ -45,7 +45,7 @@ class AnthropicAdapter(LibraryAdapter):
 
     def _options(self, episode: Episode) -> dict[str, Any]:
         return {
-            "base_url": gateway_root(episode),
+            "base_url": gateway_root(episode.base_url),
             "api_key": episode.api_key,
             "max_retries": 0,
             **self.options,

@@ -198,6 +198,7 @@ def load_agent_config(value: Mapping[str, Any] | str | Path | None) -> dict[str,
     return dict(found)
 
 
-def gateway_root(episode: Episode) -> str:
-    """The gateway's URL without ``/v1``: what SDKs that add ``/v1/...`` themselves want."""
-    return episode.base_url.rstrip("/").removesuffix("/v1")
+def gateway_root(base_url: str) -> str:
+    """The gateway's URL without ``/v1``: what SDKs and CLIs that add ``/v1/...`` themselves
+    want (the Anthropic SDK, Claude Code, OpenClaw's Anthropic provider)."""
+    return base_url.rstrip("/").removesuffix("/v1")

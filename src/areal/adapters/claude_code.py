@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.adapters.base import Adapter
+from areal.adapters.base import Adapter, gateway_root
 from areal.core.rollout import Episode
 
 INSTALL_HINT = (
@@ -246,12 +246,6 @@ def prepare_workspace(work: Path, template: str | None, task: Mapping[str, Any])
             raise ClaudeCodeError(f"task file {name!r} lies outside the workspace")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-
-
-def gateway_root(base_url: str) -> str:
-    """Claude Code adds ``/v1/messages`` itself: the gateway's URL without ``/v1``."""
-    url = base_url.rstrip("/")
-    return url.removesuffix("/v1")
 
 
 def claude_session_id(episode: Episode) -> str:

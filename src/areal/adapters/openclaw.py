@@ -21,11 +21,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from areal.adapters.base import Adapter
+from areal.adapters.base import Adapter, gateway_root
 from areal.adapters.claude_code import (
     HarnessError,
     HarnessTimeout,
-    gateway_root,
     prepare_workspace,
     redacted_tail,
     run_group,

@@ -20,6 +20,7 @@ from typing import Any
 
 import aiohttp
 
+from areal.adapters.base import gateway_root
 from areal.core.reachability import describe_unreachable
 from areal.core.rewards import RewardFn
 from areal.core.rollout import Episode, RolloutError, RolloutWorker
@@ -73,11 +74,12 @@ class ProbeReport:
         return all(c.status != "fail" for c in self.checks())
 
     def to_json(self) -> dict[str, Any]:
+        checks = self.checks()
         return {
             **asdict(self),
             "samples": self.samples,
-            "ok": self.ok(),
-            "checks": [asdict(c) for c in self.checks()],
+            "ok": all(c.status != "fail" for c in checks),
+            "checks": [asdict(c) for c in checks],
         }
 
     # --- the verdicts ---------------------------------------------------------------------------
@@ -229,7 +231,7 @@ async def probe(
     session_fields: Mapping[str, Any] | None = None,
 ) -> ProbeReport:
     """Run one episode of ``agent`` (an :data:`~areal.core.rollout.AgentFn`) and explain it."""
-    url = gateway_url.rstrip("/").removesuffix("/v1")
+    url = gateway_root(gateway_url)
     report = ProbeReport(gateway=url)
     worker = ProbeWorker(
         url,

@@ -12,7 +12,7 @@ import asyncio
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -20,7 +20,9 @@ from rich.console import Console
 from rich.markup import escape
 
 from areal.core.config import ConfigError, RouterConfig, substitute_env
-from areal.tools.channel_probe import ChannelProbe, ProbeResult
+
+if TYPE_CHECKING:  # the probe pulls in aiohttp and the gateway: loaded only when the check runs
+    from areal.tools.channel_probe import ChannelProbe, ProbeResult
 
 USAGE_EXIT = 2
 BROKEN_EXIT = 1
@@ -65,6 +67,8 @@ def check_channel_command(
 
 
 def _probe(config: Path, model: str | None, prompt: str, max_tokens: int) -> ChannelProbe:
+    from areal.tools.channel_probe import ChannelProbe
+
     try:
         router = RouterConfig.load(config)
     except ConfigError as err:
@@ -109,6 +113,8 @@ def _missing_key(config: Path) -> ProbeResult | None:
 
     Read before ``${ENV}`` substitution, which would only say "not set" for the whole file.
     """
+    from areal.tools.channel_probe import ProbeResult
+
     try:
         data = yaml.safe_load(config.read_text())
     except (OSError, yaml.YAMLError):

@@ -34,6 +34,6 @@ def plot_command(
         raise CLIError("give one --label per --log-dir")
     try:
         path = plot(log_dirs, metrics, output, labels=labels or None, title=title)
-    except ValueError as err:
+    except (FileNotFoundError, ValueError) as err:
         raise CLIError(str(err)) from None
     typer.echo(str(path))

@@ -200,13 +200,14 @@ class ServerProcess:
 
 
 # No proxies: the server is on 127.0.0.1 or the cluster network, never behind HTTP_PROXY.
-_NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+# Health checks of local servers must not go through HTTP(S)_PROXY.
+NO_PROXY_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def _health_status(url: str, timeout: float) -> str:
     """One ``GET`` of a health URL: ``"HTTP <code>"``, or the error's name when none came back."""
     try:
-        with _NO_PROXY_OPENER.open(url, timeout=timeout) as response:
+        with NO_PROXY_OPENER.open(url, timeout=timeout) as response:
             return f"HTTP {response.status}"
     except urllib.error.HTTPError as exc:  # an answer, just not a 2xx one
         exc.close()

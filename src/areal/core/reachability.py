@@ -14,9 +14,10 @@ import json
 import os
 import time
 import urllib.error
-import urllib.request
 from pathlib import Path
 from urllib.parse import urlsplit
+
+from areal.core.process import NO_PROXY_OPENER
 
 RECENT_S = 120.0  # a log written this recently suggests a gateway that is still starting
 
@@ -59,7 +60,7 @@ def describe_unreachable(url: str, *, log_path: str | Path | None = None) -> str
 def _health(url: str) -> str | None:
     """``"gateway"`` when an areal gateway answers; else what answered (status); None: nothing."""
     try:
-        with urllib.request.urlopen(url, timeout=2.0) as resp:
+        with NO_PROXY_OPENER.open(url, timeout=2.0) as resp:  # a proxy would answer for it
             body = resp.read(4096)
     except urllib.error.HTTPError as err:
         return f"HTTP {err.code}"

@@ -360,10 +360,13 @@ class RunConfig(_Section):
                 f"{par.dp} (HSDP shards within a replica group of dp / dp_replicate ranks); use a "
                 "divisor of dp"
             )
-        if (par.dp * par.cp) % par.ep:
+        # Experts shard over the FSDP ranks of one replica (ParallelDims: dp_shard × cp).
+        shard_cp = par.dp // par.dp_replicate * par.cp
+        if shard_cp % par.ep:
+            what = "dp×cp" if par.dp_replicate == 1 else "(dp / dp_replicate)×cp"
             found.append(
-                f"train.parallelism.ep: {par.ep} does not divide dp×cp = {par.dp * par.cp} "
-                "(experts are sharded over data/context-parallel ranks); use a divisor of dp×cp"
+                f"train.parallelism.ep: {par.ep} does not divide {what} = {shard_cp} "
+                f"(experts are sharded over data/context-parallel ranks); use a divisor of {what}"
             )
         if algo.advantage in ("grpo", "rloo"):
             if algo.advantage == "rloo" and algo.group_size < 2:

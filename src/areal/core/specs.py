@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def load_object(path: str) -> Any:
-    """Import ``"package.module:attr"`` and return the attribute."""
-    module_name, _, attr = path.partition(":")
-    if not attr:
-        raise ValueError(f"expected 'module:attr', got {path!r}")
-    obj: Any = importlib.import_module(module_name)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return obj
+from areal.core.tasks import load_object  # one importer of "module:attr" names
 
 
 @dataclass(frozen=True)

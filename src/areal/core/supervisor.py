@@ -65,12 +65,6 @@ class Supervisor:
         self.children.append(child)
         return child
 
-    def get(self, name: str) -> Child:
-        for child in self.children:
-            if child.name == name:
-                return child
-        raise KeyError(name)
-
     async def start_all(self) -> None:
         """Start the children stage by stage (a stage's children at once), each healthy before
         the next stage starts: the gateway needs its engines up, the workers their gateway."""

@@ -56,6 +56,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         assert isinstance(version, int) and isinstance(dropped, int)
         sessions.budget.set_version(version)
         sessions.budget.release_dropped(dropped)
+        sessions.capacity_changed()
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def discard(request: web.Request) -> web.Response:

@@ -36,6 +36,7 @@ so no locks are needed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import secrets
@@ -62,7 +63,7 @@ log = logging.getLogger("areal.gateway.sessions")
 ENDED_KEPT = 4096  # ended sessions whose status can still be asked for
 CALLS_KEPT = 256  # calls remembered per session (for probes; the access log has them all)
 KEY_MIN_CHARS = 16
-POLL_S = 0.01  # how often a long-polling open (wait_s) checks the budget again
+FALLBACK_POLL_S = 0.25  # a long poll's check for changes nobody announced
 WAIT_MAX_S = 60.0
 
 
@@ -159,6 +160,7 @@ class SessionManager:
         self._by_id: dict[str, Session] = {}
         self._by_hint: dict[str, Session] = {}
         self._ended: OrderedDict[str, Session] = OrderedDict()
+        self._changed = asyncio.Event()  # set (and replaced) by capacity_changed
         self._closed = False
 
     # --- used by the app ------------------------------------------------------------------------
@@ -205,6 +207,7 @@ class SessionManager:
         session.completions.append(completion)
         if generation.versions:  # the engines' weights show how far the trainer has got
             self.budget.set_version(max(generation.versions))
+            self.capacity_changed()
         return completion.completion_id
 
     def add_routes(self, app: web.Application, prefixes: tuple[str, ...]) -> None:
@@ -281,17 +284,27 @@ class SessionManager:
 
     async def open_waiting(self, wait_s: float, **fields: Any) -> Session:
         """:meth:`open`, holding the request up to ``wait_s`` seconds while the answer would be
-        429 (budget full, fixed key busy): a long poll. A rollout worker then starts its episode
-        within ``POLL_S`` of a slot freeing, where waiting out ``Retry-After`` (whole seconds)
-        cost a synchronous run ~7 % of its throughput."""
+        429 (budget full, fixed key busy): a long poll. A waiter tries again when a slot may have
+        freed (:meth:`capacity_changed`: an episode ended, the version moved), so a rollout worker
+        starts its episode right then, where waiting out ``Retry-After`` (whole seconds) cost a
+        synchronous run ~7 % of its throughput; ``FALLBACK_POLL_S`` covers changes made around
+        this manager (a budget moved directly)."""
         deadline = time.monotonic() + wait_s
         while True:
+            changed = self._changed
             try:
                 return self.open(**fields)
             except GatewayError as err:
-                if err.status != 429 or time.monotonic() + POLL_S > deadline:
+                left = deadline - time.monotonic()
+                if err.status != 429 or left <= 0:
                     raise
-            await asyncio.sleep(POLL_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), min(left, FALLBACK_POLL_S))
+
+    def capacity_changed(self) -> None:
+        """Wake the long polls: a slot or a fixed key may be free now."""
+        self._changed.set()
+        self._changed = asyncio.Event()
 
     def set_reward(
         self, session: Session, reward: float, completion_id: str | None = None
@@ -343,6 +356,7 @@ class SessionManager:
                 500, f"the trajectory of session {session.session_id} could not be sent: {err}"
             ) from None
         self.budget.finish(accepted=send)
+        self.capacity_changed()
         session.summary = {
             "completions": trajectory.completions,
             "samples": len(trajectory.samples),

@@ -13,6 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from areal.core import trajectory
+from areal.core.trajectory import extends
+
 CONTEXT_TOKENS = 12  # how many tokens of text to show on each side of a break
 
 # One ordinary turn with reasoning, then the turn that extends it: the first assistant message is
@@ -83,7 +86,4 @@ def check_prefix_stability(
 
 def first_difference(earlier: list[int], later: list[int]) -> int | None:
     """The first index where ``later`` stops extending ``earlier``; None if it extends it."""
-    for i, token in enumerate(earlier):
-        if i >= len(later) or later[i] != token:
-            return i
-    return None
+    return None if extends(earlier, later) else trajectory.first_difference(earlier, later)

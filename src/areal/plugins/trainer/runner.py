@@ -121,6 +121,8 @@ class _Run:
         self.stopped_by = "max_steps"
         self.rollout_step = 0
         self._rollout_window: list[Trajectory] = []
+        self._window_samples = 0  # samples and trained tokens of _rollout_window
+        self._window_tokens = 0
         self._arrivals = ArrivalWindow()
         self.hub: MetricsHub | None = None
         self.dropped_at_start = 0
@@ -449,15 +451,19 @@ class _Run:
             self.seen_tasks.add(index)
         worker = str(trajectory.metadata.get("worker", "?"))
         self.worker_episodes[worker] = self.worker_episodes.get(worker, 0) + 1
-        self._tokens_of[trajectory.session_id] = sum(sum(s.loss_mask) for s in trajectory.samples)
+        tokens = self._tokens_of[trajectory.session_id] = sum(
+            sum(s.loss_mask) for s in trajectory.samples
+        )
         self._rollout_window.append(trajectory)
+        self._window_samples += len(trajectory.samples)
+        self._window_tokens += tokens
         self._arrivals.add(trajectory, self.version)
-        samples = sum(len(t.samples) for t in self._rollout_window)
+        samples = self._window_samples
         if samples >= self.config.async_.trigger_batch_size:
             self.rollout_step += 1
             window, self._rollout_window = self._rollout_window, []
+            tokens, self._window_samples, self._window_tokens = self._window_tokens, 0, 0
             rewards = [t.reward for t in window if t.reward is not None]
-            tokens = sum(sum(s.loss_mask) for t in window for s in t.samples)
             arrivals = self._arrivals.take()
             if self.hub is None:
                 return

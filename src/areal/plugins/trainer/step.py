@@ -33,7 +33,6 @@ from typing import Any, Protocol
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor
 
 from areal.core.plugins import registry
 from areal.core.registry import Registry
@@ -164,7 +163,7 @@ def logprobs_from_hidden(
     (a pipeline's last stage has these without the rest of the model)."""
     index = loss_mask.nonzero().squeeze(-1)
     logits = lm_head(hidden[index]).float()  # [M, V], M = trained positions
-    if isinstance(logits, DTensor):  # tensor parallel: vocab-sharded logits (loss-parallel)
+    if hasattr(logits, "device_mesh"):  # a DTensor: vocab-sharded logits (loss-parallel, TP)
         from areal.plugins.trainer.parallel.loss_parallel import vocab_parallel_logprobs
 
         picked = vocab_parallel_logprobs(logits, target_ids[index])
@@ -243,6 +242,7 @@ def train_step(
 
     # Minibatches by samples; each becomes this rank's packs (sample_index made global). The
     # token counts come from the samples themselves, so every rank knows the global ones.
+    loss_mask = aligned_loss_mask(samples)  # [N, T]: also each minibatch's valid-token count
     minibatches: list[list[PackedBatch]] = []
     mb_tokens: list[int] = []
     mb_valid_tokens: list[int] = []
@@ -251,7 +251,7 @@ def train_step(
         packs = layout.packs(chunk, start, max_tokens)
         minibatches.append([p.to(device) for p in packs])
         mb_tokens.append(sum(len(s.input_ids) for s in chunk))
-        mb_valid_tokens.append(sum(sum(1 for m in s.loss_mask[1:] if m) for s in chunk))
+        mb_valid_tokens.append(int(loss_mask[start : start + mini_batch_size].sum()))
 
     # 1. Advantages, [N, T] in the prediction-aligned layout, from the rewards less the optional
     # KL-to-reference penalty.
@@ -265,7 +265,7 @@ def train_step(
     token_adv = advantage_fn(
         rewards=rewards,
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
-        loss_mask=aligned_loss_mask(samples),
+        loss_mask=loss_mask,
         **(advantage_options or {}),
     ).to(device=device, dtype=torch.float32)
 

@@ -27,7 +27,6 @@ class SupervisedSync:
         self.sync = sync
         self.supervisor = supervisor
         self.lock = lock
-        self.all_urls = list(sync.engine_urls)
 
     async def publish(self, model: Any, version: int) -> float:
         async with self.lock:
