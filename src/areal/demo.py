@@ -52,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="runs/quickstart")
     parser.add_argument("--set", action="append", default=[], help="override: key=value")
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    from areal.train import LOG_FORMAT
+
+    logging.basicConfig(level="INFO", format=LOG_FORMAT)
     try:
         config = load_run_config(args.config, args.set)
     except ConfigError as err:

@@ -16,6 +16,8 @@ from typing import Any
 from areal.core.config import ConfigError
 from areal.core.run_config import RunConfig, load_run_config
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # areal train's log lines
+
 # AGENT_CONFIG keys that become run config keys; model_base_url, api_key and model_name are the
 # agent's own settings, which the rollout worker overrides for every episode (the gateway's URL,
 # the episode's key, the policy's model id).
@@ -99,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN')",
     )
     args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level="INFO", format=LOG_FORMAT)
     try:
         config = load(args.config, args.set, args.agent_config)
     except ConfigError as err:

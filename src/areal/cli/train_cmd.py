@@ -22,8 +22,6 @@ from areal.core.config import ConfigError
 if TYPE_CHECKING:
     from areal.core.run_config import RunConfig
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-
 
 def train_command(
     config: Path = typer.Argument(..., help="Run config YAML (${VAR} read from the environment)."),
@@ -69,7 +67,7 @@ def train_command(
     if _on_terminal() and (names is None or "events" in names):
         code = _run_with_monitor(run_config, out, resume, extra)
     else:
-        logging.basicConfig(level="INFO", format=LOG_FORMAT)
+        logging.basicConfig(level="INFO", format=entry.LOG_FORMAT)
         code = entry.run(run_config, out, resume=resume, torchrun=extra)
     if code:
         raise typer.Exit(code)

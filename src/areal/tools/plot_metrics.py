@@ -14,29 +14,37 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 DEFAULT_EVENT = "train"
 
 
-def read_series(log_dir: str | Path, metric: str) -> tuple[list[int], list[float]]:
-    """``(steps, values)`` of one metric in a run's ``metrics.jsonl``."""
-    event, _, key = metric.rpartition("/")
-    event = event or DEFAULT_EVENT
+def read_records(log_dir: str | Path) -> list[dict[str, Any]]:
+    """Every record of a run's ``metrics.jsonl``."""
     path = Path(log_dir) / "metrics.jsonl"
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist (is {log_dir} a run's log dir?)")
+    with path.open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def series(records: Sequence[dict[str, Any]], metric: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of one metric (``key`` of the train event, or ``event/key``)."""
+    event, _, key = metric.rpartition("/")
+    event = event or DEFAULT_EVENT
     steps: list[int] = []
     values: list[float] = []
-    with path.open(encoding="utf-8") as f:
-        for line in f:
-            if not line.strip():
-                continue
-            record = json.loads(line)
-            value = record.get(key)
-            if record.get("event") == event and isinstance(value, int | float):
-                steps.append(int(record["step"]))
-                values.append(float(value))
+    for record in records:
+        value = record.get(key)
+        if record.get("event") == event and isinstance(value, int | float):
+            steps.append(int(record["step"]))
+            values.append(float(value))
     return steps, values
+
+
+def read_series(log_dir: str | Path, metric: str) -> tuple[list[int], list[float]]:
+    """``(steps, values)`` of one metric in a run's ``metrics.jsonl``."""
+    return series(read_records(log_dir), metric)
 
 
 def plot(
@@ -54,11 +62,12 @@ def plot(
     import matplotlib.pyplot as plt
 
     labels = list(labels) if labels else [str(d) for d in log_dirs]
+    runs = [read_records(d) for d in log_dirs]  # each file read once, whatever the metrics
     fig, axes = plt.subplots(len(metrics), 1, figsize=(7, 2.6 * len(metrics)), squeeze=False)
     for ax, metric in zip(axes[:, 0], metrics, strict=True):
         empty = True
-        for log_dir, label in zip(log_dirs, labels, strict=True):
-            steps, values = read_series(log_dir, metric)
+        for records, label in zip(runs, labels, strict=True):
+            steps, values = series(records, metric)
             if steps:
                 ax.plot(steps, values, label=label, linewidth=1.5)
                 empty = False
