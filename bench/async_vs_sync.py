@@ -16,7 +16,7 @@ gateway and the rollout worker inherit the trainer's core. The phases, in this o
    trains first (the stream's samples in order, generated in phase 1), on the trainer's core, in
    a worker thread as the trainer runs it. The pipeline bound is min(generation, training).
 3. **sync run** (``async.enabled: false``), then 4. **async run** (``async.enabled: true``): the
-   real ``areal train`` (:func:`~areal.plugins.trainer.runner.train`) with the same workload,
+   real ``areal train`` (:func:`~areal.run.runner.train`) with the same workload,
    batch size, concurrency cap and steps. Samples/s in steady state from the ``train`` events of
    ``metrics.jsonl``: (``updated`` over steps k+1..N) / (time_N - time_k), k = ``skip``.
 
@@ -65,21 +65,21 @@ import longtail_agent  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-from areal.core.config import RouterConfig  # noqa: E402
 from areal.core.queue import make_source  # noqa: E402
 from areal.core.run_config import RunConfig, run_config_from_dict  # noqa: E402
-from areal.core.supervisor import Supervisor  # noqa: E402
 from areal.core.types import Sample, Trajectory  # noqa: E402
+from areal.gateway.router_config import RouterConfig  # noqa: E402
 from areal.plugins.models.hf_io import load_model  # noqa: E402
 from areal.plugins.models.tiny import init_tiny  # noqa: E402
-from areal.plugins.trainer.processes import (  # noqa: E402
+from areal.plugins.trainer.step import train_step  # noqa: E402
+from areal.run.processes import (  # noqa: E402
     engine_child,
     gateway_child,
     router_config,
     worker_child,
 )
-from areal.plugins.trainer.runner import train  # noqa: E402
-from areal.plugins.trainer.step import train_step  # noqa: E402
+from areal.run.runner import train  # noqa: E402
+from areal.run.supervisor import Supervisor  # noqa: E402
 
 ENGINE_CORE, TRAINER_CORE = 0, 1
 BUSY_CORES = 0.25  # other load (in cores) above which a figure is flagged as disturbed

@@ -28,7 +28,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-from areal.core.rollout import Episode
+from areal.core.episode import Episode
 
 SHORT = (8, 24)  # the body: uniform on [8, 24]
 TAIL_SHARE = 0.25  # the share of episodes in the tail

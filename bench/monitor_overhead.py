@@ -4,7 +4,7 @@ Run: ``.venv/bin/python bench/monitor_overhead.py [--steps 8] [--rounds 3] [--js
 
 The workload is the quickstart's trainer side: areal's ``tiny`` model, GRPO steps of 128 samples
 (16 tasks x 8, 40 prompt + 16 generated tokens, mini-batches of 64), driven by the real
-:class:`~areal.plugins.trainer.loop.TrainerLoop` through the runner's own per-trajectory hook
+:class:`~areal.run.loop.TrainerLoop` through the runner's own per-trajectory hook
 (``_Run.observe``: the ``rollout`` events, the staleness histogram, tokens per worker) from an
 in-memory queue, with a weight sync that does nothing. Leaving out generation and the weight sync
 makes a step shorter than in a real run, so the overhead measured here is an upper bound.
@@ -95,9 +95,9 @@ def run_arm(
 ) -> tuple[float, float, float]:
     """Wall seconds, trainer-process CPU seconds and monitor CPU seconds per step of one round."""
     from areal.core.metrics import MetricsHub, make_metric_sink
-    from areal.plugins.trainer.loop import TrainerLoop
-    from areal.plugins.trainer.observe import ObservedSource
-    from areal.plugins.trainer.runner import _Run
+    from areal.run.loop import TrainerLoop
+    from areal.run.observe import ObservedSource
+    from areal.run.runner import _Run
 
     log_dir = work / f"logs-{arm}"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ def unit_costs(work: Path) -> dict[str, float]:
     from areal.cli.monitor.source import read_records
     from areal.cli.monitor.state import MonitorState
     from areal.plugins.metrics.events_pub import EventPublisher
-    from areal.plugins.trainer.observe import ArrivalWindow
+    from areal.run.observe import ArrivalWindow
 
     pub = EventPublisher(None)
     sub: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.SUB)

@@ -29,17 +29,18 @@ from typing import Any
 
 import torch
 
-from areal.core.config import RouterConfig
+from areal.core.episode import Episode
 from areal.core.http_server import ServerThread
-from areal.core.rollout import Episode, RolloutWorker
 from areal.core.tasks import TaskStream
 from areal.core.types import Trajectory
 from areal.gateway.app import build_app
+from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.tasks import tool_then_answer
 from areal.plugins.trainer.warm_start import RECORD_NAME, warm_start
+from areal.run.rollout import RolloutWorker
 
 GATEWAY_KEY = "task-check-gateway-key-0123456789"
 ADMIN_TOKEN = "task-check-admin-token-0123456789"

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-dir", default="runs/quickstart")
     parser.add_argument("--set", action="append", default=[], help="override: key=value")
     args = parser.parse_args(argv)
-    from areal.train import LOG_FORMAT
+    from areal.run.train import LOG_FORMAT
 
     logging.basicConfig(level="INFO", format=LOG_FORMAT)
     try:
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output_dir)
     fresh_run(config, out)
 
-    from areal.plugins.trainer.runner import RunError, train
+    from areal.run.runner import RunError, train
     from areal.tools.plot_metrics import plot
 
     console.rule("areal demo: asynchronous RL of an openai-SDK agent on the tiny model (CPU)")

@@ -1,115 +1,12 @@
-"""The seed article's entry point:
+"""The seed article's entry point, kept as written:
 ``python -m areal.train --config configs/agent_async_train.yaml --agent-config agent_config.py
---output-dir ./checkpoints/run_001`` (the same run as ``areal train``)."""
+--output-dir ./checkpoints/run_001`` (the same run as ``areal train``; see :mod:`areal.run.train`)."""
 
 from __future__ import annotations
 
-import argparse
-import logging
-import runpy
-import shlex
 import sys
-from collections.abc import Sequence
-from pathlib import Path
-from typing import Any
 
-from areal.core.config import ConfigError
-from areal.core.run_config import RunConfig, load_run_config
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # areal train's log lines
-
-# AGENT_CONFIG keys that become run config keys; model_base_url, api_key and model_name are the
-# agent's own settings, which the rollout worker overrides for every episode (the gateway's URL,
-# the episode's key, the policy's model id).
-AGENT_CONFIG_KEYS = {
-    "max_turns": "agent.max_turns",
-    "entrypoint": "agent.entrypoint",
-    "framework": "agent.framework",
-    "episode_timeout_s": "agent.episode_timeout_s",
-}
-
-
-def agent_config_overrides(path: str | Path) -> list[str]:
-    """``--set`` overrides from an ``agent_config.py`` that defines ``AGENT_CONFIG``."""
-    try:
-        namespace = runpy.run_path(str(path))
-    except FileNotFoundError:
-        raise ConfigError(f"--agent-config: {path} does not exist") from None
-    agent: Any = namespace.get("AGENT_CONFIG")
-    if not isinstance(agent, dict):
-        raise ConfigError(f"--agent-config: {path} must define AGENT_CONFIG = {{...}}")
-    return [f"{AGENT_CONFIG_KEYS[k]}={agent[k]}" for k in AGENT_CONFIG_KEYS if k in agent]
-
-
-def load(config: str, overrides: Sequence[str] = (), agent_config: str | None = None) -> RunConfig:
-    extra = agent_config_overrides(agent_config) if agent_config else []
-    return load_run_config(config, [*extra, *overrides])
-
-
-def default_output_dir(config_path: str) -> Path:
-    return Path("runs") / Path(config_path).stem
-
-
-def run(
-    config: RunConfig, output_dir: Path, *, resume: bool = False, torchrun: Sequence[str] = ()
-) -> int:
-    """Train; one clear line and exit code 1 when the run fails, 130 on a second Ctrl-C.
-
-    With ``async.train_workers > 1`` the first call starts the trainer's ranks under torchrun
-    (``torchrun``: extra flags for it, e.g. ``--nnodes``), which run this again: rank 0 runs the
-    whole run, the other ranks follow it.
-    """
-    if config.async_.train_workers > 1:
-        from areal.plugins.trainer import launch
-
-        if not launch.launched():
-            return launch.launch(config, output_dir, resume=resume, extra=torchrun)
-        if launch.rank() != 0:
-            from areal.plugins.trainer.ranks import follow
-
-            follow(config)
-            return 0
-    from areal.plugins.trainer.runner import RunError, train
-
-    try:
-        summary = train(config, output_dir, resume=resume)
-    except RunError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("stopped", file=sys.stderr)
-        return 130
-    print(
-        f"done: {summary.steps} steps, version {summary.version}, "
-        f"{summary.seconds:.0f}s; checkpoint {summary.checkpoint}",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal.train", description=__doc__)
-    parser.add_argument("--config", required=True, help="run config YAML")
-    parser.add_argument("--agent-config", help="agent_config.py defining AGENT_CONFIG")
-    parser.add_argument("--output-dir", help="checkpoints and run files (default runs/<config>)")
-    parser.add_argument("--set", action="append", default=[], help="override: key=value")
-    parser.add_argument("--resume", action="store_true", help="continue from the last checkpoint")
-    parser.add_argument(
-        "--torchrun",
-        default="",
-        help="extra torchrun flags when async.train_workers > 1 (several nodes: "
-        "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN')",
-    )
-    args = parser.parse_args(argv)
-    logging.basicConfig(level="INFO", format=LOG_FORMAT)
-    try:
-        config = load(args.config, args.set, args.agent_config)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    out = Path(args.output_dir) if args.output_dir else default_output_dir(args.config)
-    return run(config, out, resume=args.resume, torchrun=shlex.split(args.torchrun))
-
+from areal.run.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

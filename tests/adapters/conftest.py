@@ -1,5 +1,5 @@
 """A real gateway in front of a real embedded nano engine on 127.0.0.1, and a helper that runs
-episodes of a wrapped agent through a real :class:`~areal.core.rollout.RolloutWorker`."""
+episodes of a wrapped agent through a real :class:`~areal.run.rollout.RolloutWorker`."""
 
 from __future__ import annotations
 
@@ -12,15 +12,16 @@ from typing import Any
 
 import pytest
 
-from areal.core.config import RouterConfig
+from areal.core.episode import AgentFn
 from areal.core.http_server import ServerThread
 from areal.core.rewards import RewardFn
-from areal.core.rollout import AgentFn, RolloutStats, RolloutWorker
 from areal.core.types import Trajectory
 from areal.gateway.app import build_app
+from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
+from areal.run.rollout import RolloutStats, RolloutWorker
 
 ADMIN_TOKEN = "adapters-admin-token-0123456789"
 GATEWAY_KEY = "adapters-gateway-key-0123456789"

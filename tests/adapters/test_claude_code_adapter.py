@@ -31,7 +31,8 @@ from areal.adapters.claude_code import (
     claude_session_id,
     parse_result,
 )
-from areal.core.rollout import Episode, RolloutWorker
+from areal.core.episode import Episode
+from areal.run.rollout import RolloutWorker
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from areal.adapters.probe import probe
 from areal.core.rewards import build_reward
-from areal.core.rollout_process import WorkerSpec, resolve_agent
 from areal.core.run_config import load_run_config
+from areal.run.probe import probe
+from areal.run.rollout_worker import WorkerSpec, resolve_agent
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

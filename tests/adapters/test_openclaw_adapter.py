@@ -22,7 +22,8 @@ import pytest
 
 from areal.adapters import openclaw
 from areal.adapters.openclaw import OpenClawAdapter, OpenClawError, OpenClawTimeout
-from areal.core.rollout import Episode, RolloutWorker
+from areal.core.episode import Episode
+from areal.run.rollout import RolloutWorker
 
 REPO = Path(__file__).resolve().parents[2]
 OPENCLAW = REPO / ".cache" / "openclaw" / "node_modules" / ".bin" / "openclaw"

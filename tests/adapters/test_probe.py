@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 import areal
-from areal.adapters.probe import ProbeReport, probe
 from areal.cli.main import main
-from areal.core.rollout import RolloutError
+from areal.run.probe import ProbeReport, probe
+from areal.run.rollout import RolloutError
 
 TASK = {"task_id": "p1", "question": "What is 1 plus 1?", "answer": "2"}
 

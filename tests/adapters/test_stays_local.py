@@ -24,8 +24,8 @@ import pytest
 import areal
 from areal.adapters.claude_code import ClaudeCodeAdapter
 from areal.adapters.openclaw import OpenClawAdapter, find_node_dir
-from areal.core.rollout import RolloutWorker
-from areal.core.rollout_process import session_fields
+from areal.core.episode import session_fields
+from areal.run.rollout import RolloutWorker
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"

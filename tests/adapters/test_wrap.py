@@ -19,10 +19,10 @@ from areal.adapters.base import Adapter, AdapterError
 from areal.adapters.langchain import LangChainAdapter
 from areal.adapters.openai_sdk import OpenAIAdapter
 from areal.adapters.python_fn import PythonAdapter
+from areal.core.episode import Episode, takes_episode
 from areal.core.plugins import make_plugin_manager
-from areal.core.rollout import Episode
-from areal.core.rollout_process import WorkerSpec, resolve_agent, takes_episode
 from areal.plugins.tasks import calculator
+from areal.run.rollout_worker import WorkerSpec, resolve_agent
 
 
 async def by_task(task: Any, client: Any) -> float:

@@ -141,7 +141,7 @@ def test_nothing_to_watch_is_one_line(tmp_path: Path) -> None:
 def test_train_shows_the_monitor_only_on_a_terminal(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, terminal: bool
 ) -> None:
-    import areal.train
+    import areal.run.train
 
     log_dir = tmp_path / "logs"
     pubs: list[EventPublisher] = []
@@ -153,7 +153,7 @@ def test_train_shows_the_monitor_only_on_a_terminal(
         pubs[-1].close()
         return 0
 
-    monkeypatch.setattr(areal.train, "run", run)
+    monkeypatch.setattr(areal.run.train, "run", run)
     monkeypatch.setattr(train_cmd, "_on_terminal", lambda: terminal)
     monkeypatch.setattr(logging.getLogger(), "handlers", [])  # basicConfig runs again
     args = ["train", "configs/quickstart.yaml", "--set", f"logging.log_dir={log_dir}"]

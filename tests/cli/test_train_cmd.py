@@ -9,9 +9,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from areal import train as entry
 from areal.cli.main import main, make_app
 from areal.core.config import ConfigError
+from areal.run import train as entry
 
 runner = CliRunner()
 

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from areal.core.config import ConfigError, RouterConfig
+from areal.core.config import ConfigError
+from areal.gateway.router_config import RouterConfig
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 

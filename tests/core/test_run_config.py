@@ -16,10 +16,10 @@ from areal.core.run_config import (
     RunConfig,
     RunConfigError,
     apply_overrides,
-    check_machine,
     load_run_config,
     parse_override,
 )
+from areal.run.machine import check_machine
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "configs" / "agent_async_train.yaml"

@@ -11,9 +11,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from areal.core.config import RouterConfig
 from areal.core.http_server import ServerThread
 from areal.gateway.app import GatewayState, build_app
+from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny

@@ -12,10 +12,11 @@ from typing import Any
 
 import pytest
 
-from areal.core.rollout import Episode, RolloutError, RolloutWorker
+from areal.core.episode import Episode
 from areal.core.staleness import StalenessBudget
 from areal.core.types import Trajectory
 from areal.plugins.rewards.rules import exact_match
+from areal.run.rollout import RolloutError, RolloutWorker
 
 LOOKUP = {
     "type": "function",

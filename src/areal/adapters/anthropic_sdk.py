@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from areal.adapters.base import LibraryAdapter, gateway_root
-from areal.core.rollout import Episode, loop_http_pool
+from areal.adapters.base import LibraryAdapter
+from areal.core.episode import Episode, gateway_root, loop_http_pool
 
 
 class AnthropicAdapter(LibraryAdapter):

@@ -7,7 +7,7 @@ The user's agent is one of
 - an object with a ``run(task, **kw)`` method (``client`` and the extras by keyword).
 
 The extras are passed only when the function names them (or takes ``**kw``): ``episode`` (the
-:class:`~areal.core.rollout.Episode`), ``model`` (the policy's model id), ``max_turns`` and
+:class:`~areal.run.rollout.Episode`), ``model`` (the policy's model id), ``max_turns`` and
 ``config`` (the ``AGENT_CONFIG`` dict with ``model_base_url``, ``api_key`` and ``model_name``
 overridden for this episode, every other key kept).
 """
@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from areal.core.rollout import Episode
+from areal.core.episode import Episode
 
 Result = float | str | None
 
@@ -31,7 +31,7 @@ class AdapterError(TypeError):
 
 
 class Adapter:
-    """Turns a user's agent into an :data:`~areal.core.rollout.AgentFn`: ``agent_fn(episode)``.
+    """Turns a user's agent into an :data:`~areal.run.rollout.AgentFn`: ``agent_fn(episode)``.
 
     An adapter is itself an ``AgentFn`` (calling it runs ``agent_fn``), so an entrypoint may name
     an ``areal.wrap(...)`` result directly.
@@ -196,9 +196,3 @@ def load_agent_config(value: Mapping[str, Any] | str | Path | None) -> dict[str,
     if not isinstance(found, Mapping):
         raise AdapterError(f"agent_config: {value} must define AGENT_CONFIG = {{...}}")
     return dict(found)
-
-
-def gateway_root(base_url: str) -> str:
-    """The gateway's URL without ``/v1``: what SDKs and CLIs that add ``/v1/...`` themselves
-    want (the Anthropic SDK, Claude Code, OpenClaw's Anthropic provider)."""
-    return base_url.rstrip("/").removesuffix("/v1")

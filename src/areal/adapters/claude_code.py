@@ -35,8 +35,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.adapters.base import Adapter, gateway_root
-from areal.core.rollout import Episode
+from areal.adapters.base import Adapter
+from areal.core.episode import Episode, gateway_root
 
 INSTALL_HINT = (
     "install it with `make setup` (npm install --prefix .cache/npm @anthropic-ai/claude-code), "
@@ -112,7 +112,7 @@ class ClaudeCodeOptions:
 
 
 class ClaudeCodeAdapter(Adapter):
-    """An :data:`~areal.core.rollout.AgentFn` running Claude Code once per episode.
+    """An :data:`~areal.run.rollout.AgentFn` running Claude Code once per episode.
 
     ``ClaudeCodeAdapter(options)``, ``ClaudeCodeAdapter(**options)`` or, as ``areal.wrap`` calls a
     registered factory, ``ClaudeCodeAdapter("claude_code", **options)``.

@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from areal.adapters.base import Adapter, AdapterError, LibraryAdapter, Result
-from areal.core.rollout import Episode, shared_http_client
+from areal.core.episode import Episode, shared_http_client
 
 INSTALL = "the langchain adapter needs langchain-openai: pip install 'areal[langchain]'"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from areal.adapters.base import LibraryAdapter
-from areal.core.rollout import Episode
+from areal.core.episode import Episode
 
 
 class OpenAIAdapter(LibraryAdapter):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from areal.adapters.base import Adapter, gateway_root
+from areal.adapters.base import Adapter
 from areal.adapters.claude_code import (
     HarnessError,
     HarnessTimeout,
@@ -31,7 +31,7 @@ from areal.adapters.claude_code import (
     score,
     task_prompt,
 )
-from areal.core.rollout import Episode
+from areal.core.episode import Episode, gateway_root
 
 CACHE = Path(".cache") / "openclaw" / "node_modules"
 INSTALL_HINT = (
@@ -94,7 +94,7 @@ class OpenClawOptions:
 
 
 class OpenClawAdapter(Adapter):
-    """An :data:`~areal.core.rollout.AgentFn` running one OpenClaw agent turn per episode:
+    """An :data:`~areal.run.rollout.AgentFn` running one OpenClaw agent turn per episode:
     ``OpenClawAdapter(options)``, ``OpenClawAdapter(**options)`` or
     ``OpenClawAdapter("openclaw", **options)`` (as ``areal.wrap`` calls a factory)."""
 

@@ -1,6 +1,6 @@
-"""``python``: a plain :data:`~areal.core.rollout.AgentFn` (``agent(episode)``), run unchanged.
+"""``python``: a plain :data:`~areal.run.rollout.AgentFn` (``agent(episode)``), run unchanged.
 
-The agent gets the :class:`~areal.core.rollout.Episode` itself and builds whatever client it
+The agent gets the :class:`~areal.run.rollout.Episode` itself and builds whatever client it
 likes from ``episode.base_url`` and ``episode.api_key`` (task sets' agents are written this way).
 """
 
@@ -10,7 +10,7 @@ import inspect
 from typing import Any
 
 from areal.adapters.base import Adapter, AdapterError, Result
-from areal.core.rollout import Episode
+from areal.core.episode import Episode
 
 
 class PythonAdapter(Adapter):

@@ -20,8 +20,8 @@ from areal.adapters.langchain import LangChainAdapter
 from areal.adapters.openai_sdk import OpenAIAdapter
 from areal.adapters.openclaw import OpenClawAdapter
 from areal.adapters.python_fn import PythonAdapter
+from areal.core.episode import takes_episode
 from areal.core.plugins import get_plugin_manager, registry
-from areal.core.rollout_process import takes_episode
 
 BUILTIN: dict[str, type[Adapter]] = {
     "python": PythonAdapter,

@@ -19,7 +19,8 @@ import yaml
 from rich.console import Console
 from rich.markup import escape
 
-from areal.core.config import ConfigError, RouterConfig, substitute_env
+from areal.core.config import ConfigError, substitute_env
+from areal.gateway.router_config import RouterConfig
 
 if TYPE_CHECKING:  # the probe pulls in aiohttp and the gateway: loaded only when the check runs
     from areal.tools.channel_probe import ChannelProbe, ProbeResult

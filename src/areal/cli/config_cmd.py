@@ -14,7 +14,8 @@ import typer
 
 from areal.cli.errors import CLIError
 from areal.core.config import ConfigError
-from areal.core.run_config import RunConfig, RunConfigError, check_machine, load_run_config
+from areal.core.run_config import RunConfig, RunConfigError, load_run_config
+from areal.run.machine import check_machine
 
 app = typer.Typer(
     help="Validate, show and describe run configs.\n\n"

@@ -48,7 +48,7 @@ def check_python() -> Check:
 
 def check_torch() -> Check:
     """torch's version and what it can drive: CUDA devices and NCCL, when this build has them."""
-    from areal.core.run_config import gpu_count
+    from areal.run.machine import gpu_count
 
     try:
         import torch
@@ -138,7 +138,7 @@ def _missing_cli(name: str, framework: str, required: bool, hint: str) -> Check:
 
 def check_port(port: int, purpose: str, *, required: bool) -> Check:
     """Free, or who holds it: a pid and command line the user can act on."""
-    from areal.core.ports import port_holders
+    from areal.run.ports import port_holders
 
     holders = port_holders(port)
     name = f"port {port}"

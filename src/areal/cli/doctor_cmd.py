@@ -29,12 +29,8 @@ from areal.cli.doctor_checks import (
     check_torch,
 )
 from areal.core.config import ConfigError, load_yaml
-from areal.core.run_config import (
-    RunConfigError,
-    apply_overrides,
-    check_machine,
-    run_config_from_dict,
-)
+from areal.core.run_config import RunConfigError, apply_overrides, run_config_from_dict
+from areal.run.machine import check_machine
 
 _COLORS = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "bright_black"}
 

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from areal.core.run_config import RunConfig, gpu_count
+from areal.core.run_config import RunConfig
+from areal.run.machine import gpu_count
 
 FREE_PORT = "127.0.0.1:<free port at start>"
 
@@ -46,7 +47,7 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         f"{gpus} GPU(s) visible"
     )
     if run.train_workers > 1:
-        from areal.plugins.trainer.launch import torchrun_command
+        from areal.run.launch import torchrun_command
 
         command = torchrun_command(
             run.train_workers, output_dir / "run" / "resolved.yaml", output_dir, resume=False

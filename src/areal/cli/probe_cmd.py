@@ -59,8 +59,8 @@ def probe_command(
 
     Example: [bold]areal probe examples/openai_math/agent.py:solve -g http://127.0.0.1:9000[/bold]
     """
-    from areal.adapters.probe import probe
-    from areal.core.rollout import RolloutError
+    from areal.run.probe import probe
+    from areal.run.rollout import RolloutError
 
     admin = os.environ.get("AREAL_ADMIN_TOKEN")
     if not admin:
@@ -169,7 +169,7 @@ def _policy_model(url: str, admin: str) -> str:
     import urllib.error
     import urllib.request
 
-    from areal.core.reachability import describe_unreachable
+    from areal.run.reachability import describe_unreachable
 
     request = urllib.request.Request(
         f"{url}/v1/models", headers={"Authorization": f"Bearer {admin}"}

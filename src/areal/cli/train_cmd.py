@@ -49,7 +49,7 @@ def train_command(
 
     Example: [bold]areal train configs/quickstart.yaml --set train.max_steps=5[/bold]
     """
-    from areal import train as entry
+    from areal.run import train as entry
 
     try:
         run_config = entry.load(str(config), overrides, str(agent_config) if agent_config else None)
@@ -83,8 +83,8 @@ def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool, torchrun: 
     from rich.console import Console
     from rich.logging import RichHandler
 
-    from areal import train as entry
     from areal.cli.monitor import live, source
+    from areal.run import train as entry
 
     console = Console()
     handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S")

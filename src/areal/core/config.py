@@ -1,7 +1,8 @@
 """Configuration files: YAML with ``${ENV}`` substitution, validated by pydantic.
 
-Errors name the key and say how to fix it. The router config is the seed article's
-``api_gateway`` + ``model_routing`` YAML, accepted as written.
+Errors name the key and say how to fix it. The two schemas built on these helpers live with their
+readers: the run config in :mod:`areal.core.run_config`, the router config in
+:mod:`areal.gateway.router_config`.
 """
 
 from __future__ import annotations
@@ -10,12 +11,11 @@ import os
 import re
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ValidationError
 
-_ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
 class ConfigError(ValueError):
@@ -48,7 +48,7 @@ def substitute_env(value: Any, where: str = "", used: dict[str, list[str]] | Non
             return default
         raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=...)")
 
-    return _ENV.sub(replace, value)
+    return ENV_PATTERN.sub(replace, value)
 
 
 def load_yaml(path: str | Path, used: dict[str, list[str]] | None = None) -> dict[str, Any]:
@@ -76,142 +76,3 @@ def describe_errors(err: ValidationError) -> str:
         msg = msg.removeprefix("Value error, ")
         parts.append(f"{loc}: {msg}" if loc else msg)
     return "; ".join(parts)
-
-
-# --- the router config (gateway) ------------------------------------------------------------
-
-
-class ApiGatewayConfig(BaseModel):
-    """The upstream channel every non-policy model id is forwarded to (OpenAI-compatible).
-
-    ``api_key_env`` names the environment variable that holds the key, so an upstream that
-    rejects it can be answered with "check TAOTOKEN_API_KEY" without ever showing the key. It is
-    filled in from ``api_key: ${VAR}``; set it instead of ``api_key`` to read the key from there.
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    base_url: str
-    api_key: str | None = Field(default=None, repr=False)
-    api_key_env: str | None = None
-    timeout: float = Field(default=60.0, gt=0)
-    max_retries: int = Field(default=3, ge=0, le=20)
-    # Seconds before the first retry, doubled for each next one (with jitter) up to the max.
-    retry_backoff: float = Field(default=0.5, ge=0)
-    retry_backoff_max: float = Field(default=8.0, ge=0)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _key_from_env(cls, data: Any) -> Any:
-        """``api_key: ${VAR}`` given as a plain mapping (not through a YAML file), or only
-        ``api_key_env``: read the key from the environment and remember the variable's name."""
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        key = data.get("api_key")
-        if isinstance(key, str) and _ENV.search(key):
-            used: dict[str, list[str]] = {}
-            data["api_key"] = substitute_env(key, "api_key", used)
-            data.setdefault("api_key_env", used["api_key"][0])
-        elif key is None and isinstance(data.get("api_key_env"), str):
-            name = data["api_key_env"]
-            if name not in os.environ:
-                raise ValueError(f"environment variable {name} is not set (export {name}=...)")
-            data["api_key"] = os.environ[name]
-        return data
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        parsed = urlsplit(value.strip())
-        if parsed.scheme not in ("http", "https") or not parsed.hostname:
-            raise ValueError(
-                f"{value!r} is not an http(s) URL; write the upstream's OpenAI-compatible base, "
-                "e.g. https://api.taotoken.net/v1"
-            )
-        return value.strip().rstrip("/")
-
-    @property
-    def host(self) -> str:
-        """The upstream's host (and port when one is written), as ``gateway.log`` shows it."""
-        parsed = urlsplit(self.base_url)
-        return parsed.netloc.rpartition("@")[2]
-
-
-class ModelRoute(BaseModel):
-    """Defaults for one model id; ``max_tokens`` also caps what a client asks for."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    model_id: str = Field(min_length=1)
-    temperature: float | None = Field(default=None, ge=0)
-    top_p: float | None = Field(default=None, gt=0, le=1)
-    max_tokens: int | None = Field(default=None, gt=0)
-
-
-class ModelRouting(BaseModel):
-    """Named routes: the policy, the seed's reward and judge models, and any more roles
-    (``critic_model: {...}``), each a :class:`ModelRoute`."""
-
-    model_config = ConfigDict(extra="allow")
-
-    policy_model: ModelRoute = ModelRoute(model_id="policy")
-    reward_model: ModelRoute | None = None
-    judge_model: ModelRoute | None = None
-
-    @model_validator(mode="after")
-    def _extra_roles_are_routes(self) -> ModelRouting:
-        for name, value in (self.model_extra or {}).items():
-            if isinstance(value, ModelRoute):
-                continue
-            if not isinstance(value, dict):
-                raise ValueError(
-                    f"{name}: each entry of model_routing is a route "
-                    "{model_id, temperature, top_p, max_tokens}"
-                )
-            try:
-                route = ModelRoute.model_validate(value)
-            except ValidationError as err:
-                raise ValueError(
-                    "; ".join(
-                        f"{'.'.join(str(p) for p in (name, *e['loc']))}: "
-                        + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
-                        for e in err.errors()
-                    )
-                ) from None
-            assert self.model_extra is not None
-            self.model_extra[name] = route
-        return self
-
-    def routes(self) -> dict[str, ModelRoute]:
-        """Every configured route by model id."""
-        found: dict[str, ModelRoute] = {}
-        for name in ("policy_model", "reward_model", "judge_model", *(self.model_extra or {})):
-            value = getattr(self, name, None)
-            if isinstance(value, ModelRoute):
-                found.setdefault(value.model_id, value)
-        return found
-
-
-class RouterConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    api_gateway: ApiGatewayConfig | None = None
-    model_routing: ModelRouting = ModelRouting()
-
-    @property
-    def policy(self) -> ModelRoute:
-        return self.model_routing.policy_model
-
-    @classmethod
-    def load(cls, path: str | Path) -> RouterConfig:
-        used: dict[str, list[str]] = {}
-        data = load_yaml(path, used)
-        gateway = data.get("api_gateway")
-        env_names = used.get("api_gateway.api_key")
-        if isinstance(gateway, dict) and env_names:
-            gateway.setdefault("api_key_env", env_names[0])
-        try:
-            return cls.model_validate(data)
-        except ValidationError as err:
-            raise ConfigError(f"{path}: {describe_errors(err)}") from None

@@ -34,6 +34,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.queues.register",
     "areal.plugins.rewards.register",
     "areal.plugins.losses.register",
+    "areal.plugins.trainer.register",
     "areal.plugins.metrics.register",
     "areal.plugins.tasks.register",
     "areal.adapters.register",

@@ -44,3 +44,30 @@ class InferenceBackend:
 
     def load_launcher(self) -> Any:
         return load_object(self.launcher)
+
+
+@dataclass(frozen=True)
+class TrainEngineSpec:
+    """A training engine as one bundle, torchtitan's ``TrainSpec`` idea: choosing it by name
+    (``train.engine``) brings the model families it trains, its ``parallelize_*`` function, its
+    train step, and the entry points a run calls (:mod:`areal.core.train_engine`).
+
+    Every function is a ``"module:attr"`` path imported when a run starts, so listing engines or
+    validating a config never imports torch. ``build(setup) -> TrainEngine`` runs on the driving
+    process; ``follow(setup)`` is the whole life of every other rank under torchrun.
+    ``model_families`` empty means every registered family.
+    """
+
+    name: str
+    build: str
+    follow: str
+    parallelize: str
+    train_step: str
+    model_families: tuple[str, ...] = ()
+    description: str = ""
+
+    def load_build(self) -> Any:
+        return load_object(self.build)
+
+    def load_follow(self) -> Any:
+        return load_object(self.follow)

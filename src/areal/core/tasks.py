@@ -36,7 +36,7 @@ class TaskSet:
     name: str
     description: str
     task: Callable[[int, int], dict[str, Any]]
-    agent: str  # "module:attr" of the AgentFn (areal.core.rollout) written for these tasks
+    agent: str  # "module:attr" of the AgentFn (areal.run.rollout) written for these tasks
     demonstration: Callable[[int, int], dict[str, Any]] | None = None
 
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.core.config import RouterConfig
 from areal.gateway.access_log import AccessLog
 from areal.gateway.errors import GatewayError, error_response
 from areal.gateway.policy import Generation, PolicyService
+from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import Session, SessionManager
 
 log = logging.getLogger("areal.gateway")

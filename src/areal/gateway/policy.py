@@ -15,12 +15,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.config import ModelRoute
 from areal.core.inference_client import GenerateOutput, InferenceClient, InferenceError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
 from areal.core.types import version_number
 from areal.gateway.errors import GatewayError
+from areal.gateway.router_config import ModelRoute
 
 DEFAULT_ALIASES = ("default",)
 

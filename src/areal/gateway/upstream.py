@@ -24,10 +24,10 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from areal.core.config import ApiGatewayConfig, ModelRoute, ModelRouting
 from areal.gateway.access_log import redact
 from areal.gateway.app import LOG_FIELDS
 from areal.gateway.errors import GatewayError, anthropic_error_body, is_anthropic, openai_error_body
+from areal.gateway.router_config import ApiGatewayConfig, ModelRoute, ModelRouting
 
 log = logging.getLogger("areal.gateway.upstream")
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 import aiohttp
 
-from areal.core.config import ApiGatewayConfig, ModelRoute
 from areal.gateway.access_log import redact
+from areal.gateway.router_config import ApiGatewayConfig, ModelRoute
 from areal.gateway.upstream import apply_route
 
 Culprit = Literal["base_url", "key", "model", "endpoint", "upstream", "request"]

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal.core.config import RouterConfig
 from areal.core.http_server import ServerThread
 from areal.gateway.app import build_app
+from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny

@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from areal.core.rollout import RolloutWorker
 from areal.core.tasks import TaskStream, task_set
 from areal.core.types import Trajectory
 from areal.plugins.tasks import calculator as calc
+from areal.run.rollout import RolloutWorker
 
 
 def test_tasks_are_deterministic_and_registered() -> None:

@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 
-from areal.core.rollout import RolloutWorker
 from areal.core.tasks import TaskStream, task_set
 from areal.core.types import Trajectory
 from areal.plugins.tasks.tool_then_answer import (
@@ -23,6 +22,7 @@ from areal.plugins.tasks.tool_then_answer import (
     task,
 )
 from areal.plugins.tool_parsers.hermes import parse_call
+from areal.run.rollout import RolloutWorker
 
 TASK = {"task_id": "t", "question": "What is 3 plus 5?", "a": 3, "b": 5, "answer": "8"}
 

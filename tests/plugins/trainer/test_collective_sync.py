@@ -16,12 +16,12 @@ import httpx
 import pytest
 import torch
 
-from areal.core.ports import port_holders
 from areal.gateway.server import embedded_engine
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 from areal.plugins.trainer.weight_sync import WeightSyncError
+from areal.run.ports import port_holders
 
 
 @pytest.fixture(scope="module")
@@ -134,7 +134,7 @@ def test_areal_train_runs_with_the_collective_sync(tmp_path: Path) -> None:
     """``inference.weight_sync: collective`` in a real run: engine, gateway, rollout worker and
     trainer, with every update broadcast (the first one joins the group) and no weights on disk."""
     from areal.core.run_config import run_config_from_dict
-    from areal.plugins.trainer.runner import train
+    from areal.run.runner import train
 
     config = run_config_from_dict(
         {

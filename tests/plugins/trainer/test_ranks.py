@@ -26,8 +26,8 @@ import psutil
 import pytest
 import yaml
 
-from areal.plugins.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from areal.plugins.trainer.launch import torchrun_command
+from areal.run.checkpoint import latest_checkpoint, load_checkpoint
+from areal.run.launch import torchrun_command
 
 torch = pytest.importorskip("torch")
 
@@ -100,7 +100,7 @@ def _start(tmp: Path, out: Path) -> tuple[subprocess.Popen[str], list[psutil.Pro
 def _rank(processes: list[psutil.Process], rank: int) -> psutil.Process:
     for p in processes:
         with contextlib.suppress(psutil.Error):
-            if "areal.train" in p.cmdline() and p.environ().get("RANK") == str(rank):
+            if "areal.run.train" in p.cmdline() and p.environ().get("RANK") == str(rank):
                 return p
     raise AssertionError(f"no trainer rank {rank}")
 
@@ -277,7 +277,7 @@ if __name__ == "__main__":
 
 
 def test_a_checkpoint_resumes_only_with_its_own_kind_of_trainer(tmp_path: Path) -> None:
-    from areal.plugins.trainer.runner import RunError, _check_resumable
+    from areal.run.runner import RunError, _check_resumable
 
     one, many = tmp_path / "one", tmp_path / "many"
     (one / "model").mkdir(parents=True)

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat, play_episode
 
 if TYPE_CHECKING:
-    from areal.core.rollout import Episode
+    from areal.core.episode import Episode
 
 NAME = "calculator"
 DESCRIPTION = "Find the calculator's request syntax and the grader's reply format by trial."
@@ -125,5 +125,5 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
 
 
 async def agent(episode: Episode) -> float:
-    """The task set's agent (an :data:`areal.core.rollout.AgentFn`): play, return the reward."""
+    """The task set's agent (an :data:`areal.run.rollout.AgentFn`): play, return the reward."""
     return await play_episode(play, episode)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from areal.core.rollout import Episode
+    from areal.core.episode import Episode
 
 NAME = "tool_then_answer"
 DESCRIPTION = "Call add(a, b) with the question's two digits, then answer with the tool's result."
@@ -200,7 +200,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
 
 
 async def agent(episode: Episode) -> float:
-    """The task set's agent (an :data:`areal.core.rollout.AgentFn`): play, return the reward."""
+    """The task set's agent (an :data:`areal.run.rollout.AgentFn`): play, return the reward."""
     return await play_episode(play, episode)
 
 

@@ -41,10 +41,10 @@ import torch.distributed as dist
 from torch import Tensor
 
 from areal.core.run_config import RunConfig
+from areal.core.train_engine import dist_timeout
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model, model_class_for, read_config
-from areal.plugins.trainer.launch import dist_timeout
 from areal.plugins.trainer.parallel.checkpoint import load_distributed, load_hf, save_distributed
 from areal.plugins.trainer.parallel.layout import MeshLayout, make_layout
 from areal.plugins.trainer.parallel.parallel_dims import ParallelDims, ParallelMesh

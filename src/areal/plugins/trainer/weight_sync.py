@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal.core.inference_client import InferenceClient, InferenceError, PauseMode
+from areal.core.train_engine import WeightSyncError
 from areal.core.types import version_number
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import save_model
@@ -42,16 +43,6 @@ from areal.plugins.models.hf_io import save_model
 __all__ = ["DiskWeightSync", "EngineCalls", "WeightSync", "WeightSyncError"]
 
 _VERSION_DIR = re.compile(r"^v(\d+)$")
-
-
-class WeightSyncError(RuntimeError):
-    """A weight sync failed: ``phase`` is save, pause, update or continue; ``url`` the engine."""
-
-    def __init__(self, phase: str, url: str | None, message: str) -> None:
-        self.phase = phase
-        self.url = url
-        where = f" on {url}" if url else ""
-        super().__init__(f"weight sync {phase} failed{where}: {message}")
 
 
 class WeightSync(Protocol):

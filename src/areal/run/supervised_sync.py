@@ -10,9 +10,9 @@ from typing import Any
 
 from areal.core.process import ServerProcess
 from areal.core.run_config import RunConfig
-from areal.core.supervisor import Supervisor
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+from areal.run.supervisor import Supervisor
 
 log = logging.getLogger("areal.train")
 

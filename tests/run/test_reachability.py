@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.core.reachability import describe_unreachable
+from areal.run.reachability import describe_unreachable
 
 
 def free_port() -> int:
@@ -99,7 +99,7 @@ def test_a_gateway_process_that_has_not_bound_its_port_is_starting() -> None:
 
 
 def test_only_gateway_commands_for_that_port_count_as_starting() -> None:
-    from areal.core.reachability import is_gateway_command
+    from areal.run.reachability import is_gateway_command
 
     assert is_gateway_command(["areal", "serve", "gateway", "--port", "9000"], 9000)
     assert is_gateway_command(["python", "-m", "areal.gateway.server", "--port=9000"], 9000)

@@ -1,6 +1,6 @@
 """``areal train`` with ``async.train_workers > 1``: start the trainer's ranks under ``torchrun``.
 
-The command the user typed re-runs itself as ``python -m torch.distributed.run ... -m areal.train
+The command the user typed re-runs itself as ``python -m torch.distributed.run ... -m areal.run.train
 --config RUN_DIR/resolved.yaml``: the config is written resolved (``--set`` overrides and
 ``${ENV}`` applied), so every rank reads the same run. On one node ``--standalone
 --nproc-per-node N``; on several, the user's own torchrun flags (``--torchrun`` or
@@ -29,13 +29,13 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from areal.core.train_engine import dist_timeout
+
 if TYPE_CHECKING:
     from areal.core.run_config import RunConfig
 
 __all__ = [
-    "TIMEOUT_ENV",
     "TORCHRUN_ENV",
-    "dist_timeout",
     "launch",
     "launched",
     "rank",
@@ -43,8 +43,6 @@ __all__ = [
 ]
 
 TORCHRUN_ENV = "AREAL_TORCHRUN_ARGS"
-TIMEOUT_ENV = "AREAL_DIST_TIMEOUT_S"  # collectives and torchrun's grace period, seconds
-DEFAULT_TIMEOUT_S = 300.0
 
 
 def launched() -> bool:
@@ -54,15 +52,6 @@ def launched() -> bool:
 
 def rank() -> int:
     return int(os.environ.get("RANK", "0"))
-
-
-def dist_timeout() -> float:
-    """How long a collective may wait for a rank before the run fails (``AREAL_DIST_TIMEOUT_S``)."""
-    raw = os.environ.get(TIMEOUT_ENV, "")
-    try:
-        return float(raw) if raw else DEFAULT_TIMEOUT_S
-    except ValueError:
-        raise ValueError(f"{TIMEOUT_ENV}: {raw!r} is not a number of seconds") from None
 
 
 def torchrun_command(
@@ -83,7 +72,7 @@ def torchrun_command(
         launch += ["--nproc-per-node", str(workers // nodes)]
     timeout = str(int(dist_timeout()))
     command = [sys.executable, "-m", "torch.distributed.run", *launch, *extra]
-    command += ["--shutdown-timeout", timeout, "-m", "areal.train"]
+    command += ["--shutdown-timeout", timeout, "-m", "areal.run.train"]
     command += ["--config", str(config_path), "--output-dir", str(output_dir)]
     return command + (["--resume"] if resume else [])
 

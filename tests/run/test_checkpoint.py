@@ -9,7 +9,7 @@ import torch
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
-from areal.plugins.trainer.checkpoint import (
+from areal.run.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
     ranges_to_set,

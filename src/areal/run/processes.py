@@ -1,6 +1,6 @@
 """The processes of one run, as supervised children: inference engines, the gateway, rollout workers.
 
-Each builder returns a :class:`~areal.core.supervisor.Child` whose command is rebuilt at every
+Each builder returns a :class:`~areal.run.supervisor.Child` whose command is rebuilt at every
 (re)start, so a restarted process picks up the run's state at that moment (the weight version
 the gateway's staleness clock starts from, a worker's progress). Secrets (the admin token, the
 gateway key) travel in the children's environment only, never in files or command lines.
@@ -19,9 +19,9 @@ import yaml
 
 from areal.core.plugins import registry
 from areal.core.process import pick_free_port
-from areal.core.rollout_process import WorkerSpec
 from areal.core.run_config import RunConfig
-from areal.core.supervisor import Child
+from areal.run.rollout_worker import WorkerSpec
+from areal.run.supervisor import Child
 
 __all__ = ["GatewayHandle", "engine_child", "gateway_child", "router_config", "worker_child"]
 
@@ -208,7 +208,7 @@ def worker_child(
     spec.save(spec_path)
     return Child(
         name=f"rollout{index}",
-        command=lambda: [sys.executable, "-m", "areal.core.rollout_process", str(spec_path)],
+        command=lambda: [sys.executable, "-m", "areal.run.rollout_worker", str(spec_path)],
         log_path=log_dir / f"rollout{index}.log",
         env={
             "AREAL_ADMIN_TOKEN": admin_token,
@@ -233,7 +233,7 @@ def reward_plugin(config: RunConfig) -> tuple[str | None, dict[str, Any]]:
     if source == "rule":
         return "exact_match", {}
     if source in ("judge", "reward_model"):
-        from areal.core.config import RouterConfig
+        from areal.gateway.router_config import RouterConfig
 
         routing = RouterConfig.load(config.agent.gateway_config or "").model_routing
         route = routing.judge_model if source == "judge" else routing.reward_model

@@ -1,8 +1,8 @@
-"""One rollout worker process of a training run: ``python -m areal.core.rollout_process SPEC``.
+"""One rollout worker process of a training run: ``python -m areal.run.rollout_worker SPEC``.
 
 The run supervisor starts ``async.rollout_workers`` of these. Worker ``w`` of ``n`` takes the
 run's task stream at indices ``w, w + n, w + 2n, ...`` (skipping the ones a resumed run already
-trained), and runs :class:`~areal.core.rollout.RolloutWorker` on them with ``group_size`` samples
+trained), and runs :class:`~areal.run.rollout.RolloutWorker` on them with ``group_size`` samples
 per task, until it is stopped. The admin token comes from ``AREAL_ADMIN_TOKEN`` (never from the
 spec file, which holds no secret).
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import json
 import logging
 import os
@@ -30,9 +29,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal.core.episode import session_fields, takes_episode
 from areal.core.rewards import build_reward
-from areal.core.rollout import RolloutError, RolloutStats, RolloutWorker
 from areal.core.tasks import TaskStream, load_object, task_set
+from areal.run.rollout import RolloutError, RolloutStats, RolloutWorker
 
 log = logging.getLogger("areal.rollout")
 
@@ -95,7 +95,7 @@ LIBRARY_FRAMEWORKS = ("python", "openai_sdk", "anthropic_sdk", "langchain")
 
 
 def resolve_agent(spec: WorkerSpec, pm: Any = None) -> Any:
-    """The :data:`~areal.core.rollout.AgentFn`: the spec's entrypoint (else the built-in task
+    """The :data:`~areal.run.rollout.AgentFn`: the spec's entrypoint (else the built-in task
     set's own agent, else the harness ``agent.framework`` names), wrapped by that framework's
     adapter.
 
@@ -134,27 +134,6 @@ def _task_set_agent(spec: WorkerSpec) -> Any:
 
 def _agent_fn(adapter: Any) -> Any:
     return adapter.agent_fn if callable(getattr(adapter, "agent_fn", None)) else adapter
-
-
-def session_fields(agent: Any) -> dict[str, Any]:
-    """What the agent's adapter adds to each session it opens (a fixed key, say)."""
-    owner = getattr(agent, "__self__", agent)  # agent_fn is a bound method of its adapter
-    fields = getattr(owner, "session_fields", None)
-    return dict(fields) if isinstance(fields, dict) else {}
-
-
-def takes_episode(agent: Any) -> bool:
-    """Whether ``agent`` is a plain ``agent(episode)``: one parameter, named ``episode`` or
-    annotated :class:`~areal.core.rollout.Episode` (string annotations included)."""
-    try:
-        params = list(inspect.signature(agent).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if len(params) != 1 or params[0].kind in (params[0].VAR_POSITIONAL, params[0].VAR_KEYWORD):
-        return False
-    annotation = params[0].annotation
-    named = annotation if isinstance(annotation, str) else getattr(annotation, "__name__", "")
-    return params[0].name == "episode" or named.rsplit(".", 1)[-1] == "Episode"
 
 
 async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:
@@ -208,7 +187,7 @@ async def _report(worker: RolloutWorker, interval: float) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m areal.core.rollout_process")
+    parser = argparse.ArgumentParser(prog="python -m areal.run.rollout_worker")
     parser.add_argument("spec", help="the worker's JSON spec, written by the run supervisor")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -44,26 +44,8 @@ import torch
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.queue import make_source
 from areal.core.run_config import RunConfig
-from areal.core.supervisor import Child, ChildFailed, Supervisor
 from areal.core.types import Trajectory
 from areal.plugins.models.hf_io import load_model
-from areal.plugins.trainer.checkpoint import (
-    latest_checkpoint,
-    load_checkpoint,
-    ranges_to_set,
-    save_checkpoint,
-    set_to_ranges,
-)
-from areal.plugins.trainer.launch import launched
-from areal.plugins.trainer.loop import TrainerLoop
-from areal.plugins.trainer.observe import ArrivalWindow, ObservedSource
-from areal.plugins.trainer.processes import (
-    GatewayHandle,
-    engine_child,
-    gateway_child,
-    router_config,
-    worker_child,
-)
 from areal.plugins.trainer.ranks import (
     DCP_DIR,
     GatheringSync,
@@ -74,8 +56,26 @@ from areal.plugins.trainer.ranks import (
     init_ranks,
 )
 from areal.plugins.trainer.step import train_step
-from areal.plugins.trainer.supervised_sync import EngineSync, SupervisedSync, make_weight_sync
 from areal.plugins.trainer.weight_sync import WeightSync
+from areal.run.checkpoint import (
+    latest_checkpoint,
+    load_checkpoint,
+    ranges_to_set,
+    save_checkpoint,
+    set_to_ranges,
+)
+from areal.run.launch import launched
+from areal.run.loop import TrainerLoop
+from areal.run.observe import ArrivalWindow, ObservedSource
+from areal.run.processes import (
+    GatewayHandle,
+    engine_child,
+    gateway_child,
+    router_config,
+    worker_child,
+)
+from areal.run.supervised_sync import EngineSync, SupervisedSync, make_weight_sync
+from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 log = logging.getLogger("areal.train")
 
@@ -647,7 +647,7 @@ def _advantage_options(config: RunConfig) -> dict[str, Any] | None:
 
 
 def _policy_model_id(config: RunConfig) -> str:
-    from areal.core.config import RouterConfig
+    from areal.gateway.router_config import RouterConfig
 
     if config.agent.gateway_config:
         return RouterConfig.load(config.agent.gateway_config).policy.model_id

@@ -22,8 +22,8 @@ from areal.plugins.metrics.jsonl import read_metrics
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
-from areal.plugins.trainer.loop import TrainerLoop
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+from areal.run.loop import TrainerLoop
 
 PROMPTS = [[11, 12, 13, 14], [21, 22, 23]]
 

@@ -15,8 +15,8 @@ import psutil
 import pytest
 
 from areal.core.run_config import RunConfig, run_config_from_dict
-from areal.plugins.trainer.checkpoint import latest_checkpoint, load_checkpoint
-from areal.plugins.trainer.runner import RunError, RunSummary, train
+from areal.run.checkpoint import latest_checkpoint, load_checkpoint
+from areal.run.runner import RunError, RunSummary, train
 
 
 def make_config(tmp: Path, **sections: dict[str, Any]) -> RunConfig:
@@ -119,7 +119,7 @@ def test_run_goes_on_when_a_worker_and_the_engine_are_killed(tmp_path: Path) -> 
         _wait_for(
             lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1", 0.01
         )
-        for proc in _children("areal.core.rollout_process") + _children("serve inference"):
+        for proc in _children("areal.run.rollout_worker") + _children("serve inference"):
             proc.send_signal(signal.SIGKILL)
     finally:
         thread.join(timeout=240)

@@ -29,78 +29,17 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 
+from areal.core.episode import AgentFn, Episode
 from areal.core.rewards import RewardFn
 
 log = logging.getLogger("areal.rollout")
 LONG_POLL_S = 10.0  # how long one session request may wait at the gateway for a free slot
-
-
-@dataclass(frozen=True)
-class Episode:
-    """What one agent run gets: its task and the credentials of its own gateway session."""
-
-    task: Mapping[str, Any]
-    base_url: str  # the gateway's OpenAI-compatible /v1 URL
-    api_key: str = field(repr=False)  # the session key: every call made with it is recorded
-    model: str  # the policy's model id
-    max_turns: int
-    session_id: str
-    task_id: Any = None
-    group: str = ""  # shared by the samples of one task (GRPO groups them)
-    sample: int = 0
-
-    def openai_client(self, **options: Any) -> Any:
-        """An ``openai.AsyncOpenAI`` bound to this session (no retries: a retry would be recorded
-        as a second turn).
-
-        Its HTTP connections come from one pool shared by every episode of this process (closing
-        the client leaves the pool open): building a client with its own pool costs ~21 ms of CPU
-        (TLS context, transports), which at 128 episodes a step was seconds of the rollout
-        worker's time; sharing costs 0.07 ms (measured).
-        """
-        import openai
-
-        options.setdefault("max_retries", 0)
-        options.setdefault("http_client", shared_http_client())
-        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **options)
-
-
-_pools: dict[tuple[str, int], Any] = {}
-
-
-def loop_http_pool(name: str, client_class: type) -> Any:
-    """This event loop's pooled ``client_class`` (an SDK's ``DefaultAsyncHttpxClient``) under
-    ``name``; an SDK client's ``close()`` does not close it (it lives as long as the loop).
-    Building an SDK client with its own pool costs ~20 ms of CPU, sharing one 0.07 ms."""
-
-    loop = id(asyncio.get_running_loop())
-    if (name, loop) in _pools:
-        return _pools[(name, loop)]
-    for key in [k for k in _pools if k[0] == name]:
-        del _pools[key]  # an old loop's pool cannot be used from this one
-
-    class _Shared(client_class):  # type: ignore[misc, valid-type]
-        async def aclose(self) -> None:  # owned by the process, not by one episode's client
-            return None
-
-    pool = _pools[(name, loop)] = _Shared()
-    return pool
-
-
-def shared_http_client() -> Any:
-    """The pool of episodes' ``openai`` clients (see :func:`loop_http_pool`)."""
-    import openai
-
-    return loop_http_pool("openai", openai.DefaultAsyncHttpxClient)
-
-
-AgentFn = Callable[[Episode], Awaitable[float | str | None] | float | str | None]
 
 
 class RolloutError(RuntimeError):
@@ -388,7 +327,7 @@ class RolloutWorker:
             ) from err
 
     def _unreachable(self, err: BaseException) -> str:
-        from areal.core.reachability import describe_unreachable
+        from areal.run.reachability import describe_unreachable
 
         why = describe_unreachable(self.gateway_url, log_path=self.gateway_log)
         return f"cannot reach the gateway at {self.gateway_url} ({type(err).__name__}): {why}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.core.supervisor import Child, ChildFailed, Supervisor
+from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
 CRASHER = [sys.executable, "-c", "import sys; print('boom: bad config', flush=True); sys.exit(3)"]

@@ -20,10 +20,10 @@ from typing import Any
 
 import aiohttp
 
-from areal.adapters.base import gateway_root
-from areal.core.reachability import describe_unreachable
+from areal.core.episode import Episode, gateway_root
 from areal.core.rewards import RewardFn
-from areal.core.rollout import Episode, RolloutError, RolloutWorker
+from areal.run.reachability import describe_unreachable
+from areal.run.rollout import RolloutError, RolloutWorker
 
 DEFAULT_TASK: dict[str, Any] = {
     "task_id": "probe",
@@ -230,7 +230,7 @@ async def probe(
     max_turns: int = 8,
     session_fields: Mapping[str, Any] | None = None,
 ) -> ProbeReport:
-    """Run one episode of ``agent`` (an :data:`~areal.core.rollout.AgentFn`) and explain it."""
+    """Run one episode of ``agent`` (an :data:`~areal.run.rollout.AgentFn`) and explain it."""
     url = gateway_root(gateway_url)
     report = ProbeReport(gateway=url)
     worker = ProbeWorker(

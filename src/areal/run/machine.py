@@ -1,0 +1,115 @@
+"""What this machine can provide for a run: GPUs, models on disk, the files the config names.
+
+Answered as warnings (``areal config validate``, ``areal doctor``, ``areal train --dry-run``): a
+config written for an 8-GPU cluster is still a valid config on a laptop.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+from areal.core.config import ConfigError
+from areal.core.run_config import GPU_BACKENDS, RunConfig
+from areal.gateway.router_config import RouterConfig
+
+
+def gpu_count() -> int:
+    """NVIDIA GPUs visible to this process, found without importing torch.
+
+    Reads ``/proc/driver/nvidia/gpus`` (or asks ``nvidia-smi -L``), then applies
+    ``CUDA_VISIBLE_DEVICES``. No driver means no GPU.
+    """
+    proc = Path("/proc/driver/nvidia/gpus")
+    if proc.is_dir():
+        physical = len(list(proc.iterdir()))
+    elif shutil.which("nvidia-smi"):
+        try:
+            out = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
+            ).stdout
+        except (OSError, subprocess.SubprocessError):
+            return 0
+        physical = sum(1 for line in out.splitlines() if line.startswith("GPU "))
+    else:
+        return 0
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return physical
+    ids = [v for v in visible.split(",") if v.strip()]
+    if not ids or ids[0].strip() == "-1":
+        return 0
+    return min(physical, len(ids))
+
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
+    """What this machine cannot provide for ``config``, each as ``key: why``.
+
+    ``gpus`` overrides the probe (:func:`gpu_count`). A GPU run places one trainer rank per GPU
+    and, with a GPU backend (sglang), one GPU per inference engine.
+    """
+    gpus = gpu_count() if gpus is None else gpus
+    found = []
+    needs_gpu_backend = _backend_needs_gpu(config.inference.backend)
+    if needs_gpu_backend and gpus == 0:
+        found.append(
+            f"inference.backend: {config.inference.backend} needs GPUs and this machine has "
+            "none; use inference.backend: embedded to generate on CPU"
+        )
+    on_gpu = config.train.device == "cuda" or (config.train.device == "auto" and needs_gpu_backend)
+    if on_gpu:
+        ranks = config.async_.train_workers
+        engines = config.inference.engines if needs_gpu_backend else 0
+        if ranks + engines > gpus:
+            found.append(
+                f"async.train_workers: {ranks} trainer ranks (dp×tp×pp×cp) + {engines} "
+                f"inference engines (inference.engines) need {ranks + engines} GPUs; this "
+                f"machine has {gpus}"
+            )
+    if config.model.init_tiny is None:
+        found.extend(_missing_model(config.model.path, "model.path"))
+    if config.model.tokenizer:
+        found.extend(_missing_model(config.model.tokenizer, "model.tokenizer"))
+    if config.dataset.path and not Path(config.dataset.path).is_file():
+        found.append(
+            f"dataset.path: {config.dataset.path} is not a file; write the tasks there (JSONL) "
+            "or use a built-in task set with dataset.name"
+        )
+    if config.agent.gateway_config:
+        try:
+            RouterConfig.load(config.agent.gateway_config)
+        except ConfigError as err:
+            found.append(f"agent.gateway_config: {err}")
+    return found
+
+
+def _missing_model(path: str, key: str) -> list[str]:
+    if Path(path).exists():
+        return []
+    if _HUB_ID.match(path):
+        if _offline():
+            return [f"{key}: {path} is not a local directory and HF_HUB_OFFLINE is set"]
+        return []
+    return [
+        f"{key}: {path} does not exist; create a tiny model there with "
+        f"`areal model init-tiny {path}` or point it at a checkpoint"
+    ]
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _backend_needs_gpu(name: str) -> bool:
+    from areal.core.plugins import registry
+
+    backends = registry("inference_backends")
+    if name in backends:
+        return bool(getattr(backends.get(name), "needs_gpu", False))
+    return name in GPU_BACKENDS
