@@ -81,10 +81,14 @@ class MemorySource:
 
 
 class NoSync:
+    engine_urls: list[str] = []
     last_phases: dict[str, float] = {}
 
     async def publish(self, model: Any, version: int) -> float:
         return 0.0
+
+    async def catch_up(self, url: str, version: int) -> None:
+        return None
 
     async def close(self) -> None:
         return None
@@ -95,6 +99,7 @@ def run_arm(
 ) -> tuple[float, float, float]:
     """Wall seconds, trainer-process CPU seconds and monitor CPU seconds per step of one round."""
     from areal.core.metrics import MetricsHub, make_metric_sink
+    from areal.plugins.trainer.engine import Policy
     from areal.run.loop import TrainerLoop
     from areal.run.observe import ObservedSource
     from areal.run.runner import _Run
@@ -122,12 +127,10 @@ def run_arm(
 
     source = MemorySource(build_trajectories(steps, version=0))
     loop = TrainerLoop(
-        model,
-        optimizer,
+        Policy.of(model, optimizer, mini_batch_size=64),
         ObservedSource(source, run.observe, 256),  # type: ignore[arg-type]
         NoSync(),
         trigger_batch_size=128,
-        mini_batch_size=64,
         staleness_threshold=100,
         metrics=hub,
         poll_timeout=0.01,

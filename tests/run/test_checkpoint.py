@@ -6,9 +6,12 @@ from pathlib import Path
 
 import torch
 
+from areal.core.run_config import run_config_from_dict
+from areal.core.train_engine import EngineSetup
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
+from areal.plugins.trainer.engine import OPTIMIZER_FILE, FSDPEngine, Policy
 from areal.run.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -35,15 +38,16 @@ def test_save_load_prune(tmp_path: Path) -> None:
     sample = Sample([1, 2, 3], [0, 1, 1], [0.0, -0.5, -0.25], [-1, 4, 5], reward=0.75)
     pending = [Trajectory("s1", [sample], None, 1, metadata={"group": "task-3", "task_index": 3})]
     out = tmp_path / "run"
+    config = run_config_from_dict({"model": {"path": str(src)}, "dataset": {"name": "calculator"}})
+    setup = EngineSetup.from_config(config, out)
+    engine = FSDPEngine(setup, src, src, policy=Policy.of(model, optimizer))
     for step in (1, 2, 3):
         save_checkpoint(
             out,
             step=step,
-            model=model,
-            optimizer=optimizer,
+            write_engine=lambda tmp, step=step: engine.save(tmp, step),
             state={"loop": {"version": step}},
             pending=pending,
-            tokenizer_dir=src,
             keep=2,
         )
     # A half-written checkpoint (no state.json) is never "the latest".
@@ -63,7 +67,7 @@ def test_save_load_prune(tmp_path: Path) -> None:
     reloaded = load_model(ckpt.model_dir)
     for a, b in zip(model.parameters(), reloaded.parameters(), strict=True):
         assert torch.equal(a, b)
-    state = torch.load(ckpt.optimizer_path, weights_only=True)
+    state = torch.load(ckpt.path / OPTIMIZER_FILE, weights_only=True)
     restored = torch.optim.AdamW(reloaded.parameters(), lr=1e-3)
     restored.load_state_dict(state)
     assert restored.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]

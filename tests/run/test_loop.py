@@ -22,6 +22,7 @@ from areal.plugins.metrics.jsonl import read_metrics
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
+from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import TrainerLoop
 
@@ -98,12 +99,10 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
     async def scenario() -> tuple[TrainerLoop, list[dict[str, float]], GenerateOutput]:
         with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
             loop = TrainerLoop(
-                model,
-                optimizer,
+                Policy.of(model, optimizer, mini_batch_size=2),
                 source,
                 sync,
                 trigger_batch_size=4,
-                mini_batch_size=2,
                 staleness_threshold=0,
                 metrics=metrics,
             )
@@ -226,13 +225,11 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
                 await sink.put(trajectory)
             await sink.close()
             loop = TrainerLoop(
-                model,
-                optimizer,
+                Policy.of(model, optimizer, mini_batch_size=2),
                 source,
                 sync,
                 trigger_batch_size=1,  # ignored in sync mode
                 global_batch_size=2,
-                mini_batch_size=2,
                 staleness_threshold=5,  # forced to 0 in sync mode
                 async_enabled=False,
             )

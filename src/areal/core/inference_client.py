@@ -1,4 +1,4 @@
-"""Async client for the SGLang native HTTP API (the wire shapes of ``SGLANG_API.md``).
+"""Async client for the SGLang native HTTP API (the wire shapes of docs/inference.md).
 
 One client speaks to real ``sglang.launch_server`` and to areal's embedded engine alike, so the
 rollout code, the gateway and the trainer's weight-sync never care which backend runs.

@@ -36,6 +36,8 @@ __all__ = [
     "WeightSync",
     "WeightSyncError",
     "dist_timeout",
+    "launched",
+    "rank",
 ]
 
 DIST_TIMEOUT_ENV = "AREAL_DIST_TIMEOUT_S"  # collectives and torchrun's grace period, seconds
@@ -55,6 +57,9 @@ class WeightSyncError(RuntimeError):
         self.url = url
         where = f" on {url}" if url else ""
         super().__init__(f"weight sync {phase} failed{where}: {message}")
+
+
+SECTIONS = ("model", "train", "algorithm", "warm_start", "dataset", "inference")
 
 
 @dataclass(frozen=True)
@@ -81,17 +86,8 @@ class EngineSetup:
         threads: int = 1,
         resume_from: Path | None = None,
     ) -> EngineSetup:
-        return cls(
-            model=config.model,
-            train=config.train,
-            algorithm=config.algorithm,
-            warm_start=config.warm_start,
-            dataset=config.dataset,
-            inference=config.inference,
-            output_dir=output_dir,
-            threads=threads,
-            resume_from=resume_from,
-        )
+        sections = {name: getattr(config, name) for name in SECTIONS}
+        return cls(**sections, output_dir=output_dir, threads=threads, resume_from=resume_from)
 
 
 class WeightSync(Protocol):
@@ -134,7 +130,7 @@ class TrainEngine(Protocol):
         write)."""
         ...
 
-    def save(self, directory: Path) -> None:
+    def save(self, directory: Path, step: int) -> None:
         """Write the model (Hugging Face layout, under ``directory/model``) and the optimizer
         into a checkpoint being written; the run adds its own state beside them."""
         ...
@@ -151,3 +147,12 @@ def dist_timeout() -> float:
         return float(raw) if raw else DEFAULT_DIST_TIMEOUT_S
     except ValueError:
         raise ValueError(f"{DIST_TIMEOUT_ENV}: {raw!r} is not a number of seconds") from None
+
+
+def launched() -> bool:
+    """Whether this process is one rank of several (torchrun's environment is set)."""
+    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", "0"))

@@ -2,10 +2,11 @@
 
 One checkpoint is a directory ``{output_dir}/checkpoints/step-000120/``:
 
-- ``model/``: the policy in Hugging Face layout (config, safetensors, and the tokenizer files of
-  the model the run started from), loadable by itself by transformers or ``areal serve inference``;
-- ``optimizer.pt``: the optimizer's ``state_dict`` (one trainer rank), or ``dcp/``: the model and
-  optimizer sharded by ``torch.distributed.checkpoint`` (several ranks; written by ``write_extra``);
+- what the training engine writes (:meth:`~areal.core.train_engine.TrainEngine.save`): for the
+  built-in ``fsdp`` engine ``model/``, the policy in Hugging Face layout (config, safetensors, and
+  the tokenizer files of the model the run started from), loadable by itself by transformers or
+  ``areal serve inference``, and ``optimizer.pt`` (one trainer rank) or ``dcp/`` (the model and
+  optimizer sharded by ``torch.distributed.checkpoint``, several ranks);
 - ``buffered.jsonl``: the trajectories the trainer had received but not trained (one JSON object
   a line), so a resumed run trains them instead of losing them;
 - ``state.json``: the step, the weight version, the trainer loop's counters, and the data position
@@ -26,11 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from areal.core.types import Trajectory
-from areal.plugins.models.decoder import DecoderForCausalLM
-from areal.plugins.models.hf_io import save_model
 
 __all__ = [
     "Checkpoint",
@@ -43,7 +40,6 @@ __all__ = [
 
 CHECKPOINTS = "checkpoints"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
-_WEIGHT_FILES = re.compile(r".*\.safetensors$|.*\.safetensors\.index\.json$|^config\.json$")
 
 
 @dataclass
@@ -59,27 +55,20 @@ class Checkpoint:
     def model_dir(self) -> Path:
         return self.path / "model"
 
-    @property
-    def optimizer_path(self) -> Path:
-        return self.path / "optimizer.pt"
-
 
 def save_checkpoint(
     output_dir: str | Path,
     *,
     step: int,
-    model: DecoderForCausalLM,
-    optimizer: torch.optim.Optimizer | None,
+    write_engine: Callable[[Path], None],
     state: dict[str, Any],
     pending: Iterable[Trajectory],
-    tokenizer_dir: str | Path | None = None,
     keep: int = 2,
-    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
     """Write checkpoint ``step`` atomically and delete all but the newest ``keep``.
 
-    ``write_extra(tmp_dir)`` adds files before ``state.json`` (the sharded optimizer of several
-    trainer ranks, which has no single ``state_dict``).
+    ``write_engine(tmp_dir)`` writes the training engine's part (model and optimizer) before the
+    run's own files; ``state.json`` comes last.
     """
     root = Path(output_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
@@ -87,13 +76,7 @@ def save_checkpoint(
     tmp = root / f".step-{step:06d}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, tmp / "model")
-    if tokenizer_dir is not None:
-        _copy_tokenizer(Path(tokenizer_dir), tmp / "model")
-    if optimizer is not None:
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-    if write_extra is not None:
-        write_extra(tmp)
+    write_engine(tmp)
     with open(tmp / "buffered.jsonl", "w", encoding="utf-8") as f:
         for trajectory in pending:
             f.write(json.dumps(trajectory.to_json()) + "\n")
@@ -150,10 +133,3 @@ def _checkpoints(root: Path) -> list[tuple[int, Path]]:
         for p in root.iterdir()
         if (m := _STEP_DIR.match(p.name)) and (p / "state.json").is_file()
     )
-
-
-def _copy_tokenizer(source: Path, dest: Path) -> None:
-    """Everything of the source model dir but its weights and config (tokenizer, template...)."""
-    for item in source.iterdir():
-        if item.is_file() and not _WEIGHT_FILES.match(item.name):
-            shutil.copy2(item, dest / item.name)

@@ -29,7 +29,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from areal.core.train_engine import dist_timeout
+from areal.core.train_engine import dist_timeout, launched, rank
 
 if TYPE_CHECKING:
     from areal.core.run_config import RunConfig
@@ -43,15 +43,6 @@ __all__ = [
 ]
 
 TORCHRUN_ENV = "AREAL_TORCHRUN_ARGS"
-
-
-def launched() -> bool:
-    """Whether this process is one rank of several (torchrun's environment is set)."""
-    return "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1
-
-
-def rank() -> int:
-    return int(os.environ.get("RANK", "0"))
 
 
 def torchrun_command(

@@ -2,9 +2,11 @@
 
 The story of :func:`train`, top to bottom:
 
-1. **The policy**: create areal's tiny model at ``model.path`` if asked (``model.init_tiny``),
-   run the cached format warm start (``warm_start.steps``), or, with ``--resume``, take the
-   newest checkpoint's weights, optimizer, counters, data position and buffered trajectories.
+1. **The training engine** ``train.engine`` names (registered through ``areal_register_engines``;
+   the built-in ``fsdp``), handed the config sections it owns: it prepares the policy (areal's
+   tiny model if asked, the cached format warm start) and, with ``--resume``, takes the newest
+   checkpoint's weights and optimizer, while this run takes its counters, data position and
+   buffered trajectories.
 2. **The processes**, each supervised (restarted when it dies, up to a limit): the inference
    engines (serving the policy), the gateway (the agents' endpoint; finished episodes go to the
    trainer's ZeroMQ queue; new episodes are admitted under the staleness budget), and the
@@ -18,10 +20,9 @@ The story of :func:`train`, top to bottom:
    stop first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then
    the gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
 
-Under torchrun (``async.train_workers > 1``, started by :mod:`.launch`) this is rank 0: the policy
-is sharded over all ranks (:mod:`.ranks`), each step runs on every rank, each new version is
-gathered into an unsharded shadow copy that the weight sync publishes, and checkpoints hold the
-sharded optimizer (DCP) beside the shadow's Hugging Face weights.
+Under torchrun (``async.train_workers > 1``, started by :mod:`.launch`) this is rank 0 and the
+engine spreads the policy over all ranks; the run is the same. The run never imports torch: all
+of it is behind the engine (:mod:`areal.core.train_engine`).
 """
 
 from __future__ import annotations
@@ -34,29 +35,18 @@ import os
 import secrets
 import signal
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
+from areal.core.plugins import registry
 from areal.core.queue import make_source
+from areal.core.registry import RegistryError
 from areal.core.run_config import RunConfig
+from areal.core.train_engine import EngineError, EngineSetup, TrainEngine, WeightSync
 from areal.core.types import Trajectory
-from areal.plugins.models.hf_io import load_model
-from areal.plugins.trainer.ranks import (
-    DCP_DIR,
-    GatheringSync,
-    RankFailure,
-    RankGroup,
-    Ranks,
-    Start,
-    init_ranks,
-)
-from areal.plugins.trainer.step import train_step
-from areal.plugins.trainer.weight_sync import WeightSync
+from areal.gateway.router_config import RouterConfig
 from areal.run.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -64,7 +54,6 @@ from areal.run.checkpoint import (
     save_checkpoint,
     set_to_ranges,
 )
-from areal.run.launch import launched
 from areal.run.loop import TrainerLoop
 from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
@@ -74,7 +63,7 @@ from areal.run.processes import (
     router_config,
     worker_child,
 )
-from areal.run.supervised_sync import EngineSync, SupervisedSync, make_weight_sync
+from areal.run.supervised_sync import SupervisedSync
 from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 log = logging.getLogger("areal.train")
@@ -132,34 +121,7 @@ class _Run:
         self._tokens_of: dict[str, int] = {}
         self.tokens_trained = 0
         self.supervisor: Supervisor | None = None
-        self.group: RankGroup | None = None  # rank 0's handle on the trainer ranks (torchrun)
-
-    # --- 1. the policy ----------------------------------------------------------------------
-
-    def prepare_policy(self) -> Path:
-        """The weights the run starts from (before any checkpoint)."""
-        config = self.config
-        path = Path(config.model.path)
-        if config.model.init_tiny and not (path / "config.json").is_file():
-            from areal.plugins.models.tiny import init_tiny
-
-            init_tiny(path, size=config.model.init_tiny, seed=config.train.seed)
-            log.info("created the %s tiny model at %s", config.model.init_tiny, path)
-        if config.warm_start.steps and config.dataset.name:
-            from areal.plugins.trainer.warm_start import warm_start
-
-            started = time.perf_counter()
-            path = warm_start(
-                path,
-                self.out / "warm_start",
-                task_set=config.dataset.name,
-                steps=config.warm_start.steps,
-                batch_size=config.warm_start.batch_size,
-                learning_rate=config.warm_start.learning_rate,
-                seed=config.train.seed,
-            )
-            log.info("warm start ready at %s (%.1fs)", path, time.perf_counter() - started)
-        return path
+        self.engine: TrainEngine | None = None
 
     # --- the story ---------------------------------------------------------------------------
 
@@ -173,87 +135,50 @@ class _Run:
             d.mkdir(parents=True, exist_ok=True)
         for stale in self.run_dir.glob("rollout*.progress.json"):
             stale.unlink()  # progress files only carry restarts within one run
-        ranks = None
-        if launched():  # before anything slow: the other ranks wait in the same rendezvous
-            try:
-                ranks = init_ranks(config)
-            except ValueError as err:
-                raise RunError(str(err)) from err
-        policy_dir = await asyncio.to_thread(self.prepare_policy)
         checkpoint = None
         if self.resume:
             found = latest_checkpoint(self.out)
             if found is None:
                 raise RunError(f"--resume: no checkpoint under {self.out / 'checkpoints'}")
-            _check_resumable(found, ranks)
             checkpoint = load_checkpoint(found)
             self.version = int(checkpoint.state["loop"]["version"])
             self.seen_tasks = ranges_to_set(checkpoint.state["data"]["seen"])
             log.info("resuming from %s (step %d)", found, checkpoint.step)
-        tokenizer_dir = policy_dir
-        weights_dir = checkpoint.model_dir if checkpoint else policy_dir
 
+        # 1. The training engine, with the sections it owns (it may take minutes: a warm start).
         threads = _threads(config)
-        torch.manual_seed(config.train.seed)
-        torch.set_num_threads(threads)
-        dtype = getattr(torch, config.model.dtype)
-        reference = None
-        stepper: Callable[..., dict[str, float]] = train_step
-        if ranks is not None:
-            # Every rank loads and shards the policy; the KL reference is sharded the same way.
-            group = self.group = await asyncio.to_thread(
-                _start_group, ranks, config, weights_dir, policy_dir, checkpoint
-            )
-            model, optimizer = group.policy.model, group.policy.optimizer
-            stepper = group.step
-        else:
-            model = load_model(weights_dir, dtype=dtype).train()
-            optimizer = torch.optim.AdamW(
-                model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
-            )
-            if checkpoint:
-                optimizer.load_state_dict(torch.load(checkpoint.optimizer_path, weights_only=True))
-            if config.algorithm.kl_coef:
-                # The KL anchor is the policy the run started from (after the warm start), also
-                # after a resume.
-                reference = load_model(policy_dir, dtype=dtype).eval().requires_grad_(False)
+        setup = EngineSetup.from_config(
+            config, self.out, threads=threads, resume_from=checkpoint.path if checkpoint else None
+        )
+        try:
+            build = registry("engines").get(config.train.engine, key="train.engine").load_build()
+            engine: TrainEngine = await asyncio.to_thread(build, setup)
+        except (EngineError, RegistryError) as err:
+            raise RunError(str(err)) from err
+        self.engine = engine
 
         source = make_source(
             "zmq",
             {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
         )
-        sync = make_weight_sync(config, self.out / "weights")
+        sync = engine.weight_sync(self.out / "weights")
         supervisor, gateway = self.processes(
-            str(weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
+            str(engine.weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )
         metrics = self.hub = self.metrics()
         self.supervisor = supervisor
         observed = ObservedSource(source, self.observe, config.async_.queue_max_size)
-        publisher: WeightSync = SupervisedSync(sync, supervisor, self.publish_lock)
-        if self.group is not None:
-            publisher = GatheringSync(publisher, self.group)
         loop = TrainerLoop(
-            model,
-            optimizer,
+            engine,
             observed,
-            publisher,
+            SupervisedSync(sync, supervisor, self.publish_lock),
             trigger_batch_size=config.async_.trigger_batch_size,
             global_batch_size=config.train.global_batch_size,
-            mini_batch_size=config.train.mini_batch_size,
             staleness_threshold=config.async_.staleness_threshold,
             async_enabled=config.async_.enabled,
-            advantage=config.algorithm.advantage,
-            advantage_options=_advantage_options(config),
-            eps_clip=config.algorithm.eps_clip,
-            eps_clip_high=config.algorithm.eps_clip_high,
-            behavior_weight_cap=config.algorithm.behavior_weight_cap,
-            prox_logp=config.algorithm.prox_logp,
-            max_grad_norm=config.train.max_grad_norm,
-            kl_coef=config.algorithm.kl_coef,
-            reference=reference,
             metrics=metrics,
             start_version=self.version,
-            stepper=stepper,
+            kl_penalty=bool(config.algorithm.kl_coef),
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
@@ -275,7 +200,7 @@ class _Run:
             metrics.write("sync", step, _sync_values(result, sync.last_phases, loop.version))
             await self.account(gateway, observed, loop, metrics)
             if step % config.logging.save_interval == 0:
-                await asyncio.to_thread(self.save, loop, tokenizer_dir)
+                await asyncio.to_thread(self.save, loop)
                 last_saved = step
 
         self.install_signal_handlers()
@@ -320,19 +245,18 @@ class _Run:
                 loop.add(trajectory)
             steps = loop.state_dict()["steps"]
             if steps != last_saved or not latest_checkpoint(self.out):
-                checkpoint_path = str(await asyncio.to_thread(self.save, loop, tokenizer_dir))
+                checkpoint_path = str(await asyncio.to_thread(self.save, loop))
             else:
                 found = latest_checkpoint(self.out)
                 checkpoint_path = str(found) if found else None
-        except RankFailure as exc:
+        except EngineError as exc:  # a trainer rank failed
             failure = str(exc)
             raise RunError(failure) from exc
         except BaseException as exc:
             failure = str(exc) or type(exc).__name__
             raise
         finally:
-            if self.group is not None:
-                self.group.stop()  # the followers return (or, after a failure, are stopped)
+            engine.stop()
             await asyncio.to_thread(supervisor.stop_all)
             source.close()
             await sync.close()
@@ -362,7 +286,7 @@ class _Run:
         self,
         weights_dir: str,
         queue_address: str,
-        sync: EngineSync,
+        sync: WeightSync,
         threads: int,
         data: tuple[int, list[list[int]]],
     ) -> tuple[Supervisor, GatewayHandle]:
@@ -541,25 +465,18 @@ class _Run:
                 record = {"step": step, "session_id": session_id, **_audit_fields(meta)}
                 f.write(json.dumps(record) + "\n")
 
-    def save(self, loop: TrainerLoop, tokenizer_dir: Path) -> Path:
-        state = {
-            "loop": loop.state_dict(),
-            "data": {"seen": set_to_ranges(self.seen_tasks)},
-        }
-        step = loop.state_dict()["steps"]
-        group = self.group
+    def save(self, loop: TrainerLoop) -> Path:
+        """A checkpoint: the engine's model and optimizer, the loop's counters and buffered
+        trajectories, and the data position."""
+        assert self.engine is not None
+        engine, step = self.engine, loop.state_dict()["steps"]
         path = save_checkpoint(
             self.out,
             step=step,
-            # Several ranks: the shadow holds the newest published weights (each step publishes
-            # before it checkpoints), and every rank writes its optimizer shards.
-            model=loop.model if group is None else group.shadow,
-            optimizer=loop.optimizer if group is None else None,
-            state=state,
+            write_engine=lambda tmp: engine.save(tmp, step),
+            state={"loop": loop.state_dict(), "data": {"seen": set_to_ranges(self.seen_tasks)}},
             pending=loop.pending(),
-            tokenizer_dir=tokenizer_dir,
             keep=self.config.logging.keep_checkpoints,
-            write_extra=None if group is None else lambda tmp: group.save(tmp / DCP_DIR, step),
         )
         log.info("checkpoint %s", path)
         return path
@@ -578,36 +495,6 @@ class _Run:
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, on_signal)
-
-
-def _start_group(
-    ranks: Ranks, config: RunConfig, weights_dir: Path, policy_dir: Path, checkpoint: Any
-) -> RankGroup:
-    """Every rank loads and shards the policy (and the KL reference, the policy the run started
-    from), resuming the sharded optimizer from ``checkpoint``."""
-    start = Start(
-        weights_dir=str(weights_dir),
-        reference_dir=str(policy_dir) if config.algorithm.kl_coef else None,
-        resume_dir=str(checkpoint.path / DCP_DIR) if checkpoint else None,
-    )
-    try:
-        return RankGroup(ranks, config, start)
-    except ValueError as err:
-        raise RunError(str(err)) from err
-
-
-def _check_resumable(found: Path, ranks: Ranks | None) -> None:
-    """One rank saves ``optimizer.pt``, several a sharded ``dcp/``: each resumes only its own."""
-    if ranks is not None and not (found / DCP_DIR).is_dir():
-        raise RunError(
-            f"--resume: {found} was saved by one trainer rank (optimizer.pt, no {DCP_DIR}/); "
-            "resume it with async.train_workers: 1"
-        )
-    if ranks is None and not (found / "optimizer.pt").is_file():
-        raise RunError(
-            f"--resume: {found} was saved by several trainer ranks (a sharded {DCP_DIR}/); "
-            "resume it with async.train_workers > 1"
-        )
 
 
 def checkpoint_start(checkpoint: Any) -> tuple[int, list[list[int]]]:
@@ -639,16 +526,7 @@ def _sync_values(
     return values
 
 
-def _advantage_options(config: RunConfig) -> dict[str, Any] | None:
-    algo = config.algorithm
-    if algo.advantage == "gae":
-        return {"gamma": algo.discount, "lam": algo.gae_lambda}
-    return None
-
-
 def _policy_model_id(config: RunConfig) -> str:
-    from areal.gateway.router_config import RouterConfig
-
     if config.agent.gateway_config:
         return RouterConfig.load(config.agent.gateway_config).policy.model_id
     return RouterConfig().policy.model_id

@@ -1,29 +1,25 @@
 """Weight sync inside a supervised run: publish to the engines that are up, skip one that dies
-mid-publish (its restart catches up), and choose the sync ``inference.weight_sync`` names."""
+mid-publish (its restart catches up). The sync itself (disk or a collective) is the training
+engine's (:meth:`~areal.core.train_engine.TrainEngine.weight_sync`)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from pathlib import Path
 from typing import Any
 
 from areal.core.process import ServerProcess
-from areal.core.run_config import RunConfig
-from areal.plugins.trainer.collective_sync import CollectiveWeightSync
-from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
+from areal.core.train_engine import WeightSync, WeightSyncError
 from areal.run.supervisor import Supervisor
 
 log = logging.getLogger("areal.train")
 
-EngineSync = DiskWeightSync | CollectiveWeightSync
-
 
 class SupervisedSync:
-    """Disk weight sync to the engines that are up; one that died mid-publish is skipped (its
+    """The engine's weight sync, to the engines that are up; one that died mid-publish is skipped (its
     restart loads the newest weights), any other failure stops the run."""
 
-    def __init__(self, sync: EngineSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
+    def __init__(self, sync: WeightSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
         self.sync = sync
         self.supervisor = supervisor
         self.lock = lock
@@ -65,18 +61,3 @@ class SupervisedSync:
 
     async def close(self) -> None:
         await self.sync.close()
-
-
-def make_weight_sync(config: RunConfig, weights_dir: Path) -> EngineSync:
-    """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
-    embedded engine on CPU, NCCL to SGLang on GPUs)."""
-    inference = config.inference
-    if inference.weight_sync == "collective":
-        backend = "nccl" if inference.backend == "sglang" else "gloo"
-        return CollectiveWeightSync(
-            [],
-            backend=backend,
-            bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
-            pause_mode=inference.pause_mode,
-        )
-    return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)

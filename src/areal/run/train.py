@@ -65,9 +65,7 @@ def run(
         if not launch.launched():
             return launch.launch(config, output_dir, resume=resume, extra=torchrun)
         if launch.rank() != 0:
-            from areal.plugins.trainer.ranks import follow
-
-            follow(config)
+            follow(config, output_dir)
             return 0
     from areal.run.runner import RunError, train
 
@@ -85,6 +83,15 @@ def run(
         file=sys.stderr,
     )
     return 0
+
+
+def follow(config: RunConfig, output_dir: Path) -> None:
+    """A follower rank: the training engine's ``follow`` is its whole life (rank 0 drives)."""
+    from areal.core.plugins import registry
+    from areal.core.train_engine import EngineSetup
+
+    spec = registry("engines").get(config.train.engine, key="train.engine")
+    spec.load_follow()(EngineSetup.from_config(config, output_dir))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Is the policy's chat template prefix-stable across turns?
 
 The gateway merges the turns of an episode into one training sequence only when the next prompt
-extends the previous prompt + output token for token (DESIGN.md §3, "Trajectory record"). A
+extends the previous prompt + output token for token (docs/architecture.md, "The data path"). A
 template that rewrites earlier turns (Qwen3's drops earlier reasoning, some stamp today's date)
 silently turns every multi-turn episode into one sample per turn: more prefill, more samples, and
 credit assignment that no longer sees the whole episode. This renders a conversation, extends it

@@ -1,7 +1,7 @@
 """InferenceClient against a real HTTP server that answers in SGLang's wire shapes.
 
 SGLang itself needs a CUDA GPU, so the server here is a small aiohttp.web stand-in for SGLang written
-from SGLANG_API.md; it runs on 127.0.0.1 in its own event loop on a thread. Tests against the embedded
+from docs/inference.md; it runs on 127.0.0.1 in its own event loop on a thread. Tests against the embedded
 engine and against real SGLang (bench/gpu/sglang_check.py) cover the real backends.
 """
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import psutil
 import pytest
@@ -215,18 +215,22 @@ def _ranks_main(out: Path) -> None:
     import torch.distributed as dist
 
     from areal.core.run_config import run_config_from_dict
+    from areal.core.train_engine import EngineSetup
     from areal.plugins.models.hf_io import load_model
     from areal.plugins.models.tiny import init_tiny
     from areal.plugins.trainer.ranks import RankGroup, Start, follow, init_ranks
     from areal.plugins.trainer.step import train_step
 
-    config = run_config_from_dict(
-        {
-            "model": {"path": str(out / "model"), "dtype": "float32"},
-            "dataset": {"name": "tool_then_answer"},
-            "train": {"device": "cpu", "parallelism": {"dp": 2}, "learning_rate": LR},
-            "async": {"train_workers": 2},
-        }
+    config = EngineSetup.from_config(
+        run_config_from_dict(
+            {
+                "model": {"path": str(out / "model"), "dtype": "float32"},
+                "dataset": {"name": "tool_then_answer"},
+                "train": {"device": "cpu", "parallelism": {"dp": 2}, "learning_rate": LR},
+                "async": {"train_workers": 2},
+            }
+        ),
+        out,
     )
     if int(os.environ["RANK"]):
         follow(config)
@@ -241,7 +245,7 @@ def _ranks_main(out: Path) -> None:
     optimizer = torch.optim.AdamW(single.parameters(), lr=LR, weight_decay=0.0)
     samples, groups = _samples(single)
     kwargs = {**STEP, "group_ids": groups, "current_version": 0, "kl_coef": 0.1}
-    stats = group.step(None, None, samples, **kwargs)
+    stats = group.step(samples, kwargs)
     reference = load_model(out / "model").requires_grad_(False)
     single_stats = train_step(single, optimizer, samples, reference=reference, **kwargs)
     shadow = group.gather()
@@ -255,7 +259,7 @@ def _ranks_main(out: Path) -> None:
     }
     group.save(out / "dcp", 1)
     saved = copy.deepcopy(shadow)
-    group.step(None, None, samples, **{**kwargs, "current_version": 1})
+    group.step(samples, {**kwargs, "current_version": 1})
     continued = copy.deepcopy(group.gather())
     # A new group (as after --resume) from the saved weights and the sharded optimizer.
     save_dir = out / "saved"
@@ -265,7 +269,7 @@ def _ranks_main(out: Path) -> None:
     resume = Start(weights_dir=str(save_dir), reference_dir=model_dir, resume_dir=str(out / "dcp"))
     resumed = RankGroup(ranks, config, resume)
     result["resumed_vs_saved"] = _max_diff(resumed.gather(), saved)
-    resumed.step(None, None, samples, **{**kwargs, "current_version": 1})
+    resumed.step(samples, {**kwargs, "current_version": 1})
     result["resumed_vs_continued"] = _max_diff(resumed.gather(), continued)
     resumed.stop()
     torch.save(result, out / "result.pt")
@@ -277,15 +281,16 @@ if __name__ == "__main__":
 
 
 def test_a_checkpoint_resumes_only_with_its_own_kind_of_trainer(tmp_path: Path) -> None:
-    from areal.run.runner import RunError, _check_resumable
+    from areal.core.train_engine import EngineError
+    from areal.plugins.trainer.engine import _check_resumable
 
     one, many = tmp_path / "one", tmp_path / "many"
     (one / "model").mkdir(parents=True)
     (one / "optimizer.pt").write_bytes(b"")
     (many / "dcp").mkdir(parents=True)
-    _check_resumable(one, None)
-    _check_resumable(many, cast(Any, "ranks"))
-    with pytest.raises(RunError, match=r"one trainer rank .* async\.train_workers: 1"):
-        _check_resumable(one, cast(Any, "ranks"))
-    with pytest.raises(RunError, match=r"several trainer ranks .* async\.train_workers > 1"):
-        _check_resumable(many, None)
+    _check_resumable(one, several=False)
+    _check_resumable(many, several=True)
+    with pytest.raises(EngineError, match=r"one trainer rank .* async\.train_workers: 1"):
+        _check_resumable(one, several=True)
+    with pytest.raises(EngineError, match=r"several trainer ranks .* async\.train_workers > 1"):
+        _check_resumable(many, several=False)

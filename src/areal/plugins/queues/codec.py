@@ -1,6 +1,6 @@
 """Trajectory <-> ZeroMQ frames: msgpack for the metadata, raw little-endian arrays for tokens.
 
-Token lists as msgpack lists cost 10-30x the wire time (MEASURED.md); as raw frames they keep
+Token lists as msgpack lists cost 10-30x the wire time (measured on a 2-core CPU machine); as raw frames they keep
 most of it. A message is ``[header, *arrays]``: the header (msgpack) carries everything but the
 token arrays, plus each array's dtype, length and CRC-32, so a truncated, swapped or corrupted
 frame fails loudly in ``decode`` instead of training on garbage. Never pickle: a queue peer must

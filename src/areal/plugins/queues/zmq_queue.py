@@ -1,7 +1,7 @@
 """The trajectory queue on ZeroMQ: many producers (gateways, rollout workers), one trainer.
 
 Why acknowledgements: a PUSH socket closed right after its last send was seen to lose that
-message (MEASURED.md), and a bounded queue must make producers wait rather than drop. So each
+message (measured here), and a bounded queue must make producers wait rather than drop. So each
 producer is a DEALER that numbers its trajectories and keeps them until the consumer (a ROUTER,
 bound by the trainer) acknowledges them; ``put`` returns only then.
 

@@ -1,6 +1,6 @@
 """The trainer as ``async.train_workers`` ranks: rank 0 drives, the other ranks follow.
 
-Rank 0 runs the whole run of :mod:`.runner` (processes, queue, trainer loop, metrics,
+Rank 0 runs the whole run of :mod:`areal.run.runner` (processes, queue, trainer loop, metrics,
 checkpoints); the followers (:func:`follow`) only hold their shards of the policy and join each
 collective rank 0 starts. Every collective is announced by a command, so a follower always knows
 which one comes next:
@@ -24,7 +24,6 @@ dies mid-collective fails the others instead of hanging them.
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 import os
@@ -40,8 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from areal.core.run_config import RunConfig
-from areal.core.train_engine import dist_timeout
+from areal.core.train_engine import EngineError, EngineSetup, dist_timeout
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model, model_class_for, read_config
@@ -50,13 +48,11 @@ from areal.plugins.trainer.parallel.layout import MeshLayout, make_layout
 from areal.plugins.trainer.parallel.parallel_dims import ParallelDims, ParallelMesh
 from areal.plugins.trainer.parallel.parallelize import parallelize
 from areal.plugins.trainer.step import train_step
-from areal.plugins.trainer.weight_sync import WeightSync
 
 log = logging.getLogger("areal.train")
 
 __all__ = [
     "Commands",
-    "GatheringSync",
     "RankFailure",
     "RankGroup",
     "Ranks",
@@ -66,10 +62,8 @@ __all__ = [
     "init_ranks",
 ]
 
-DCP_DIR = "dcp"  # the sharded model + optimizer inside a checkpoint directory
 
-
-class RankFailure(RuntimeError):
+class RankFailure(EngineError):
     """A collective across the trainer ranks failed (a rank died, or timed out)."""
 
 
@@ -84,10 +78,10 @@ class Ranks:
     commands: Commands
 
 
-def init_ranks(config: RunConfig) -> Ranks:
+def init_ranks(setup: EngineSetup) -> Ranks:
     """Join the default process group torchrun described (gloo on CPU, NCCL on GPUs) and build
     the mesh of ``train.parallelism``; every rank calls this first."""
-    want = config.train.device
+    want = setup.train.device
     on_gpu = want == "cuda" or (want == "auto" and torch.cuda.is_available())
     if on_gpu:
         local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -97,7 +91,7 @@ def init_ranks(config: RunConfig) -> Ranks:
         device = torch.device("cpu")
     timeout = datetime.timedelta(seconds=dist_timeout())
     dist.init_process_group("nccl" if on_gpu else "gloo", timeout=timeout)
-    dims = ParallelDims.from_config(config.train.parallelism, world_size=dist.get_world_size())
+    dims = ParallelDims.from_config(setup.train.parallelism, world_size=dist.get_world_size())
     mesh = dims.build_mesh(device.type)
     store = dist.PrefixStore("areal/commands/", dist.distributed_c10d._get_default_store())
     rank = dist.get_rank()
@@ -141,20 +135,20 @@ class Start:
 class ShardedPolicy:
     """This rank's shards of the policy, its optimizer and the step's layout."""
 
-    def __init__(self, ranks: Ranks, config: RunConfig, start: Start) -> None:
+    def __init__(self, ranks: Ranks, setup: EngineSetup, start: Start) -> None:
         dims = ranks.mesh.dims
-        if config.algorithm.kl_coef and dims.pp_enabled:
+        if setup.algorithm.kl_coef and dims.pp_enabled:
             raise ValueError(
                 "algorithm.kl_coef: the KL reference model is not pipelined; set it to 0 or "
                 "train.parallelism.pp: 1"
             )
         self.ranks = ranks
         self.mesh = ranks.mesh
-        dtype = getattr(torch, config.model.dtype)
-        torch.manual_seed(config.train.seed)
+        dtype = getattr(torch, setup.model.dtype)
+        torch.manual_seed(setup.train.seed)
         self.model = self._load(start.weights_dir, dtype).train()
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
+            self.model.parameters(), lr=setup.train.learning_rate, weight_decay=0.0
         )
         self.reference = None
         if start.reference_dir is not None:
@@ -220,31 +214,22 @@ class ShardedPolicy:
 class RankGroup:
     """Rank 0's handle on all the ranks: each method announces its command, then takes part.
 
-    :meth:`step` has :func:`train_step`'s signature: it is the trainer loop's ``stepper``.
+    :class:`~areal.plugins.trainer.engine.FSDPEngine` drives it on rank 0.
     """
 
-    def __init__(self, ranks: Ranks, config: RunConfig, start: Start) -> None:
+    def __init__(self, ranks: Ranks, setup: EngineSetup, start: Start) -> None:
         self.ranks = ranks
         self.commands = ranks.commands
         self._on_device()
         self.commands.send("start", start)
-        self.policy = _collective("start", lambda: ShardedPolicy(ranks, config, start))
+        self.policy = _collective("start", lambda: ShardedPolicy(ranks, setup, start))
         # The unsharded copy the engines are fed from and checkpoints are written from.
-        self.shadow = load_model(start.weights_dir, dtype=getattr(torch, config.model.dtype))
+        self.shadow = load_model(start.weights_dir, dtype=getattr(torch, setup.model.dtype))
         self.stopped = False
 
-    def step(
-        self,
-        model: Any,
-        optimizer: Any,
-        samples: Any,
-        *,
-        reference: Any = None,
-        losses: Any = None,
-        **options: Any,
-    ) -> dict[str, float]:
-        """One step on every rank (``model``/``optimizer`` are this rank's shards; the reference
-        is the group's own sharded one; ``losses`` must be the default registry)."""
+    def step(self, samples: list[Sample], options: dict[str, Any]) -> dict[str, float]:
+        """One :func:`train_step` on every rank with ``options`` (the reference is the group's
+        own sharded one)."""
         self._on_device()
         self.commands.send("step", (list(samples), options))
         return _collective("step", lambda: self.policy.step(list(samples), options))
@@ -276,34 +261,16 @@ class RankGroup:
             torch.cuda.set_device(self.ranks.device)
 
 
-class GatheringSync:
-    """Publishes a sharded policy: the ranks gather it into rank 0's shadow, which the wrapped
-    sync sends to the engines unchanged."""
-
-    def __init__(self, inner: WeightSync, group: RankGroup) -> None:
-        self.inner = inner
-        self.group = group
-
-    async def publish(self, model: DecoderForCausalLM, version: int) -> float:
-        started = time.perf_counter()
-        shadow = await asyncio.to_thread(self.group.gather)
-        gathered = time.perf_counter() - started
-        return gathered + await self.inner.publish(shadow, version)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-def follow(config: RunConfig) -> None:
+def follow(setup: EngineSetup) -> None:
     """A follower's whole life: join the group, then do what rank 0 says until ``stop``."""
     # Ctrl-C is rank 0's to handle: it finishes the step, checkpoints, then says stop.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    ranks = init_ranks(config)
+    ranks = init_ranks(setup)
     policy: ShardedPolicy | None = None
     while True:
         command, payload = ranks.commands.receive()
         if command == "start":
-            policy = ShardedPolicy(ranks, config, payload)
+            policy = ShardedPolicy(ranks, setup, payload)
             continue
         if command == "stop":
             break

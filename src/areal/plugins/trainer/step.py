@@ -22,7 +22,7 @@ whole step's ``samples``: a :class:`StepLayout` picks this rank's packs of each 
 attention backend, how packs go forward and backward (one by one, or a pipeline schedule), the
 gradient-norm reduction and the sum of the statistics. Every rank knows every minibatch's
 valid-token count from ``samples``, so each pack's loss is already divided by the *global* count
-and the ranks' gradients only need summing (DESIGN.md §3: token-level averaging).
+and the ranks' gradients only need summing (docs/training.md, "Decoupled PPO": token-level averaging).
 """
 
 from __future__ import annotations

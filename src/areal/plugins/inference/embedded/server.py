@@ -1,4 +1,4 @@
-"""The embedded engine's HTTP server: the SGLang native API subset of DESIGN.md §3.
+"""The embedded engine's HTTP server: the SGLang native API subset of docs/inference.md.
 
 Handlers (aiohttp) validate, tokenize and hand sequences to the engine thread; results come back
 through ``loop.call_soon_threadsafe`` into one asyncio queue per HTTP request. Any bad input gets a 4xx in
