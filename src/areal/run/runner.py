@@ -1,24 +1,26 @@
 """``areal train``: one asynchronous RL run, from a run config to trained checkpoints.
 
-The story of :func:`train`, top to bottom:
+The story of :func:`train`, top to bottom (:meth:`_Run.main`: build → start → loop → stop):
 
-1. **The training engine** ``train.engine`` names (registered through ``areal_register_engines``;
-   the built-in ``fsdp``), handed the config sections it owns: it prepares the policy (areal's
-   tiny model if asked, the cached format warm start) and, with ``--resume``, takes the newest
-   checkpoint's weights and optimizer, while this run takes its counters, data position and
-   buffered trajectories.
-2. **The processes**, each supervised (restarted when it dies, up to a limit): the inference
-   engines (serving the policy), the gateway (the agents' endpoint; finished episodes go to the
-   trainer's ZeroMQ queue; new episodes are admitted under the staleness budget), and the
-   rollout workers (running the agent once per task sample).
-3. **The trainer loop** in this process: trajectories in, decoupled-PPO steps, every new
-   version published to the engines by disk and announced to the gateway's staleness clock;
-   ``[train]``, ``[rollout]``, ``accounting`` and ``sync`` events to the metric sinks (with a
-   ``run`` event first and an ``end`` event last, for the live monitor); a checkpoint every
-   ``logging.save_interval`` steps.
-4. **The end** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers
-   stop first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then
-   the gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
+1. **Build** (:meth:`_Run.build`): the training engine ``train.engine`` names (registered
+   through ``areal_register_engines``; the built-in ``fsdp``), handed the config sections it
+   owns; it prepares the policy (areal's tiny model if asked, the cached format warm start) and,
+   with ``--resume``, takes the newest checkpoint's weights and optimizer, while the run takes
+   its counters, data position and buffered trajectories. Then the trajectory queue, the
+   engine's weight sync, the supervised processes, the metric sinks and the trainer loop.
+2. **Start** (:meth:`_Run.start`): the processes, each supervised (restarted when it dies, up to
+   a limit) and healthy before the next stage: the inference engines (serving the policy), the
+   gateway (the agents' endpoint; finished episodes go to the trainer's ZeroMQ queue; new
+   episodes are admitted under the staleness budget), the rollout workers (the agent once per
+   task sample).
+3. **Loop** (:meth:`_Run.loop`): trajectories in, one engine step per batch, every new version
+   published to the engines and announced to the gateway's staleness clock; ``[train]``,
+   ``[rollout]``, ``accounting`` and ``sync`` events to the metric sinks (a ``run`` event first,
+   an ``end`` event last, for the live monitor); a checkpoint every ``logging.save_interval``
+   steps.
+4. **Stop** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers stop
+   first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then the
+   gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
 
 Under torchrun (``async.train_workers > 1``, started by :mod:`.launch`) this is rank 0 and the
 engine spreads the policy over all ranks; the run is the same. The run never imports torch: all
@@ -94,6 +96,20 @@ def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) ->
     return asyncio.run(_Run(config, Path(output_dir), resume).main())
 
 
+@dataclass
+class _Parts:
+    """What :meth:`_Run.build` puts together for one run."""
+
+    engine: TrainEngine
+    source: Any  # the trajectory queue's consuming end
+    sync: WeightSync
+    supervisor: Supervisor
+    gateway: GatewayHandle
+    metrics: MetricsHub
+    observed: ObservedSource
+    loop: TrainerLoop
+
+
 class _Run:
     """One run's state; :meth:`main` is the story of the module docstring."""
 
@@ -122,14 +138,52 @@ class _Run:
         self.tokens_trained = 0
         self.supervisor: Supervisor | None = None
         self.engine: TrainEngine | None = None
+        self.last_saved = 0  # the step of the newest checkpoint
 
     # --- the story ---------------------------------------------------------------------------
 
     async def main(self) -> RunSummary:
-        config, started = self.config, time.perf_counter()
+        """build → start → loop → stop; a part that fails ends the run with :class:`RunError`."""
+        started = time.perf_counter()
+        run = await self.build()
+        self.install_signal_handlers()
+        history: list[dict[str, float]] = []
+        checkpoint_path, failure = None, ""
+        try:
+            await self.start(run)
+            history = await self.loop(run)
+            checkpoint_path = await self.drain_and_save(run)
+        except EngineError as exc:  # a trainer rank failed
+            failure = str(exc)
+            raise RunError(failure) from exc
+        except BaseException as exc:
+            failure = str(exc) or type(exc).__name__
+            raise
+        finally:
+            await self.stop_all(run, failure)
+        loop = run.loop
+        summary = RunSummary(
+            steps=loop.state_dict()["steps"],
+            version=loop.version,
+            history=history,
+            counters=loop.counters(),
+            checkpoint=checkpoint_path,
+            seconds=time.perf_counter() - started,
+            stopped_by=self.stopped_by,
+            restarts={c.name: c.restarts for c in run.supervisor.children if c.restarts},
+        )
+        _write_summary(self.out / "summary.json", summary)
+        return summary
+
+    # --- 1. build ----------------------------------------------------------------------------
+
+    async def build(self) -> _Parts:
+        """The engine (from the checkpoint on ``--resume``), the queue, the weight sync, the
+        supervised processes (not started yet), the metric sinks and the trainer loop."""
+        config = self.config
         if config.train.cpu_affinity:
             # Before the first worker thread: Linux pins the calling thread, and threads (the one
-            # that runs train_step included) inherit the mask of the thread that creates them.
+            # that runs the train step included) inherit the mask of the thread that creates them.
             os.sched_setaffinity(0, set(config.train.cpu_affinity))
         for d in (self.out, self.log_dir, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
@@ -145,7 +199,7 @@ class _Run:
             self.seen_tasks = ranges_to_set(checkpoint.state["data"]["seen"])
             log.info("resuming from %s (step %d)", found, checkpoint.step)
 
-        # 1. The training engine, with the sections it owns (it may take minutes: a warm start).
+        # The training engine, with the sections it owns (minutes, with a warm start to run).
         threads = _threads(config)
         setup = EngineSetup.from_config(
             config, self.out, threads=threads, resume_from=checkpoint.path if checkpoint else None
@@ -165,8 +219,8 @@ class _Run:
         supervisor, gateway = self.processes(
             str(engine.weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )
-        metrics = self.hub = self.metrics()
         self.supervisor = supervisor
+        metrics = self.hub = self.metrics()
         observed = ObservedSource(source, self.observe, config.async_.queue_max_size)
         loop = TrainerLoop(
             engine,
@@ -182,105 +236,103 @@ class _Run:
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
-        first_step = loop.state_dict()["steps"]
         self.dropped_at_start = loop.counters()["dropped_trajectories"]
-        metrics.write("run", first_step, self.run_values())
-        history: list[dict[str, float]] = []
-        last_saved = first_step
+        self.last_saved = loop.state_dict()["steps"]
+        return _Parts(engine, source, sync, supervisor, gateway, metrics, observed, loop)
+
+    # --- 2. start ----------------------------------------------------------------------------
+
+    async def start(self, run: _Parts) -> None:
+        """Engines, then the gateway, then the rollout workers, each healthy before the next."""
+        config, first_step = self.config, run.loop.state_dict()["steps"]
+        run.metrics.write("run", first_step, self.run_values())
+        try:
+            await run.supervisor.start_all()
+        except ChildFailed as err:
+            raise RunError(f"a process of the run did not start: {err}") from err
+        log.info(
+            "run started: %d engine(s), gateway %s, %d rollout worker(s); step %d -> %d",
+            config.inference.engines,
+            run.gateway.url,
+            config.async_.rollout_workers,
+            first_step,
+            config.train.max_steps,
+        )
+
+    # --- 3. loop -----------------------------------------------------------------------------
+
+    async def loop(self, run: _Parts) -> list[dict[str, float]]:
+        """Train to ``train.max_steps`` (or a signal) while the supervisor keeps every process
+        alive; a process beyond saving ends the run."""
+        remaining = self.config.train.max_steps - run.loop.state_dict()["steps"]
 
         async def on_step(result: dict[str, float]) -> None:
-            nonlocal last_saved
-            self.version = loop.version
-            # Episodes dropped whole as stale give their admission slots back (the running total of
-            # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
-            dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
-            await gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
-            self.audit(loop)
-            step = int(result["step"])
-            metrics.write("sync", step, _sync_values(result, sync.last_phases, loop.version))
-            await self.account(gateway, observed, loop, metrics)
-            if step % config.logging.save_interval == 0:
-                await asyncio.to_thread(self.save, loop)
-                last_saved = step
+            await self.after_step(run, result)
 
-        self.install_signal_handlers()
-        checkpoint_path = None
-        failure = ""
-        try:
-            try:
-                await supervisor.start_all()
-            except ChildFailed as err:
-                raise RunError(f"a process of the run did not start: {err}") from err
-            log.info(
-                "run started: %d engine(s), gateway %s, %d rollout worker(s); step %d -> %d",
-                config.inference.engines,
-                gateway.url,
-                config.async_.rollout_workers,
-                first_step,
-                config.train.max_steps,
-            )
-            training = asyncio.create_task(
-                loop.run(config.train.max_steps - first_step, stop=self.stop, on_step=on_step)
-            )
-            watching = asyncio.create_task(supervisor.watch())
-            done, _ = await asyncio.wait({training, watching}, return_when=asyncio.FIRST_COMPLETED)
-            if watching in done:
-                training.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await training
-                error = watching.exception()
-                raise RunError(f"the run lost a process: {error}") from error
-            watching.cancel()
+        training = asyncio.create_task(run.loop.run(remaining, stop=self.stop, on_step=on_step))
+        watching = asyncio.create_task(run.supervisor.watch())
+        done, _ = await asyncio.wait({training, watching}, return_when=asyncio.FIRST_COMPLETED)
+        if watching in done:
+            training.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await watching
-            history = training.result()
-            # The end: no new episodes, what reached the queue goes into the final checkpoint.
-            for child in supervisor.children:
-                if child.name.startswith("rollout") and child.process is not None:
-                    child.up = False
-                    await asyncio.to_thread(child.process.stop, 5.0)
-            source.close()
-            while (trajectory := source.get(timeout=0)) is not None:
-                self.observe(trajectory)
-                loop.add(trajectory)
-            steps = loop.state_dict()["steps"]
-            if steps != last_saved or not latest_checkpoint(self.out):
-                checkpoint_path = str(await asyncio.to_thread(self.save, loop))
-            else:
-                found = latest_checkpoint(self.out)
-                checkpoint_path = str(found) if found else None
-        except EngineError as exc:  # a trainer rank failed
-            failure = str(exc)
-            raise RunError(failure) from exc
-        except BaseException as exc:
-            failure = str(exc) or type(exc).__name__
-            raise
-        finally:
-            engine.stop()
-            await asyncio.to_thread(supervisor.stop_all)
-            source.close()
-            await sync.close()
-            end: dict[str, MetricValue] = {
-                "stopped_by": self.stopped_by,
-                "version": loop.version,
-                "error": failure,
-            }
-            metrics.write("end", loop.state_dict()["steps"], end)
-            metrics.close()
-        summary = RunSummary(
-            steps=loop.state_dict()["steps"],
-            version=loop.version,
-            history=history,
-            counters=loop.counters(),
-            checkpoint=checkpoint_path,
-            seconds=time.perf_counter() - started,
-            stopped_by=self.stopped_by,
-            restarts={c.name: c.restarts for c in supervisor.children if c.restarts},
-        )
-        _write_summary(self.out / "summary.json", summary)
-        return summary
+                await training
+            error = watching.exception()
+            raise RunError(f"the run lost a process: {error}") from error
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+        return training.result()
 
-    # --- 2. the processes --------------------------------------------------------------------
+    async def after_step(self, run: _Parts, result: dict[str, float]) -> None:
+        """The new version to the gateway's clock, the audit trail, ``sync`` and ``accounting``
+        events, and every ``logging.save_interval`` steps a checkpoint."""
+        loop = run.loop
+        self.version = loop.version
+        # Episodes dropped whole as stale give their admission slots back (the running total of
+        # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
+        dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
+        await run.gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
+        self.audit(loop)
+        step = int(result["step"])
+        values = _sync_values(result, run.sync.last_phases, loop.version)
+        run.metrics.write("sync", step, values)
+        await self.account(run.gateway, run.observed, loop, run.metrics)
+        if step % self.config.logging.save_interval == 0:
+            await asyncio.to_thread(self.save, loop)
+            self.last_saved = step
+
+    # --- 4. stop -----------------------------------------------------------------------------
+
+    async def drain_and_save(self, run: _Parts) -> str | None:
+        """No new episodes; what reached the queue goes into the final checkpoint."""
+        for child in run.supervisor.children:
+            if child.name.startswith("rollout") and child.process is not None:
+                child.up = False
+                await asyncio.to_thread(child.process.stop, 5.0)
+        run.source.close()
+        while (trajectory := run.source.get(timeout=0)) is not None:
+            self.observe(trajectory)
+            run.loop.add(trajectory)
+        if run.loop.state_dict()["steps"] != self.last_saved or not latest_checkpoint(self.out):
+            return str(await asyncio.to_thread(self.save, run.loop))
+        found = latest_checkpoint(self.out)
+        return str(found) if found else None
+
+    async def stop_all(self, run: _Parts, failure: str) -> None:
+        """The engine's ranks, every process, the queue and the sync; the ``end`` event last."""
+        run.engine.stop()
+        await asyncio.to_thread(run.supervisor.stop_all)
+        run.source.close()
+        await run.sync.close()
+        end: dict[str, MetricValue] = {
+            "stopped_by": self.stopped_by,
+            "version": run.loop.version,
+            "error": failure,
+        }
+        run.metrics.write("end", run.loop.state_dict()["steps"], end)
+        run.metrics.close()
+
+    # --- the processes --------------------------------------------------------------------
 
     def processes(
         self,
@@ -356,7 +408,7 @@ class _Run:
             )
         return supervisor, gateway
 
-    # --- 3. the trainer's side ---------------------------------------------------------------
+    # --- the trainer's side ---------------------------------------------------------------
 
     def metrics(self) -> MetricsHub:
         import importlib.util
