@@ -173,3 +173,78 @@ def test_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:
     assert fresh and all(r["task_index"] not in seen_tasks for r in fresh)
     c = resumed.counters
     assert c["received"] == c["trained"] + c["dropped"] + c["buffered"]
+
+
+RECORDING_ENGINE = '''
+"""A third-party training engine: the built-in fsdp engine, with every step's batch recorded."""
+import json
+from pathlib import Path
+
+from areal import hookimpl
+from areal.core.specs import TrainEngineSpec
+from areal.plugins.trainer.engine import build as build_fsdp
+
+
+class RecordingEngine:
+    def __init__(self, inner, log):
+        self.inner, self.log = inner, log
+        self.policy_dir, self.weights_dir = inner.policy_dir, inner.weights_dir
+
+    def step(self, samples, *, group_ids, current_version):
+        with open(self.log, "a") as f:
+            f.write(json.dumps({"samples": len(samples), "version": current_version}) + "\\n")
+        return self.inner.step(samples, group_ids=group_ids, current_version=current_version)
+
+    def weights(self):
+        return self.inner.weights()
+
+    def weight_sync(self, weights_dir):
+        return self.inner.weight_sync(weights_dir)
+
+    def save(self, directory, step):
+        self.inner.save(directory, step)
+
+    def stop(self):
+        self.inner.stop()
+
+
+def build(setup):
+    return RecordingEngine(build_fsdp(setup), setup.output_dir / "engine_steps.jsonl")
+
+
+@hookimpl
+def areal_register_engines(register):
+    register("recording", TrainEngineSpec(
+        name="recording", build="recording_engine:build", follow="recording_engine:build",
+        parallelize="areal.plugins.trainer.parallel.parallelize:parallelize_decoder",
+        train_step="areal.plugins.trainer.step:train_step",
+    ))
+'''
+
+
+def test_a_third_party_engine_replaces_the_trainer_through_the_hook(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train.engine`` picks a plugin's engine; the run drives it and nothing else."""
+    import sys
+
+    from areal.core.plugins import get_plugin_manager
+
+    (tmp_path / "recording_engine.py").write_text(RECORDING_ENGINE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import recording_engine  # type: ignore[import-not-found]
+
+    pm = get_plugin_manager()
+    pm.register(recording_engine, name="recording-engine")
+    try:
+        config = make_config(tmp_path, train={"engine": "recording", "max_steps": 2})
+        summary = train(config, tmp_path / "out")
+    finally:
+        pm.unregister(name="recording-engine")
+        sys.modules.pop("recording_engine", None)
+    steps = (tmp_path / "out" / "engine_steps.jsonl").read_text().splitlines()
+    assert [json.loads(s)["version"] for s in steps] == [0, 1]
+    assert summary.steps == 2 and summary.version == 2
+    assert all(json.loads(s)["samples"] >= 4 for s in steps)
+    with pytest.raises(ValueError, match=r"train\.engine: unknown name 'recording'; known: fsdp"):
+        make_config(tmp_path, train={"engine": "recording"})

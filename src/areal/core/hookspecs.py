@@ -50,7 +50,13 @@ def areal_register_tool_parsers(register: Register) -> None:
 
 @hookspec
 def areal_register_engines(register: Register) -> None:
-    """Register training engines (the PyTorch-native 5D engine): ``register(name, factory)``."""
+    """Register training engines (the PyTorch-native 5D engine is ``fsdp``):
+    ``register(name, TrainEngineSpec(...))`` (:class:`areal.core.specs.TrainEngineSpec`).
+
+    An engine is one bundle: the model families it trains, its ``parallelize_*`` function, its
+    train step, and the ``build``/``follow`` entry points a run calls with the config sections the
+    engine owns (:mod:`areal.core.train_engine`). ``train.engine`` picks one by name.
+    """
 
 
 @hookspec
