@@ -137,9 +137,9 @@ def dp_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: P
     from torch.nn.parallel import DistributedDataParallel
     from transformers import AutoModelForCausalLM
 
-    from areal.plugins.trainer.parallel.layout import make_layout
     from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
     from areal.plugins.trainer.parallel.parallelize import parallelize
+    from areal.plugins.trainer.parallel.pipeline import make_layout
 
     torch.set_num_threads(max(1, args.threads // world))
     dist.init_process_group(

@@ -12,9 +12,10 @@ from typing import Any, TypeVar
 import pytest
 
 from areal.core.http_server import ServerThread
-from areal.gateway.app import GatewayState, build_app
+from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.gateway.state import GatewayState
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 

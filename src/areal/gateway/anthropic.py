@@ -24,10 +24,11 @@ from typing import Any, TypeGuard, cast
 from aiohttp import web
 
 from areal.core.tool_calls import ToolCall, new_call_id
-from areal.gateway.app import LOG_FIELDS, GatewayState, read_json, state_of
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
 from areal.gateway.policy import Generation, TextDeltas
+from areal.gateway.request import LOG_FIELDS, read_json
+from areal.gateway.state import GatewayState, state_of
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})

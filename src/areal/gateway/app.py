@@ -1,5 +1,8 @@
 """The gateway application: auth, errors in each protocol's schema, the access log, the routes.
 
+The top of the gateway: it assembles the front ends on top of :mod:`.state` and :mod:`.request`;
+nothing but the server entry point imports it.
+
 Every API route is served under ``/v1``, ``/gateway/v1`` (the seed article's URL) and without a
 prefix (some clients drop ``/v1``); aiohttp matches paths without the query, so
 ``/v1/messages?beta=true`` works as it is.
@@ -8,20 +11,16 @@ prefix (some clients drop ``/v1``); aiohttp matches paths without the query, so
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from aiohttp import web
 
-from areal.gateway.access_log import AccessLog
+from areal.gateway import anthropic, models, openai_chat, openai_responses, rl_control, trace
 from areal.gateway.errors import GatewayError, error_response
-from areal.gateway.policy import Generation, PolicyService
-from areal.gateway.router_config import RouterConfig
-from areal.gateway.sessions import Session, SessionManager
+from areal.gateway.request import BOUND_SESSION, CALLER, LOG_FIELDS, Caller, presented_key
+from areal.gateway.state import STATE, GatewayState, state_of
 
 log = logging.getLogger("areal.gateway")
 
@@ -30,55 +29,6 @@ RL_PREFIXES: tuple[str, ...] = ("/rl", "/gateway/rl")
 MAX_BODY_BYTES = 32 * 1024**2
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-@dataclass
-class Caller:
-    """Who is calling: a plain client (gateway key), an RL episode (session key) or the admin."""
-
-    kind: str  # "gateway" | "session" | "admin" | "anonymous"
-    session: Session | None = None
-
-
-@dataclass
-class GatewayState:
-    config: RouterConfig
-    policy: PolicyService
-    sessions: SessionManager
-    gateway_key: str = field(repr=False)
-    admin_token: str | None = field(default=None, repr=False)
-    upstream: Any = None  # areal.gateway.upstream.UpstreamChannel when api_gateway is configured
-    access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
-
-    async def record(self, request: web.Request, generation: Generation) -> str | None:
-        """Record a finished policy completion into the caller's session, if it has one."""
-        caller = request[CALLER]
-        if caller.session is None:
-            return None
-        return await self.sessions.record(
-            caller.session, model=self.policy.model_id, generation=generation
-        )
-
-
-STATE = web.AppKey("state", GatewayState)
-CALLER = web.RequestKey("caller", Caller)
-LOG_FIELDS = web.RequestKey("log", dict)  # what a handler adds to its gateway.log line
-BOUND_SESSION = "_bound_session"  # in LOG_FIELDS, not logged: a hint-bound call's session
-
-
-def state_of(request: web.Request) -> GatewayState:
-    return request.app[STATE]
-
-
-def caller_of(request: web.Request) -> Caller:
-    return request[CALLER]
-
-
-def presented_key(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    return request.headers.get("x-api-key") or request.headers.get("api-key") or None
 
 
 def _same(a: str | None, b: str | None) -> bool:
@@ -169,34 +119,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
 
 
-def _not_json(name: str) -> Any:
-    """Python's json reads NaN and Infinity, which JSON does not have: refuse them."""
-    raise GatewayError(400, f"the body is not valid JSON: {name} is not a JSON value")
-
-
-async def read_json(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object, or a 400 that says what is wrong with it."""
-    raw = await request.read()
-    if not raw.strip():
-        raise GatewayError(400, "the body is empty; send a JSON object")
-    try:
-        body = json.loads(raw, parse_constant=_not_json)
-    except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise GatewayError(400, f"the body is not valid JSON: {err}") from None
-    except RecursionError:  # json's parser recurses once per level of nesting
-        raise GatewayError(400, "the body's JSON is nested too deeply") from None
-    if not isinstance(body, dict):
-        raise GatewayError(400, "the body must be a JSON object")
-    return body
-
-
 async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
 def build_app(state: GatewayState) -> web.Application:
-    from areal.gateway import anthropic, models, openai_chat, openai_responses, rl_control, trace
-
     app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
     app[STATE] = state
     app.router.add_get("/health", health)

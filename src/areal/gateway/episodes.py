@@ -14,10 +14,11 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.gateway.app import BOUND_SESSION, LOG_FIELDS, GatewayState, caller_of
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
+from areal.gateway.request import BOUND_SESSION, LOG_FIELDS, caller_of
 from areal.gateway.sessions import Session
+from areal.gateway.state import GatewayState
 
 HINT_MAX = 128
 

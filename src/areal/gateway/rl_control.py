@@ -27,6 +27,7 @@ import logging
 from aiohttp import web
 
 from areal.gateway.errors import GatewayError
+from areal.gateway.request import read_json
 from areal.gateway.sessions import SessionManager
 
 log = logging.getLogger("areal.gateway.sessions")
@@ -40,8 +41,6 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def set_version(request: web.Request) -> web.Response:
-        from areal.gateway.app import read_json
-
         sessions.require_admin(request)
         body = await read_json(request)
         version, dropped = body.get("version"), body.get("dropped", 0)
@@ -60,8 +59,6 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def discard(request: web.Request) -> web.Response:
-        from areal.gateway.app import read_json
-
         sessions.require_admin(request)
         metadata = (await read_json(request)).get("metadata")
         if not isinstance(metadata, dict) or not metadata:

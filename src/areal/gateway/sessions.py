@@ -44,7 +44,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from aiohttp import web
 
@@ -54,9 +54,7 @@ from areal.core.trajectory import build_trajectory
 from areal.core.types import Completion
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
-
-if TYPE_CHECKING:
-    from areal.gateway.app import Caller
+from areal.gateway.request import LOG_FIELDS, Caller, caller_of, read_json
 
 log = logging.getLogger("areal.gateway.sessions")
 
@@ -150,6 +148,9 @@ class SessionManager:
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError(f"the session idle timeout must be > 0 (or None), got {idle_timeout}")
         self.admin_token = admin_token
+        self.reserved_keys: set[str] = (
+            {admin_token} if admin_token else set()
+        )  # GatewayState adds its key
         self.sink = sink
         self.discount = discount
         self.budget = budget or StalenessBudget()
@@ -432,8 +433,6 @@ class SessionManager:
             )
 
     def _authenticated(self, request: web.Request) -> Caller:
-        from areal.gateway.app import caller_of
-
         self._enabled()
         caller = caller_of(request)
         if caller.kind == "anonymous":
@@ -457,8 +456,6 @@ class SessionManager:
 
     def session_for(self, request: web.Request) -> Session:
         """The session in the path, if the caller is the admin or that session itself."""
-        from areal.gateway.app import LOG_FIELDS
-
         caller = self._authenticated(request)
         session_id = request.match_info["session_id"]
         request[LOG_FIELDS]["session"] = session_id
@@ -482,8 +479,6 @@ class SessionManager:
         return session
 
     async def _create(self, request: web.Request) -> web.Response:
-        from areal.gateway.app import LOG_FIELDS
-
         self.require_admin(request)
         body = await _optional_json(request)
         metadata = body.get("metadata", {})
@@ -497,7 +492,7 @@ class SessionManager:
         task_id = body.get("task_id")
         if task_id is not None and not isinstance(task_id, (str, int)):
             raise GatewayError(400, "task_id must be a string or an integer", param="task_id")
-        api_key = _fixed_key(body.get("api_key"), request)
+        api_key = _fixed_key(body.get("api_key"), self.reserved_keys)
         wait_s = _wait_seconds(body.get("wait_s"))
         session = await self.open_waiting(
             wait_s, metadata=metadata, task_id=task_id, hint=hint, api_key=api_key
@@ -524,8 +519,6 @@ class SessionManager:
         return web.json_response(self.session_for(request).status())
 
     async def _reward(self, request: web.Request) -> web.Response:
-        from areal.gateway.app import read_json
-
         session = self.session_for(request)
         body = await read_json(request)
         reward = _reward_value(body.get("reward"), required=True)
@@ -564,10 +557,8 @@ def _wait_seconds(value: Any) -> float:
     return float(value)
 
 
-def _fixed_key(value: Any, request: web.Request) -> str | None:
+def _fixed_key(value: Any, reserved: set[str]) -> str | None:
     """A driver-chosen session key: long enough, no whitespace, not the gateway's own keys."""
-    from areal.gateway.app import state_of
-
     if value is None:
         return None
     if not isinstance(value, str) or len(value) < KEY_MIN_CHARS or any(c.isspace() for c in value):
@@ -576,8 +567,7 @@ def _fixed_key(value: Any, request: web.Request) -> str | None:
             f"api_key must be a string of at least {KEY_MIN_CHARS} characters without whitespace",
             param="api_key",
         )
-    state = state_of(request)
-    if value in (state.gateway_key, state.admin_token):
+    if value in reserved:
         raise GatewayError(
             400,
             "api_key must differ from the gateway key and the admin token (calls made with "
@@ -599,8 +589,6 @@ def _reward_value(value: Any, *, required: bool) -> float | None:
 
 async def _optional_json(request: web.Request) -> dict[str, Any]:
     """The body as a JSON object; an empty body is ``{}`` (these routes' fields are optional)."""
-    from areal.gateway.app import read_json
-
     if not (await request.read()).strip():
         return {}
     return await read_json(request)

@@ -20,8 +20,8 @@ from aiohttp import web
 
 from areal.core.trajectory import join_report
 from areal.core.types import Completion
-from areal.gateway.app import GatewayState, state_of
 from areal.gateway.errors import GatewayError
+from areal.gateway.state import GatewayState, state_of
 
 SNIPPET_TOKENS = 12  # decoded tokens shown on each side of a split's break
 

@@ -44,9 +44,10 @@ from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model, model_class_for, read_config
 from areal.plugins.trainer.parallel.checkpoint import load_distributed, load_hf, save_distributed
-from areal.plugins.trainer.parallel.layout import MeshLayout, make_layout
+from areal.plugins.trainer.parallel.layout import MeshLayout
 from areal.plugins.trainer.parallel.parallel_dims import ParallelDims, ParallelMesh
 from areal.plugins.trainer.parallel.parallelize import parallelize
+from areal.plugins.trainer.parallel.pipeline import make_layout
 from areal.plugins.trainer.step import train_step
 
 log = logging.getLogger("areal.train")

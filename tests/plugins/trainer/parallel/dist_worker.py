@@ -146,9 +146,9 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
     import torch.distributed as dist
 
-    from areal.plugins.trainer.parallel.layout import make_layout
     from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
     from areal.plugins.trainer.parallel.parallelize import ParallelizeOptions, parallelize
+    from areal.plugins.trainer.parallel.pipeline import make_layout
     from areal.plugins.trainer.step import train_step
 
     sizes = {k: v for k, v in spec.items() if k != "ac"}
@@ -228,8 +228,8 @@ def _run_checkpoints(out: Path) -> None:
         load_hf,
         save_distributed,
     )
-    from areal.plugins.trainer.parallel.layout import make_layout
     from areal.plugins.trainer.parallel.parallelize import parallelize
+    from areal.plugins.trainer.parallel.pipeline import make_layout
     from areal.plugins.trainer.step import train_step
 
     rank0 = dist.get_rank() == 0

@@ -25,13 +25,13 @@ def test_bf16_compiled_fsdp_step_tracks_fp32(tmp_path: Path) -> None:
         pytest.skip("needs a CUDA GPU")
     import torch.distributed as dist
 
-    from areal.plugins.trainer.parallel.layout import make_layout
     from areal.plugins.trainer.parallel.parallel_dims import ParallelDims
     from areal.plugins.trainer.parallel.parallelize import (
         ParallelizeOptions,
         apply_compile,
         apply_fsdp,
     )
+    from areal.plugins.trainer.parallel.pipeline import make_layout
     from areal.plugins.trainer.step import train_step
 
     reference = worker.build_model().cuda()

@@ -31,7 +31,6 @@ __all__ = [
     "MeshLayout",
     "append_padding",
     "clip_grad_norm",
-    "make_layout",
     "pad_pack",
     "split_by_tokens",
 ]
@@ -199,13 +198,3 @@ def _pack_share(
     for p in packs:
         p.sample_index = lookup[p.sample_index]
     return packs
-
-
-def make_layout(mesh: ParallelMesh) -> MeshLayout:
-    """The step's layout for ``mesh``: a pipeline schedule when ``pp > 1`` (the one the model
-    was parallelized for)."""
-    if mesh.dims.pp_enabled:
-        from areal.plugins.trainer.parallel.pipeline import PipelineLayout
-
-        return PipelineLayout(mesh)
-    return MeshLayout(mesh)

@@ -61,6 +61,7 @@ __all__ = [
     "PipelineStageModule",
     "StageSpec",
     "build_stages",
+    "make_layout",
     "prune_to_stages",
     "split_stage",
     "stage_ids",
@@ -369,3 +370,11 @@ def _cu_seqlens(segments: Tensor) -> Tensor:
 def _pad_to(batch: PackedBatch | None, length: int) -> PackedBatch:
     """``batch`` (or nothing) padded with one padding sample to exactly ``length`` tokens."""
     return append_padding(batch, length - (0 if batch is None else batch.n_tokens))
+
+
+def make_layout(mesh: ParallelMesh) -> MeshLayout:
+    """The step's layout for ``mesh``: a pipeline schedule when ``pp > 1`` (the one the model
+    was parallelized for)."""
+    if mesh.dims.pp_enabled:
+        return PipelineLayout(mesh)
+    return MeshLayout(mesh)
