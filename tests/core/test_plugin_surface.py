@@ -293,3 +293,11 @@ def test_an_unknown_engine_is_one_line_naming_the_key_and_the_engines(
     assert captured.out == ""
     assert captured.err == f"error: {config}: train.engine: unknown name 'nope'; known: {known}\n"
     assert "fsdp" in known
+
+
+def test_engines_name_only_registered_model_families() -> None:
+    """An engine's ``model_families`` are registry names (empty: every registered family)."""
+    families = set(registry("model_families").names())
+    for name, engine in registry("engines").entries.items():
+        unknown = set(getattr(engine, "model_families", ())) - families
+        assert not unknown, f"engine {name!r} names unregistered model families {sorted(unknown)}"
