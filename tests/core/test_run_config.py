@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from areal.core.config import ConfigError
+from areal.core.plugins import registry
 from areal.core.run_config import (
-    BUILTIN_ADAPTERS,
     RunConfig,
     RunConfigError,
     apply_overrides,
@@ -20,6 +20,8 @@ from areal.core.run_config import (
     parse_override,
 )
 from areal.run.machine import check_machine
+
+BUILTIN_ADAPTERS = registry("adapters").names()  # the registry is the only list of them
 
 ROOT = Path(__file__).resolve().parents[2]
 SEED = ROOT / "configs" / "agent_async_train.yaml"
@@ -275,7 +277,7 @@ def test_malformed_overrides(override: str, message: str) -> None:
 def test_unset_variable_names_the_variable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("AREAL_TEST_MODEL_DIR", raising=False)
     path = tmp_path / "run.yaml"
-    path.write_text("model:\n  path: ${AREAL_TEST_MODEL_DIR}\ndataset:\n  name: x\n")
+    path.write_text("model:\n  path: ${AREAL_TEST_MODEL_DIR}\ndataset:\n  name: calculator\n")
     with pytest.raises(ConfigError) as err:
         load_run_config(path)
     assert str(err.value) == (

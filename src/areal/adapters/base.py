@@ -21,13 +21,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from areal.core.agent_choice import AdapterError
 from areal.core.episode import Episode
 
+__all__ = ["Adapter", "AdapterError", "LibraryAdapter", "Result"]
+
 Result = float | str | None
-
-
-class AdapterError(TypeError):
-    """An agent this adapter cannot run (wrong shape), said in one line."""
 
 
 class Adapter:
@@ -35,9 +34,16 @@ class Adapter:
 
     An adapter is itself an ``AgentFn`` (calling it runs ``agent_fn``), so an entrypoint may name
     an ``areal.wrap(...)`` result directly.
+
+    What choosing an adapter needs to know (:mod:`areal.core.agent_choice`), it declares here:
+    ``harness``, the adapter is the agent itself (a CLI harness), so a run without an entrypoint
+    runs it by its name (adapters that wrap the user's code say False); ``runs_unchanged``, the
+    agent is a plain ``agent(episode)`` run as it is.
     """
 
     framework = ""
+    harness = True
+    runs_unchanged = False
 
     def __init__(self, agent: Any, **options: Any) -> None:
         self.agent = agent
@@ -61,6 +67,8 @@ class LibraryAdapter(Adapter):
     ``agent_config``: the seed's ``AGENT_CONFIG`` (a dict, or the path of an ``agent_config.py``);
     every other option goes to the client's constructor (e.g. ``timeout``).
     """
+
+    harness = False  # wraps the user's agent
 
     def __init__(
         self,

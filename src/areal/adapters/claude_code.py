@@ -119,6 +119,7 @@ class ClaudeCodeAdapter(Adapter):
     """
 
     framework = "claude_code"
+    harness = True  # the agent itself: a run needs no entrypoint for it
 
     def __init__(
         self,

@@ -99,6 +99,7 @@ class OpenClawAdapter(Adapter):
     ``OpenClawAdapter("openclaw", **options)`` (as ``areal.wrap`` calls a factory)."""
 
     framework = "openclaw"
+    harness = True  # the agent itself: a run needs no entrypoint for it
 
     def __init__(
         self,

@@ -15,6 +15,8 @@ from areal.core.episode import Episode
 
 class PythonAdapter(Adapter):
     framework = "python"
+    harness = False
+    runs_unchanged = True  # the rollout worker calls the agent itself
 
     def __init__(self, agent: Any, **options: Any) -> None:
         if not callable(agent):

@@ -25,7 +25,7 @@ MARKS = {"ok": "[green]ok[/green]  ", "warn": "[yellow]warn[/yellow]", "fail": "
 def probe_command(
     agent: str = typer.Argument(
         ...,
-        help="module:attr, path/to/file.py:attr, or a harness name (claude_code, openclaw).",
+        help="module:attr, path/to/file.py:attr, or the name of a harness adapter.",
     ),
     gateway: str = typer.Option(
         "http://127.0.0.1:9000", "--gateway", "-g", help="The running gateway's URL."

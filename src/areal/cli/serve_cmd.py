@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from enum import Enum
 from pathlib import Path
 
 import typer
@@ -60,14 +59,6 @@ def inference_command(
     )
 
 
-class Sink(str, Enum):
-    """Where finished RL episodes go (``areal.gateway.training_flags.SINKS``)."""
-
-    jsonl = "jsonl"
-    zmq = "zmq"
-    none = "none"
-
-
 @app.command("gateway")
 def gateway_command(
     config: Path = typer.Option(
@@ -93,7 +84,7 @@ def gateway_command(
         None, "--log-dir", help="Where gateway.log goes (default: a new temp directory)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
-    sink: Sink = typer.Option(Sink.jsonl, "--sink", help=HELP["sink"], show_default=False),
+    sink: str = typer.Option("jsonl", "--sink", help=HELP["sink"], show_default=False),
     sink_address: str | None = typer.Option(
         None, "--sink-address", metavar="ADDR", help=HELP["sink_address"]
     ),
@@ -136,7 +127,7 @@ def gateway_command(
     if not engine and model is None:
         raise CLIError("say where the policy runs: --engine URL (repeatable) or --model DIR")
     training = TrainingFlags(
-        sink=sink.value,
+        sink=sink,
         sink_address=sink_address,
         staleness_threshold=staleness_threshold,
         trigger_batch_size=trigger_batch_size,

@@ -38,6 +38,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.metrics.register",
     "areal.plugins.tasks.register",
     "areal.adapters.register",
+    "areal.cli.monitor.register",
     "areal.cli.builtin_commands",
 )
 

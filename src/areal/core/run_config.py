@@ -6,9 +6,9 @@ three steps, so every mistake is reported with the key that holds it and how to 
 1. the schema (:class:`RunConfig`): unknown keys, wrong types, out-of-range values;
 2. consistency between keys (:meth:`RunConfig.problems`): batch sizes, parallel sizes against
    ``async.train_workers``, the queue against the trigger batch;
-3. names against the plugin registries (:func:`unknown_names`): ``agent.framework``,
-   ``algorithm.loss``, ``inference.backend``... (built-in names count even before their plugin
-   lands).
+3. names against the plugin registries (:func:`unknown_names`, the keys of :data:`NAME_KEYS`):
+   ``train.engine``, ``agent.framework``, ``algorithm.loss``, ``inference.backend``... The
+   registries are the only lists of names: built-ins register theirs like any plugin.
 
 What this machine cannot provide (GPUs, files, environment variables) is a separate question,
 answered by :func:`check_machine` as warnings: a config written for an 8-GPU cluster is still a
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -27,24 +28,19 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from areal.core.config import ConfigError, load_yaml
 
-# Names accepted before (or without) the plugin that implements them is registered; the
-# registries add to these (DESIGN.md §1: built-ins go through the same hooks as third parties).
-BUILTIN_ENGINES: tuple[str, ...] = ("fsdp",)
-BUILTIN_ADAPTERS: tuple[str, ...] = (
-    "openai_sdk",
-    "langchain",
-    "anthropic_sdk",
-    "claude_code",
-    "openclaw",
-    "python",
-)
-BUILTIN_LOSSES: tuple[str, ...] = ("decoupled_ppo",)
-ADVANTAGES: tuple[str, ...] = ("grpo", "rloo", "gae")
 # Advantage estimators share the loss registry under this prefix ("advantage/grpo").
 ADVANTAGE_PREFIX = "advantage/"
-BUILTIN_REWARDS: tuple[str, ...] = ("rule", "reward_model", "judge", "agent")
-BUILTIN_INFERENCE_BACKENDS: tuple[str, ...] = ("embedded", "sglang")
-GPU_BACKENDS: tuple[str, ...] = ("sglang",)  # used when the registry is not available
+# Reward sources that are not reward plugins: ``rule`` scores the answer with the registered
+# ``exact_match``; ``agent``: the agent gives (or posts) its reward itself.
+REWARD_MODES: tuple[str, ...] = ("rule", "agent")
+
+
+def _registered(what: str, kind: str) -> str:
+    """A name field's description: the names come from a registry, never from a list here."""
+    return (
+        f"{what}: a name registered with areal_register_{kind} (`areal plug info PLUGIN` lists "
+        "what each plugin registers)."
+    )
 
 
 class RunConfigError(ConfigError):
@@ -90,9 +86,7 @@ class ParallelismConfig(_Section):
 class TrainConfig(_Section):
     """The trainer. Batch sizes count samples (one per episode, or per unmerged turn)."""
 
-    engine: str = Field(
-        default="fsdp", description="Training engine: fsdp (PyTorch-native FSDP2 + TP/PP/CP/EP)."
-    )
+    engine: str = Field(default="fsdp", description=_registered("Training engine", "engines"))
     device: Literal["auto", "cuda", "cpu"] = Field(
         default="auto",
         description="Where trainer ranks run; auto: one GPU per rank if any, else CPU.",
@@ -149,11 +143,13 @@ class AgentConfig(_Section):
     )
     framework: str = Field(
         default="openai_sdk",
-        description="Adapter for the agent's client library: " + ", ".join(BUILTIN_ADAPTERS),
+        description=_registered("Adapter for the agent's client library, or a harness", "adapters"),
     )
     max_turns: int = Field(default=8, ge=1, description="Model calls per episode at most.")
     reward_source: str = Field(
-        default="rule", description="Reward plugin: " + ", ".join(BUILTIN_REWARDS)
+        default="rule",
+        description="How answers are scored: rule (compared with the task's answer), agent (the "
+        "agent gives its reward), or " + _registered("a reward plugin", "rewards"),
     )
     episode_timeout_s: float = Field(
         default=300.0, gt=0, description="An episode running longer is recorded as failed."
@@ -178,8 +174,8 @@ class LoggingConfig(_Section):
     keep_checkpoints: int = Field(default=2, ge=1, description="Checkpoints kept on disk.")
     metric_sinks: list[str] | None = Field(
         default=None,
-        description="Metric sinks; default: train_log, jsonl, events (for the live monitor), "
-        "and tensorboard when installed.",
+        description=_registered("Metric sinks, each", "metric_sinks")
+        + " Default: the run's logs, the live monitor's events, and TensorBoard when installed.",
     )
 
 
@@ -212,7 +208,9 @@ class DatasetConfig(_Section):
     """The tasks episodes start from: a file (``path``) or a built-in task set (``name``)."""
 
     path: str | None = Field(default=None, description="A JSONL file of tasks, one per line.")
-    name: str | None = Field(default=None, description="A built-in task set, instead of path.")
+    name: str | None = Field(
+        default=None, description=_registered("A task set, instead of path", "task_sets")
+    )
     split: str = Field(default="train", description="Split of the dataset to read.")
     shuffle: bool = Field(default=True, description="Shuffle tasks each pass.")
     seed: int = Field(default=0, description="Seed of the shuffle (and of the run).")
@@ -230,8 +228,12 @@ class DatasetConfig(_Section):
 class AlgorithmConfig(_Section):
     """The loss and the advantage estimator (DESIGN.md §3, "Loss")."""
 
-    loss: str = Field(default="decoupled_ppo", description="Loss plugin: decoupled_ppo.")
-    advantage: str = Field(default="grpo", description="Advantage estimator: grpo, rloo or gae.")
+    loss: str = Field(default="decoupled_ppo", description=_registered("Loss", "losses"))
+    advantage: str = Field(
+        default="grpo",
+        description="Advantage estimator: a loss registered as "
+        f"{ADVANTAGE_PREFIX}NAME, given as NAME (`areal plug info PLUGIN` lists them).",
+    )
     group_size: int = Field(
         default=8, ge=1, description="Samples per task; GRPO/RLOO compare within a group."
     )
@@ -266,9 +268,11 @@ class SamplingConfig(_Section):
 class InferenceConfig(_Section):
     """The inference servers the gateway routes policy calls to."""
 
-    backend: str = Field(default="embedded", description="embedded (torch, CPU) or sglang (GPU).")
+    backend: str = Field(
+        default="embedded", description=_registered("Inference server", "inference_backends")
+    )
     engines: int = Field(
-        default=1, ge=1, description="Inference servers; with sglang, one GPU each."
+        default=1, ge=1, description="Inference servers; with a GPU backend, one GPU each."
     )
     max_total_tokens: int | None = Field(
         default=None, ge=1, description="KV-cache capacity in tokens; default: the backend's."
@@ -509,15 +513,45 @@ def _fields(model: type[BaseModel]) -> dict[str, Any]:
 # --- names from the plugin registries ---------------------------------------------------------
 
 
-def known_names(kind: str, builtin: Sequence[str], *, prefix: str = "") -> list[str]:
-    """Built-in names plus those registered under ``kind`` by the loaded plugins.
+@dataclass(frozen=True)
+class NameKey:
+    """A config key whose value names something a plugin registers (``train.engine``)."""
+
+    key: str  # dotted, as in the file
+    kind: str  # the registry (a key of areal.core.plugins.REGISTRY_HOOKS)
+    prefix: str = ""  # the family within the registry ("advantage/"), given without it
+    modes: tuple[str, ...] = ()  # accepted values that are not plugins (reward_source: rule)
+
+    def value(self, config: RunConfig) -> Any:
+        node: Any = config
+        for part in self.key.split("."):
+            node = getattr(node, "async_" if part == "async" else part)
+        return node
+
+
+# Every key of a run config that names registered things; the plugin surface meta-test
+# (tests/core/test_plugin_surface.py) checks each accepts every registered name.
+NAME_KEYS: tuple[NameKey, ...] = (
+    NameKey("train.engine", "engines"),
+    NameKey("agent.framework", "adapters"),
+    NameKey("agent.reward_source", "rewards", modes=REWARD_MODES),
+    NameKey("algorithm.loss", "losses"),
+    NameKey("algorithm.advantage", "losses", prefix=ADVANTAGE_PREFIX),
+    NameKey("inference.backend", "inference_backends"),
+    NameKey("dataset.name", "task_sets"),
+    NameKey("logging.metric_sinks", "metric_sinks"),
+)
+
+
+def known_names(kind: str, *, prefix: str = "", modes: Sequence[str] = ()) -> list[str]:
+    """The names registered under ``kind`` by the loaded plugins (plus ``modes``).
 
     With ``prefix``, only registered names starting with it count, without the prefix; without,
     names holding ``/`` are left out (they belong to a prefixed family).
     """
     from areal.core.plugins import registry
 
-    found = set(builtin)
+    found = set(modes)
     for name in registry(kind).names():
         if prefix and name.startswith(prefix):
             found.add(name.removeprefix(prefix))
@@ -527,29 +561,16 @@ def known_names(kind: str, builtin: Sequence[str], *, prefix: str = "") -> list[
 
 
 def unknown_names(config: RunConfig) -> list[str]:
-    """Names that no built-in and no loaded plugin provides, each with the names that exist."""
-    checks = [
-        ("train.engine", config.train.engine, known_names("engines", BUILTIN_ENGINES)),
-        ("agent.framework", config.agent.framework, known_names("adapters", BUILTIN_ADAPTERS)),
-        (
-            "agent.reward_source",
-            config.agent.reward_source,
-            known_names("rewards", BUILTIN_REWARDS),
-        ),
-        ("algorithm.loss", config.algorithm.loss, known_names("losses", BUILTIN_LOSSES)),
-        (
-            "algorithm.advantage",
-            config.algorithm.advantage,
-            known_names("losses", ADVANTAGES, prefix=ADVANTAGE_PREFIX),
-        ),
-        (
-            "inference.backend",
-            config.inference.backend,
-            known_names("inference_backends", BUILTIN_INFERENCE_BACKENDS),
-        ),
-    ]
-    return [
-        f"{key}: unknown name {value!r}; known: {', '.join(names)}"
-        for key, value, names in checks
-        if value not in names
-    ]
+    """Names that no loaded plugin registers, each with the names that exist."""
+    problems = []
+    for name_key in NAME_KEYS:
+        value = name_key.value(config)
+        if value is None:
+            continue
+        known = known_names(name_key.kind, prefix=name_key.prefix, modes=name_key.modes)
+        for name in value if isinstance(value, list) else [value]:
+            if name not in known:
+                problems.append(
+                    f"{name_key.key}: unknown name {name!r}; known: {', '.join(known) or 'none'}"
+                )
+    return problems

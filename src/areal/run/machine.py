@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 from areal.core.config import ConfigError
-from areal.core.run_config import GPU_BACKENDS, RunConfig
+from areal.core.run_config import RunConfig
 from areal.gateway.router_config import RouterConfig
 
 
@@ -52,15 +52,18 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
     """What this machine cannot provide for ``config``, each as ``key: why``.
 
     ``gpus`` overrides the probe (:func:`gpu_count`). A GPU run places one trainer rank per GPU
-    and, with a GPU backend (sglang), one GPU per inference engine.
+    and, with a GPU backend (one whose registration says ``needs_gpu``), one GPU per inference
+    engine.
     """
     gpus = gpu_count() if gpus is None else gpus
     found = []
-    needs_gpu_backend = _backend_needs_gpu(config.inference.backend)
+    needs_gpu_backend = backend_needs_gpu(config.inference.backend)
     if needs_gpu_backend and gpus == 0:
+        cpu = " or ".join(cpu_backends())
+        fix = f"; use inference.backend: {cpu} to generate on CPU" if cpu else ""
         found.append(
             f"inference.backend: {config.inference.backend} needs GPUs and this machine has "
-            "none; use inference.backend: embedded to generate on CPU"
+            f"none{fix}"
         )
     on_gpu = config.train.device == "cuda" or (config.train.device == "auto" and needs_gpu_backend)
     if on_gpu:
@@ -106,10 +109,18 @@ def _offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
-def _backend_needs_gpu(name: str) -> bool:
+def cpu_backends() -> list[str]:
+    """The registered inference backends that run without a GPU."""
     from areal.core.plugins import registry
 
     backends = registry("inference_backends")
-    if name in backends:
-        return bool(getattr(backends.get(name), "needs_gpu", False))
-    return name in GPU_BACKENDS
+    return [n for n in backends.names() if not getattr(backends.get(n), "needs_gpu", False)]
+
+
+def backend_needs_gpu(name: str) -> bool:
+    """Whether the inference backend ``name`` runs on GPUs, as its registration declares
+    (``InferenceBackend.needs_gpu``); an unregistered name needs none (validation reports it)."""
+    from areal.core.plugins import registry
+
+    backends = registry("inference_backends")
+    return name in backends and bool(getattr(backends.get(name), "needs_gpu", False))

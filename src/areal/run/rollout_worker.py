@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal.core.episode import session_fields, takes_episode
+from areal.core.agent_choice import agent_fn_of, choose_adapter, is_harness
+from areal.core.episode import session_fields
 from areal.core.rewards import build_reward
 from areal.core.tasks import TaskStream, load_object, task_set
 from areal.run.rollout import RolloutError, RolloutStats, RolloutWorker
@@ -89,37 +90,24 @@ def _record(progress: Path, index: int) -> None:
     os.replace(tmp, progress)
 
 
-# Frameworks whose adapter wraps the user's code; any other names a harness that is the agent
-# itself (claude_code, openclaw), so a run needs no entrypoint for it.
-LIBRARY_FRAMEWORKS = ("python", "openai_sdk", "anthropic_sdk", "langchain")
+FRAMEWORK_KEY = "agent.framework"  # named in the errors of a wrong framework
 
 
 def resolve_agent(spec: WorkerSpec, pm: Any = None) -> Any:
-    """The :data:`~areal.run.rollout.AgentFn`: the spec's entrypoint (else the built-in task
-    set's own agent, else the harness ``agent.framework`` names), wrapped by that framework's
-    adapter.
+    """The :data:`~areal.run.rollout.AgentFn`: the spec's entrypoint (else the harness
+    ``agent.framework`` names, else the built-in task set's own agent), with the adapter
+    :func:`~areal.core.agent_choice.choose_adapter` picks for it, as ``areal.wrap`` does.
 
-    A plain ``agent(episode)`` (framework ``python``, or a function whose one parameter is the
-    episode) and an ``areal.wrap(...)`` result run unchanged. Adapters are reached through the
-    plugin registry only (core never imports ``areal.adapters``); without a framework the
-    ``areal_wrap_agent`` hook chooses, as ``areal.wrap`` does.
+    A plain ``agent(episode)`` and an ``areal.wrap(...)`` result run unchanged. Whether the
+    framework is a harness (the agent itself, run without an entrypoint) its adapter declares.
     """
-    from areal.core.plugins import get_plugin_manager, registry
-
     framework = spec.framework
-    if not spec.agent and framework and framework not in LIBRARY_FRAMEWORKS:
-        return _agent_fn(registry("adapters", pm).get(framework, key="agent.framework")(framework))
-    agent = load_object(spec.agent) if spec.agent else _task_set_agent(spec)
-    if callable(getattr(agent, "agent_fn", None)):
-        return agent.agent_fn  # already wrapped
-    if framework == "python" or takes_episode(agent):
-        return agent
-    if framework is None:
-        wrapped = (pm or get_plugin_manager()).hook.areal_wrap_agent(agent=agent, options={})
-        if wrapped is None:
-            raise ValueError(f"agent.framework: no adapter knows how to run {spec.agent}")
-        return _agent_fn(wrapped)
-    return _agent_fn(registry("adapters", pm).get(framework, key="agent.framework")(agent))
+    if not spec.agent and framework and is_harness(framework, pm, key=FRAMEWORK_KEY):
+        agent: Any = framework
+    else:
+        agent = load_object(spec.agent) if spec.agent else _task_set_agent(spec)
+    chosen = choose_adapter(agent, framework=framework, pm=pm, key=FRAMEWORK_KEY)
+    return agent_fn_of(chosen)
 
 
 def _task_set_agent(spec: WorkerSpec) -> Any:
@@ -130,10 +118,6 @@ def _task_set_agent(spec: WorkerSpec) -> Any:
             "(agent.entrypoint or --agent-config)"
         )
     return load_object(task_set(name).agent)
-
-
-def _agent_fn(adapter: Any) -> Any:
-    return adapter.agent_fn if callable(getattr(adapter, "agent_fn", None)) else adapter
 
 
 async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:

@@ -1,8 +1,8 @@
 """The live monitor's picture: a pure function of a :class:`MonitorState` (and plugin panels).
 
-Built-in panels first (two per row), then each plugin panel registered with
-``areal_register_monitor_panels``; a plugin panel that raises becomes a one-line error panel, so a
-broken plugin never takes the monitor down. Numbers come from the run's events only, so the same
+Built-in panels first (two per row; registered through ``areal_register_monitor_panels`` too, by
+``areal.cli.monitor.register``), then each plugin panel registered with that hook; a plugin panel
+that raises becomes a one-line error panel, so a broken plugin never takes the monitor down. Numbers come from the run's events only, so the same
 recorded stream always renders the same text (``tests/cli/snapshots/``).
 """
 
@@ -26,24 +26,36 @@ BAR_WIDTH = 24
 
 
 def render(state: MonitorState, panels: Mapping[str, PanelRender] | None = None) -> Group:
-    """The whole monitor: header, built-in panels, then plugin panels in registration order."""
+    """The whole monitor: header, built-in panels (two per row), then the other registered
+    panels in registration order. ``panels`` may hold the built-ins too (the registry does:
+    ``areal.cli.monitor.register`` registers them); they are drawn once, in the grid."""
     grid = Table.grid(expand=True)
     grid.add_column(ratio=1)
     grid.add_column(ratio=1)
-    built_in = [
-        steps_panel(state),
-        staleness_panel(state),
-        workers_panel(state),
-        queue_panel(state),
-        throughput_panel(state),
-        curves_panel(state),
-        sync_panel(state),
-        problems_panel(state),
-    ]
+    own = built_in_panels()
+    built_in = [fn(state) for fn in own.values()]
     for left, right in zip(built_in[::2], built_in[1::2], strict=True):
         grid.add_row(left, right)
-    extra = [plugin_panel(name, fn, state) for name, fn in (panels or {}).items()]
+    extra = [
+        plugin_panel(name, fn, state)
+        for name, fn in (panels or {}).items()
+        if own.get(name) is not fn
+    ]
     return Group(header(state), grid, *extra)
+
+
+def built_in_panels() -> dict[str, PanelRender]:
+    """The monitor's own panels by name, in grid order (registered like a plugin's)."""
+    return {
+        "steps": steps_panel,
+        "staleness": staleness_panel,
+        "workers": workers_panel,
+        "queue": queue_panel,
+        "throughput": throughput_panel,
+        "curves": curves_panel,
+        "sync": sync_panel,
+        "problems": problems_panel,
+    }
 
 
 def plugin_panel(name: str, fn: PanelRender, state: MonitorState) -> RenderableType:
