@@ -1,4 +1,4 @@
-"""The layering rules of DESIGN.md §1, checked on the import graph of src/areal.
+"""The layering rules of docs/architecture.md ("The rooms"), checked on the import graph of src/areal.
 
 - ``areal.core`` imports nothing from run, gateway, plugins, adapters, cli or tools;
 - ``areal.run`` imports only ``areal.core``, itself and the gateway's torch-free contract

@@ -198,7 +198,7 @@ def families_by_checkpoint(names: list[str]) -> set[str]:
 
 
 def tool_parsers_by_router_config(names: list[str]) -> set[str]:
-    """The policy route's ``tool_parser`` in the router config (not there yet: see the xfail)."""
+    """``model_routing.policy_model.tool_parser`` in the router config, checked when loaded."""
     from pydantic import ValidationError
 
     from areal.gateway.router_config import RouterConfig
@@ -239,22 +239,8 @@ OTHER_SELECTORS: dict[str, list[Callable[[list[str]], set[str]]]] = {
     "monitor_panels": [panels_by_monitor],
 }
 
-KNOWN_GAPS = {
-    "tool_parsers": "no user-facing selector yet: the gateway always builds the 'hermes' parser "
-    "(PolicyService(tool_parser=...) is never given one); the gateway's owner adds "
-    "model_routing.policy_model.tool_parser (or --tool-parser), validated against the registry",
-}
 
-
-@pytest.mark.parametrize(
-    "kind",
-    [
-        pytest.param(k, marks=pytest.mark.xfail(reason=KNOWN_GAPS[k], strict=True))
-        if k in KNOWN_GAPS
-        else k
-        for k in sorted(REGISTRY_HOOKS)
-    ],
-)
+@pytest.mark.parametrize("kind", sorted(REGISTRY_HOOKS))
 def test_every_registered_name_is_reachable(kind: str) -> None:
     names = registry(kind).names()
     assert names, f"nothing built in registers a {REGISTRY_HOOKS[kind]}"

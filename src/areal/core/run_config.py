@@ -226,7 +226,7 @@ class DatasetConfig(_Section):
 
 
 class AlgorithmConfig(_Section):
-    """The loss and the advantage estimator (DESIGN.md §3, "Loss")."""
+    """The loss and the advantage estimator (docs/training.md, "Losses and advantages")."""
 
     loss: str = Field(default="decoupled_ppo", description=_registered("Loss", "losses"))
     advantage: str = Field(

@@ -60,6 +60,9 @@ class Generation:
         )
 
 
+DEFAULT_TOOL_PARSER = "hermes"  # the tool-call format of the built-in chat template
+
+
 class PolicyService:
     """Renders chats for the policy and runs them on its engines."""
 
@@ -71,7 +74,7 @@ class PolicyService:
         tokenizer_path: str | None = None,
         context_length: int | None = None,
         aliases: Sequence[str] = DEFAULT_ALIASES,
-        tool_parser: str = "hermes",
+        tool_parser: str | None = None,
     ) -> None:
         if not engines:
             raise ValueError(
@@ -85,8 +88,9 @@ class PolicyService:
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
         self._round_robin = itertools.cycle(range(len(self.clients)))
+        parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
-            tool_parser, key="tool_parser"
+            parser, key="model_routing.policy_model.tool_parser"
         )()
 
     @property

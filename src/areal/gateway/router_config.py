@@ -81,6 +81,20 @@ class ModelRoute(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, gt=0)
+    tool_parser: str | None = Field(
+        default=None,
+        description="The policy's tool-call parser (a registered tool parser; default hermes); "
+        "only the policy route's is used.",
+    )
+
+    @field_validator("tool_parser")
+    @classmethod
+    def _registered_parser(cls, value: str | None) -> str | None:
+        from areal.core.plugins import registry
+
+        if value is not None:
+            registry("tool_parsers").get(value, key="tool_parser")  # names the known ones
+        return value
 
 
 class ModelRouting(BaseModel):
