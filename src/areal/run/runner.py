@@ -64,11 +64,11 @@ from areal.run.checkpoint import (
     save_checkpoint,
     set_to_ranges,
 )
+from areal.run.gateway_client import GatewayAdmin, best_effort
 from areal.run.launch import launched
 from areal.run.loop import TrainerLoop
 from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
-    GatewayHandle,
     engine_child,
     gateway_child,
     router_config,
@@ -269,7 +269,7 @@ class _Run:
             # Episodes dropped whole as stale give their admission slots back (the running total of
             # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
             dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
-            await gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
+            await best_effort(gateway.set_version(loop.version, dropped=dropped))
             self.audit(loop)
             step = int(result["step"])
             metrics.write("sync", step, _sync_values(result, sync.last_phases, loop.version))
@@ -365,7 +365,7 @@ class _Run:
         sync: EngineSync,
         threads: int,
         data: tuple[int, list[list[int]]],
-    ) -> tuple[Supervisor, GatewayHandle]:
+    ) -> tuple[Supervisor, GatewayAdmin]:
         config = self.config
         supervisor = Supervisor()
         admin_token = secrets.token_urlsafe(24)
@@ -393,7 +393,7 @@ class _Run:
         sync.engine_urls = [e.url or "" for e in engines]
 
         async def announce(child: Child) -> None:
-            await gateway.post("/rl/version", {"version": self.version})
+            await best_effort(gateway.set_version(self.version))
 
         gateway_proc, gateway = gateway_child(
             config,
@@ -411,7 +411,7 @@ class _Run:
         async def discard_sessions(child: Child) -> None:
             """A crashed worker's open episodes will never end: give their slots back."""
             worker = child.name.removeprefix("rollout")
-            await gateway.post("/rl/sessions/discard", {"metadata": {"worker": worker}})
+            await best_effort(gateway.discard(metadata={"worker": worker}))
 
         start, skip = data
         for i in range(config.async_.rollout_workers):
@@ -493,7 +493,7 @@ class _Run:
 
     async def account(
         self,
-        gateway: GatewayHandle,
+        gateway: GatewayAdmin,
         observed: ObservedSource,
         loop: TrainerLoop,
         metrics: MetricsHub,
@@ -502,7 +502,7 @@ class _Run:
         plus, for the live monitor, episodes per rollout worker, the queue's time at
         ``queue_max_size``, tokens trained and process restarts."""
         source = observed.source
-        status = await gateway.get("/rl/sessions") or {}
+        status = await best_effort(gateway.status()) or {}
         budget = status.get("budget") or {}
         counters = loop.counters()
         for session_id, _meta in loop.last_batch:
