@@ -18,6 +18,8 @@ import httpx
 import pytest
 from transformers import AutoTokenizer
 
+from areal.run.gateway_client import GatewayAdmin, OpenedSession
+
 WEATHER: Any = {
     "name": "get_weather",
     "description": "The weather forecast for a city.",
@@ -583,13 +585,8 @@ def test_prompt_longer_than_the_context(client: anthropic.Anthropic, gateway: An
 # --- recording for RL ------------------------------------------------------------------------
 
 
-def _open_session(gateway: Any, body: dict[str, Any] | None = None) -> dict[str, Any]:
-    resp = httpx.post(
-        f"{gateway.url}/rl/sessions", json=body or {}, headers=gateway.headers(gateway.admin)
-    )
-    assert resp.status_code == 200, resp.text
-    data: dict[str, Any] = resp.json()
-    return data
+def _open_session(gateway: Any, **fields: Any) -> OpenedSession:
+    return asyncio.run(GatewayAdmin(gateway.url, gateway.admin).open_session(**fields))
 
 
 def test_session_key_records_token_for_token(gateway: Any, tokenizer: Any) -> None:
@@ -639,7 +636,7 @@ def test_streamed_text_is_the_recorded_tokens(gateway: Any, tokenizer: Any) -> N
 def test_session_bound_to_a_client_hint(gateway: Any) -> None:
     """A driver may bind a session to Claude Code's own session id; calls with the plain key that
     carry it are recorded there."""
-    s = _open_session(gateway, {"hint": "cc-bound-episode"})
+    s = _open_session(gateway, hint="cc-bound-episode")
     resp = httpx.post(
         f"{gateway.v1}/messages",
         json={

@@ -14,6 +14,7 @@ Claude Code's output cap, and Claude Code asks it to resume a few times before i
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+
+from areal.run.gateway_client import GatewayAdmin
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"
@@ -140,11 +142,8 @@ def test_streamed_turns_are_recorded_once(claude: str, gateway: Any, tmp_path: P
     """Every call Claude Code makes is a complete stream (a broken one would make it repeat the
     call without streaming) and lands once in the RL session bound to its session id."""
     hint = str(uuid.uuid4())
-    opened = httpx.post(
-        f"{gateway.url}/rl/sessions", json={"hint": hint}, headers=gateway.headers(gateway.admin)
-    )
-    assert opened.status_code == 200, opened.text
-    session_id = opened.json()["session_id"]
+    admin = GatewayAdmin(gateway.url, gateway.admin)
+    session_id = asyncio.run(admin.open_session(hint=hint))["session_id"]
     run = run_claude(
         claude,
         gateway,

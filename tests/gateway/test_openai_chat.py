@@ -19,6 +19,7 @@ from transformers import AutoTokenizer
 
 from areal.core.inference_client import InferenceClient
 from areal.gateway.chat_messages import StreamText, normalize_messages, partial_stop
+from areal.run.gateway_client import GatewayAdmin, OpenedSession
 
 WEATHER = {
     "type": "function",
@@ -514,12 +515,8 @@ def test_stream_text_holds_back_partial_stop_strings() -> None:
 # --- recording --------------------------------------------------------------------------------
 
 
-def open_session(gateway: Any, **body: Any) -> dict[str, Any]:
-    resp = httpx.post(
-        f"{gateway.url}/rl/sessions", json=body, headers=gateway.headers(gateway.admin)
-    )
-    assert resp.status_code == 200, resp.text
-    return resp.json()
+def open_session(gateway: Any, **fields: Any) -> OpenedSession:
+    return asyncio.run(GatewayAdmin(gateway.url, gateway.admin).open_session(**fields))
 
 
 def test_session_calls_are_recorded_token_exact(gateway: Any, tokenizer: Any) -> None:
@@ -542,12 +539,9 @@ def test_session_calls_are_recorded_token_exact(gateway: Any, tokenizer: Any) ->
         tokenizer.decode(first.output_ids, skip_special_tokens=True)
         == reply.choices[0].message.content
     )
-    reward = httpx.post(
-        f"{gateway.url}/rl/sessions/{session['session_id']}/reward",
-        json={"reward": 1.0, "completion_id": reply.id},
-        headers=gateway.headers(gateway.admin),
-    )
-    assert reward.status_code == 200, reward.text
+    admin = GatewayAdmin(gateway.url, gateway.admin)
+    reward = asyncio.run(admin.reward(session["session_id"], 1.0, completion_id=reply.id))
+    assert reward["completion_id"] == reply.id
 
 
 def test_a_prompt_cache_key_joins_the_session_bound_to_it(

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from areal.gateway.training_flags import DEFAULT_IDLE_TIMEOUT_S, HELP, TrainingFlags
+from areal.gateway.training_flags import DEFAULTS, FLAGS, HELP, TrainingFlags
 
 app = typer.Typer(
     help="Start one areal server on its own, e.g. to point agents running elsewhere at it.\n\n"
@@ -59,6 +60,15 @@ def inference_command(
     )
 
 
+def _training_option(name: str, **extra: Any) -> Any:
+    """A training flag as a typer option: its spelling, default and help from
+    :mod:`areal.gateway.training_flags`, as ``python -m areal.gateway.server`` has them."""
+    flag = FLAGS[name]
+    return typer.Option(
+        getattr(DEFAULTS, name), flag.option, metavar=flag.metavar, help=HELP[name], **extra
+    )
+
+
 @app.command("gateway")
 def gateway_command(
     config: Path = typer.Option(
@@ -84,32 +94,14 @@ def gateway_command(
         None, "--log-dir", help="Where gateway.log goes (default: a new temp directory)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="debug, info, warning or error."),
-    sink: str = typer.Option("jsonl", "--sink", help=HELP["sink"], show_default=False),
-    sink_address: str | None = typer.Option(
-        None, "--sink-address", metavar="ADDR", help=HELP["sink_address"]
-    ),
-    staleness_threshold: int | None = typer.Option(
-        None, "--staleness-threshold", metavar="N", help=HELP["staleness_threshold"]
-    ),
-    trigger_batch_size: int | None = typer.Option(
-        None, "--trigger-batch-size", metavar="N", help=HELP["trigger_batch_size"]
-    ),
-    max_concurrent: int | None = typer.Option(
-        None, "--max-concurrent", metavar="N", help=HELP["max_concurrent"]
-    ),
-    start_version: int = typer.Option(
-        0, "--start-version", metavar="N", help=HELP["start_version"], show_default=False
-    ),
-    discount: float = typer.Option(
-        1.0, "--discount", metavar="F", help=HELP["discount"], show_default=False
-    ),
-    session_idle_timeout: float = typer.Option(
-        DEFAULT_IDLE_TIMEOUT_S,
-        "--session-idle-timeout",
-        metavar="S",
-        help=HELP["session_idle_timeout"],
-        show_default=False,
-    ),
+    sink: str = _training_option("sink", show_default=False),
+    sink_address: str | None = _training_option("sink_address"),
+    staleness_threshold: int | None = _training_option("staleness_threshold"),
+    trigger_batch_size: int | None = _training_option("trigger_batch_size"),
+    max_concurrent: int | None = _training_option("max_concurrent"),
+    start_version: int = _training_option("start_version", show_default=False),
+    discount: float = _training_option("discount", show_default=False),
+    session_idle_timeout: float = _training_option("session_idle_timeout", show_default=False),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible agent gateway in front of the policy's engines.
 

@@ -28,7 +28,11 @@ from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
 from areal.gateway.state import GatewayState
-from areal.gateway.training_flags import DEFAULT_IDLE_TIMEOUT_S, HELP, SINKS, TrainingFlags
+from areal.gateway.training_flags import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    TrainingFlags,
+    add_training_arguments,
+)
 
 log = logging.getLogger("areal.gateway")
 
@@ -183,7 +187,7 @@ def serve(
                 "jsonl": training.sink_address or logs / TRAJECTORIES_FILE,
                 "zmq": f"the trainer's queue at {training.sink_address}",
                 "none": "no sink (dropped)",
-            }[training.sink]
+            }.get(training.sink, f"the {training.sink} sink ({training.sink_address})")
             log.info(
                 "session API on; finished episodes go to %s; budget %s; idle timeout %s",
                 where,
@@ -194,31 +198,6 @@ def serve(
             "policy %s on %s; log %s", config.policy.model_id, ", ".join(urls), logs / "gateway.log"
         )
         web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
-
-
-def add_training_arguments(parser: argparse.ArgumentParser) -> None:
-    """The training flags (the same names, defaults and help as ``areal serve gateway``)."""
-    group = parser.add_argument_group("training run")
-    group.add_argument("--sink", choices=SINKS, default="jsonl", help=HELP["sink"])
-    group.add_argument("--sink-address", metavar="ADDR", help=HELP["sink_address"])
-    group.add_argument(
-        "--staleness-threshold", type=int, metavar="N", help=HELP["staleness_threshold"]
-    )
-    group.add_argument(
-        "--trigger-batch-size", type=int, metavar="N", help=HELP["trigger_batch_size"]
-    )
-    group.add_argument("--max-concurrent", type=int, metavar="N", help=HELP["max_concurrent"])
-    group.add_argument(
-        "--start-version", type=int, default=0, metavar="N", help=HELP["start_version"]
-    )
-    group.add_argument("--discount", type=float, default=1.0, metavar="F", help=HELP["discount"])
-    group.add_argument(
-        "--session-idle-timeout",
-        type=float,
-        default=DEFAULT_IDLE_TIMEOUT_S,
-        metavar="S",
-        help=HELP["session_idle_timeout"],
-    )
 
 
 def main(argv: list[str] | None = None) -> int:

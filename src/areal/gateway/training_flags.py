@@ -1,18 +1,30 @@
 """The flags that attach a gateway to a training run, shared by both front ends.
 
-``python -m areal.gateway.server`` (argparse) and ``areal serve gateway`` (typer) take the same
-flags with the same defaults and help texts, all from here; the run supervisor (``areal train``)
-starts the gateway with them. Light on purpose (no aiohttp, no zmq): ``areal --help`` imports it.
+``python -m areal.gateway.server`` (argparse, :func:`add_training_arguments`) and ``areal serve gateway``
+(typer) take the same flags with the same names, defaults and help texts, all from here; the run
+supervisor (``areal train``) starts the gateway with :meth:`TrainingFlags.to_argv`, their inverse.
+Light on purpose (no aiohttp, no zmq): ``areal --help`` imports it.
 """
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, fields
 from typing import Any
 
 from areal.core.staleness import StalenessBudget
 
-SINKS: tuple[str, ...] = ("jsonl", "zmq", "none")
+NO_SINK = "none"  # sessions end without a trajectory going anywhere
+
+
+def sink_names() -> list[str]:
+    """The trajectory sinks the queue registry has (``zmq``, ``jsonl``, plugins'), and ``none``."""
+    from areal.core.plugins import registry
+
+    names = [n for n in registry("queues").names() if "/" not in n]  # "x/source": consumer ends
+    return [*names, NO_SINK]
+
+
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 
 HELP: dict[str, str] = {
@@ -33,6 +45,28 @@ HELP: dict[str, str] = {
 
 
 @dataclass(frozen=True)
+class Flag:
+    """How one field is spelled on the command line."""
+
+    option: str
+    type: type
+    metavar: str | None = None
+
+
+FLAGS: dict[str, Flag] = {
+    "sink": Flag("--sink", str),
+    "sink_address": Flag("--sink-address", str, "ADDR"),
+    "staleness_threshold": Flag("--staleness-threshold", int, "N"),
+    "trigger_batch_size": Flag("--trigger-batch-size", int, "N"),
+    "max_concurrent": Flag("--max-concurrent", int, "N"),
+    "start_version": Flag("--start-version", int, "N"),
+    "discount": Flag("--discount", float, "F"),
+    "session_idle_timeout": Flag("--session-idle-timeout", float, "S"),
+}
+OPTION: dict[str, str] = {name: flag.option for name, flag in FLAGS.items()}
+
+
+@dataclass(frozen=True)
 class TrainingFlags:
     """What the training flags say; ``check`` refuses contradictions with a message naming the flag."""
 
@@ -50,29 +84,43 @@ class TrainingFlags:
         """The flags out of an object holding them by name (argparse's namespace)."""
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
+    def to_argv(self) -> list[str]:
+        """The command line that parses back into these flags (a flag left ``None`` is left
+        out: the parsers' default)."""
+        argv: list[str] = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not None:
+                argv += [OPTION[f.name], str(value)]
+        return argv
+
     def check(self) -> TrainingFlags:
-        if self.sink not in SINKS:
-            raise ValueError(f"--sink must be one of {', '.join(SINKS)}, got {self.sink!r}")
+        sink, address = OPTION["sink"], OPTION["sink_address"]
+        known = sink_names()
+        if self.sink not in known:
+            raise ValueError(f"{sink} must be one of {', '.join(known)}, got {self.sink!r}")
         if self.sink == "zmq" and not self.sink_address:
             raise ValueError(
-                "--sink zmq needs --sink-address, the trainer's queue address "
+                f"{sink} zmq needs {address}, the trainer's queue address "
                 "(e.g. tcp://127.0.0.1:5555)"
             )
         if self.sink == "none" and self.sink_address:
-            raise ValueError("--sink-address has no meaning with --sink none")
-        for flag, value, low in (
-            ("--staleness-threshold", self.staleness_threshold, 0),
-            ("--trigger-batch-size", self.trigger_batch_size, 1),
-            ("--max-concurrent", self.max_concurrent, 1),
-            ("--start-version", self.start_version, 0),
+            raise ValueError(f"{address} has no meaning with {sink} none")
+        for name, low in (
+            ("staleness_threshold", 0),
+            ("trigger_batch_size", 1),
+            ("max_concurrent", 1),
+            ("start_version", 0),
         ):
+            value = getattr(self, name)
             if value is not None and value < low:
-                raise ValueError(f"{flag} must be >= {low}, got {value}")
+                raise ValueError(f"{OPTION[name]} must be >= {low}, got {value}")
         if not 0.0 <= self.discount <= 1.0:
-            raise ValueError(f"--discount must be within [0, 1], got {self.discount}")
+            raise ValueError(f"{OPTION['discount']} must be within [0, 1], got {self.discount}")
         if self.session_idle_timeout < 0:
             raise ValueError(
-                f"--session-idle-timeout must be >= 0 (0: off), got {self.session_idle_timeout}"
+                f"{OPTION['session_idle_timeout']} must be >= 0 (0: off), "
+                f"got {self.session_idle_timeout}"
             )
         return self
 
@@ -95,3 +143,22 @@ class TrainingFlags:
 
     def idle_timeout(self) -> float | None:
         return self.session_idle_timeout or None
+
+
+DEFAULTS = TrainingFlags()
+
+
+def add_training_arguments(parser: argparse.ArgumentParser) -> None:
+    """The training flags for argparse (``python -m areal.gateway.server``), from :data:`FLAGS`."""
+    group = parser.add_argument_group("training run")
+    sinks = sink_names()
+    for name, flag in FLAGS.items():
+        group.add_argument(
+            flag.option,
+            dest=name,
+            type=flag.type,
+            default=getattr(DEFAULTS, name),
+            choices=sinks if name == "sink" else None,
+            metavar=flag.metavar,
+            help=HELP[name],
+        )

@@ -18,12 +18,10 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import aiohttp
-
 from areal.core.episode import Episode, gateway_root
 from areal.core.rewards import RewardFn
-from areal.run.reachability import describe_unreachable
-from areal.run.rollout import RolloutError, RolloutWorker
+from areal.run.gateway_client import GatewayAdmin, GatewayAdminError, GatewayRefused
+from areal.run.rollout import RolloutWorker
 
 DEFAULT_TASK: dict[str, Any] = {
     "task_id": "probe",
@@ -182,15 +180,15 @@ class ProbeWorker(RolloutWorker):
         super().__init__(*args, train=False, concurrency=1, **kwargs)
         self.report = report
 
-    async def _before_end(self, http: aiohttp.ClientSession, episode: Episode) -> None:
+    async def _before_end(self, admin: GatewayAdmin, episode: Episode) -> None:
         self.report.session_id = episode.session_id
-        async with http.get(
-            self._url(f"/rl/sessions/{episode.session_id}/trace"), headers=self._auth()
-        ) as resp:
-            if resp.status != 200:
-                self.report.error = f"the gateway's trace answered HTTP {resp.status}"
-                return
-            trace = await resp.json()
+        try:
+            trace = await admin.trace(episode.session_id)
+        except GatewayRefused as err:  # reported; the episode still ends
+            self.report.error = f"the gateway's trace answered HTTP {err.status}"
+            return
+        except GatewayAdminError as err:
+            raise self._failure(err) from err
         self.report.policy_model = trace["policy_model"]
         self.report.calls = trace["calls"]
         self.report.turns = trace["turns"]
@@ -247,10 +245,7 @@ async def probe(
         metadata={"probe": True},
     )
     started = time.monotonic()
-    try:
-        stats = await worker.run([dict(task or DEFAULT_TASK)])
-    except aiohttp.ClientConnectionError as err:  # the trace's call (the rest raise RolloutError)
-        raise RolloutError(describe_unreachable(url)) from err
+    stats = await worker.run([dict(task or DEFAULT_TASK)])
     if stats.timed_out:
         report.outcome = "timed_out"
         report.error = report.error or f"ran past the probe's timeout of {timeout_s:g}s"

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 
 from areal.core.plugins import registry
 from areal.core.process import pick_free_port
 from areal.core.run_config import RunConfig
+from areal.gateway.training_flags import TrainingFlags
+from areal.run.gateway_client import GatewayAdmin
 from areal.run.rollout_worker import WorkerSpec
 from areal.run.supervisor import Child
 
-__all__ = ["GatewayHandle", "engine_child", "gateway_child", "router_config", "worker_child"]
+__all__ = [
+    "engine_child",
+    "gateway_child",
+    "gateway_training_flags",
+    "router_config",
+    "worker_child",
+]
 
 ENGINE_READY_TIMEOUT = 300.0
 
@@ -88,36 +94,6 @@ def router_config(config: RunConfig, out: Path) -> Path:
     return path
 
 
-@dataclass
-class GatewayHandle:
-    """How the trainer talks to its gateway's admin routes."""
-
-    url: str
-    admin_token: str
-
-    async def post(self, path: str, body: dict[str, Any]) -> dict[str, Any] | None:
-        """POST an admin route; ``None`` when the gateway is unreachable or refuses."""
-        return await self._call("POST", path, body)
-
-    async def get(self, path: str) -> dict[str, Any] | None:
-        return await self._call("GET", path, None)
-
-    async def _call(self, method: str, path: str, body: Any) -> dict[str, Any] | None:
-        headers = {"Authorization": f"Bearer {self.admin_token}"}
-        timeout = aiohttp.ClientTimeout(total=10)
-        try:
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as http,
-                http.request(method, self.url + path, json=body, headers=headers) as resp,
-            ):
-                if resp.status != 200:
-                    return None
-                data: dict[str, Any] = await resp.json()
-                return data
-        except (aiohttp.ClientError, TimeoutError):
-            return None
-
-
 def gateway_child(
     config: RunConfig,
     *,
@@ -129,28 +105,15 @@ def gateway_child(
     admin_token: str,
     gateway_key: str,
     after_start: Callable[[Child], Awaitable[None]] | None = None,
-) -> tuple[Child, GatewayHandle]:
-    """The gateway: finished episodes to the trainer's queue, admission by the staleness budget."""
+) -> tuple[Child, GatewayAdmin]:
+    """The gateway: finished episodes to the trainer's queue, admission by the staleness budget;
+    and the client of its admin API."""
     port = pick_free_port()
-    run = config.async_
-    # In sync mode a "trigger" is a whole global batch, and the bound is 0 (AsyncConfig).
-    trigger = run.trigger_batch_size if run.enabled else config.train.global_batch_size
 
     def command() -> list[str]:
-        cmd = [
-            sys.executable, "-m", "areal.gateway.server",
-            "--config", str(router),
-            "--port", str(port),
-            "--sink", "zmq",
-            "--sink-address", queue_address,
-            "--staleness-threshold", str(run.staleness_threshold),
-            "--trigger-batch-size", str(trigger),
-            "--max-concurrent", str(run.rollout_workers * config.agent.concurrency),
-            "--start-version", str(version()),
-            "--discount", str(config.algorithm.discount),
-            "--log-dir", str(log_dir),
-            "--log-level", "warning",
-        ]  # fmt: skip
+        cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
+        cmd += ["--port", str(port), "--log-dir", str(log_dir), "--log-level", "warning"]
+        cmd += gateway_training_flags(config, queue_address, version()).to_argv()
         for url in engine_urls:
             cmd += ["--engine", url]
         return cmd
@@ -166,7 +129,24 @@ def gateway_child(
         after_start=after_start,
         stage=1,
     )
-    return child, GatewayHandle(url, admin_token)
+    return child, GatewayAdmin(url, admin_token)
+
+
+def gateway_training_flags(config: RunConfig, queue_address: str, version: int) -> TrainingFlags:
+    """The run's gateway flags: its queue, its staleness budget (from ``version`` on: a restarted
+    gateway starts where the trainer is), its reward discount."""
+    run = config.async_
+    # In sync mode a "trigger" is a whole global batch, and the bound is 0 (AsyncConfig).
+    trigger = run.trigger_batch_size if run.enabled else config.train.global_batch_size
+    return TrainingFlags(
+        sink="zmq",
+        sink_address=queue_address,
+        staleness_threshold=run.staleness_threshold,
+        trigger_batch_size=trigger,
+        max_concurrent=run.rollout_workers * config.agent.concurrency,
+        start_version=version,
+        discount=config.algorithm.discount,
+    )
 
 
 def worker_child(

@@ -1,6 +1,7 @@
 """Rollout workers: run an unmodified agent once per task sample, each in its own gateway session.
 
-The worker is the RL driver of the gateway's session API (``areal.gateway.sessions``). For every
+The worker is the RL driver of the gateway's session API (``areal.gateway.sessions``, through
+:class:`~areal.run.gateway_client.GatewayAdmin`). For every
 sample of every task it opens a session with the admin token (waiting out ``429`` + ``Retry-After``
 while the staleness budget is full), hands the agent the gateway's ``/v1`` URL and the session's
 fresh key, runs it under a per-episode timeout, and ends the session with the episode's reward, so
@@ -29,17 +30,25 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 
 from areal.core.episode import AgentFn, Episode
 from areal.core.rewards import RewardFn
+from areal.run.gateway_client import (
+    GatewayAdmin,
+    GatewayAdminError,
+    GatewayBusy,
+    GatewayUnreachable,
+    OpenedSession,
+)
 
 log = logging.getLogger("areal.rollout")
 LONG_POLL_S = 10.0  # how long one session request may wait at the gateway for a free slot
+T = TypeVar("T")
 
 
 class RolloutError(RuntimeError):
@@ -155,6 +164,7 @@ class RolloutWorker:
 
         timeout = aiohttp.ClientTimeout(total=self.request_timeout_s)
         async with aiohttp.ClientSession(timeout=timeout) as http:
+            admin = GatewayAdmin(self.gateway_url, self.admin_token, http=http)
             try:
                 index = 0
                 async for task in _aiter(tasks):
@@ -166,7 +176,7 @@ class RolloutWorker:
                         if fatal:
                             slots.release()
                             raise fatal[0]
-                        ep = self._episode(http, stats, task, task_id, group, sample)
+                        ep = self._episode(admin, stats, task, task_id, group, sample)
                         job = asyncio.create_task(ep)
                         pending.add(job)
                         job.add_done_callback(done)
@@ -186,7 +196,7 @@ class RolloutWorker:
 
     async def _episode(
         self,
-        http: aiohttp.ClientSession,
+        admin: GatewayAdmin,
         stats: RolloutStats,
         task: Mapping[str, Any],
         task_id: Any,
@@ -197,7 +207,7 @@ class RolloutWorker:
         if "task_index" in task:
             metadata["task_index"] = task["task_index"]
         opened = await self._open(
-            http, stats, {**self.session_fields, "metadata": metadata, "task_id": task_id}
+            admin, stats, {**self.session_fields, "metadata": metadata, "task_id": task_id}
         )
         sid = opened["session_id"]
         episode = Episode(
@@ -215,7 +225,7 @@ class RolloutWorker:
         try:
             reward = await asyncio.wait_for(self._play(episode), self.episode_timeout_s)
         except asyncio.CancelledError:
-            await asyncio.shield(self._discard(http, sid))
+            await asyncio.shield(self._discard(admin, sid))
             raise
         except TimeoutError:
             stats.timed_out += 1
@@ -226,27 +236,25 @@ class RolloutWorker:
                 task_id,
                 self.episode_timeout_s,
             )
-            await self._before_end(http, episode)
-            await self._discard(http, sid)
+            await self._before_end(admin, episode)
+            await self._discard(admin, sid)
             return
         except Exception as err:
             stats.failed += 1
             stats.errors[type(err).__name__] += 1
             log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
-            await self._before_end(http, episode)
-            await self._discard(http, sid)
+            await self._before_end(admin, episode)
+            await self._discard(admin, sid)
             return
-        await self._before_end(http, episode)
-        body: dict[str, Any] = {} if reward is None else {"reward": reward}
-        ended = await self._post(
-            http, f"/rl/sessions/{sid}/end", body if self.train else {"discard": True}
-        )
+        await self._before_end(admin, episode)
+        end = admin.end(sid, reward=reward) if self.train else admin.end(sid, discard=True)
+        ended = await self._session_api(end)
         stats.finished += 1
         stats.sent += bool(ended.get("sent"))
         if reward is not None:
             stats.rewards.append(reward)
 
-    async def _before_end(self, http: aiohttp.ClientSession, episode: Episode) -> None:
+    async def _before_end(self, admin: GatewayAdmin, episode: Episode) -> None:
         """Called while the episode's session is still open, whatever the outcome (a probe
         reads the session's trace here)."""
 
@@ -274,84 +282,58 @@ class RolloutWorker:
     # --- the session API ------------------------------------------------------------------------
 
     async def _open(
-        self, http: aiohttp.ClientSession, stats: RolloutStats, body: dict[str, Any]
-    ) -> dict[str, Any]:
+        self, admin: GatewayAdmin, stats: RolloutStats, fields: dict[str, Any]
+    ) -> OpenedSession:
         """Open a session, waiting out ``429`` + ``Retry-After`` for at most ``max_wait_s``."""
         waited = 0.0
         while True:
             # Long poll: the gateway holds the request until a slot frees (or wait_s passes).
-            window = min(LONG_POLL_S, self.max_wait_s - waited, self.request_timeout_s / 2)
-            poll = {**body, "wait_s": max(0.0, window)}
+            window = max(
+                0.0, min(LONG_POLL_S, self.max_wait_s - waited, self.request_timeout_s / 2)
+            )
             started = time.monotonic()
             try:
-                async with http.post(
-                    self._url("/rl/sessions"), json=poll, headers=self._auth()
-                ) as resp:
-                    held = time.monotonic() - started  # a long poll's wait counts as waiting
-                    waited += held
-                    stats.waited_s += held
-                    if resp.status != 429:
-                        return await _json_or_raise(resp, "open a session")
-                    wait = _retry_after(resp.headers.get("Retry-After"))
-                    message = await resp.text()
-            except aiohttp.ClientConnectionError as err:
-                raise RolloutError(self._unreachable(err)) from err
-            except aiohttp.ClientError as err:
-                raise RolloutError(
-                    f"the gateway at {self.gateway_url} failed to open a session: {err!r}"
-                ) from err
-            if poll["wait_s"] and held >= 0.9 * poll["wait_s"]:
-                wait = 0.0  # the gateway held it the whole time: ask again at once
+                return await admin.open_session(**fields, wait_s=window)
+            except GatewayBusy as busy:
+                full = busy
+            except GatewayAdminError as err:
+                raise self._failure(err) from err
+            finally:
+                held = time.monotonic() - started  # a long poll's wait counts as waiting
+                waited += held
+                stats.waited_s += held
+            # the gateway held it the whole time: ask again at once
+            wait = 0.0 if window and held >= 0.9 * window else full.retry_after
             if waited + wait > self.max_wait_s:
                 raise RolloutError(
                     f"the gateway's staleness budget stayed full for {waited:.1f}s "
                     f"(max_wait_s={self.max_wait_s}); is the trainer consuming trajectories? "
-                    f"last answer: {message}"
+                    f"last answer: {full.reason}"
                 )
             await asyncio.sleep(wait)
             waited += wait
             stats.waited_s += wait
 
-    async def _discard(self, http: aiohttp.ClientSession, sid: str) -> None:
-        await self._post(http, f"/rl/sessions/{sid}/end", {"discard": True})
+    async def _discard(self, admin: GatewayAdmin, sid: str) -> None:
+        await self._session_api(admin.end(sid, discard=True))
 
-    async def _post(self, http: aiohttp.ClientSession, path: str, body: Any) -> dict[str, Any]:
+    async def _session_api(self, call: Awaitable[T]) -> T:
+        """A session API call whose failure stops the run (:class:`RolloutError`)."""
         try:
-            async with http.post(self._url(path), json=body, headers=self._auth()) as resp:
-                return await _json_or_raise(resp, f"POST {path}")
-        except aiohttp.ClientConnectionError as err:
-            raise RolloutError(self._unreachable(err)) from err
-        except aiohttp.ClientError as err:
-            raise RolloutError(
-                f"the gateway at {self.gateway_url} failed on POST {path}: {err!r}"
-            ) from err
+            return await call
+        except GatewayAdminError as err:
+            raise self._failure(err) from err
 
-    def _unreachable(self, err: BaseException) -> str:
+    def _failure(self, err: GatewayAdminError) -> RolloutError:
+        """``err`` as the run's error; an unreachable gateway says why (nothing listens, ...)."""
+        if not isinstance(err, GatewayUnreachable):
+            return RolloutError(str(err))
         from areal.run.reachability import describe_unreachable
 
         why = describe_unreachable(self.gateway_url, log_path=self.gateway_log)
-        return f"cannot reach the gateway at {self.gateway_url} ({type(err).__name__}): {why}"
-
-    def _url(self, path: str) -> str:
-        return self.gateway_url + path
-
-    def _auth(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.admin_token}"}
-
-
-async def _json_or_raise(resp: aiohttp.ClientResponse, what: str) -> dict[str, Any]:
-    if resp.status != 200:
-        raise RolloutError(f"could not {what}: HTTP {resp.status}: {await resp.text()}")
-    data: dict[str, Any] = await resp.json()
-    return data
-
-
-def _retry_after(value: str | None) -> float:
-    try:
-        wait = float(value) if value is not None else 1.0
-    except ValueError:
-        wait = 1.0
-    return max(0.1, wait)
+        return RolloutError(
+            f"cannot reach the gateway at {self.gateway_url} ({type(err.cause).__name__}): {why}"
+        )
 
 
 async def _aiter(

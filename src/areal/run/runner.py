@@ -56,10 +56,10 @@ from areal.run.checkpoint import (
     save_checkpoint,
     set_to_ranges,
 )
+from areal.run.gateway_client import GatewayAdmin, best_effort
 from areal.run.loop import TrainerLoop
 from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
-    GatewayHandle,
     engine_child,
     gateway_child,
     router_config,
@@ -104,7 +104,7 @@ class _Parts:
     source: Any  # the trajectory queue's consuming end
     sync: WeightSync
     supervisor: Supervisor
-    gateway: GatewayHandle
+    gateway: GatewayAdmin
     metrics: MetricsHub
     observed: ObservedSource
     loop: TrainerLoop
@@ -291,7 +291,7 @@ class _Run:
         # Episodes dropped whole as stale give their admission slots back (the running total of
         # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
         dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
-        await run.gateway.post("/rl/version", {"version": loop.version, "dropped": dropped})
+        await best_effort(run.gateway.set_version(loop.version, dropped=dropped))
         self.audit(loop)
         step = int(result["step"])
         values = _sync_values(result, run.sync.last_phases, loop.version)
@@ -341,7 +341,7 @@ class _Run:
         sync: WeightSync,
         threads: int,
         data: tuple[int, list[list[int]]],
-    ) -> tuple[Supervisor, GatewayHandle]:
+    ) -> tuple[Supervisor, GatewayAdmin]:
         config = self.config
         supervisor = Supervisor()
         admin_token = secrets.token_urlsafe(24)
@@ -369,7 +369,7 @@ class _Run:
         sync.engine_urls = [e.url or "" for e in engines]
 
         async def announce(child: Child) -> None:
-            await gateway.post("/rl/version", {"version": self.version})
+            await best_effort(gateway.set_version(self.version))
 
         gateway_proc, gateway = gateway_child(
             config,
@@ -387,7 +387,7 @@ class _Run:
         async def discard_sessions(child: Child) -> None:
             """A crashed worker's open episodes will never end: give their slots back."""
             worker = child.name.removeprefix("rollout")
-            await gateway.post("/rl/sessions/discard", {"metadata": {"worker": worker}})
+            await best_effort(gateway.discard(metadata={"worker": worker}))
 
         start, skip = data
         for i in range(config.async_.rollout_workers):
@@ -469,7 +469,7 @@ class _Run:
 
     async def account(
         self,
-        gateway: GatewayHandle,
+        gateway: GatewayAdmin,
         observed: ObservedSource,
         loop: TrainerLoop,
         metrics: MetricsHub,
@@ -478,7 +478,7 @@ class _Run:
         plus, for the live monitor, episodes per rollout worker, the queue's time at
         ``queue_max_size``, tokens trained and process restarts."""
         source = observed.source
-        status = await gateway.get("/rl/sessions") or {}
+        status = await best_effort(gateway.status()) or {}
         budget = status.get("budget") or {}
         counters = loop.counters()
         for session_id, _meta in loop.last_batch:

@@ -1,0 +1,69 @@
+"""``TrainingFlags.to_argv`` is the inverse of both front ends' parsing: what it writes,
+``python -m areal.gateway.server`` (argparse) and ``areal serve gateway`` (typer) read back into
+the same flags, defaults and non-defaults alike."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from areal.cli.serve_cmd import app as serve_app
+from areal.gateway import server
+from areal.gateway.training_flags import FLAGS, OPTION, TrainingFlags
+
+CASES = [
+    TrainingFlags(),
+    TrainingFlags(
+        sink="zmq",
+        sink_address="tcp://127.0.0.1:5555",
+        staleness_threshold=0,  # falsy, yet given
+        trigger_batch_size=8,
+        max_concurrent=16,
+        start_version=3,
+        discount=0.1,
+        session_idle_timeout=0.0,
+    ),
+    TrainingFlags(sink="none", staleness_threshold=2, discount=0.97, session_idle_timeout=12.5),
+    TrainingFlags(sink="jsonl", sink_address="/tmp/out.jsonl", max_concurrent=1),
+]
+
+
+@pytest.fixture
+def served(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """What ``serve`` is called with, instead of serving."""
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        server, "serve", lambda config, **kw: calls.append({"config": config, **kw})
+    )
+    return calls
+
+
+@pytest.mark.parametrize("flags", CASES, ids=["defaults", "zmq", "none", "jsonl"])
+def test_the_argparse_front_end_reads_back_to_argv(
+    flags: TrainingFlags, served: list[dict[str, Any]]
+) -> None:
+    assert server.main(["--engine", "http://127.0.0.1:9", *flags.to_argv()]) == 0
+    assert served[-1]["training"] == flags
+
+
+@pytest.mark.parametrize("flags", CASES, ids=["defaults", "zmq", "none", "jsonl"])
+def test_the_typer_front_end_reads_back_to_argv(
+    flags: TrainingFlags, served: list[dict[str, Any]], tmp_path: Path
+) -> None:
+    router = tmp_path / "router.yaml"
+    router.write_text("{}\n")
+    args = ["gateway", "--config", str(router), "--engine", "http://127.0.0.1:9"]
+    result = CliRunner().invoke(serve_app, [*args, *flags.to_argv()])
+    assert result.exit_code == 0, result.output
+    assert served[-1]["training"] == flags
+
+
+def test_to_argv_spells_each_flag_once_and_leaves_out_unset_ones() -> None:
+    argv = CASES[1].to_argv()
+    assert argv[::2] == [flag.option for flag in FLAGS.values()]
+    assert argv[argv.index("--staleness-threshold") + 1] == "0"
+    assert OPTION["sink_address"] not in TrainingFlags().to_argv()
+    assert TrainingFlags().to_argv()[:2] == ["--sink", "jsonl"]

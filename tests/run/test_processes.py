@@ -1,0 +1,70 @@
+"""The gateway's command line as the run builds it: its training flags come from the run's config
+(through ``TrainingFlags.to_argv``) and parse back, with the server's own parser, into what the
+run meant; a restart starts the staleness clock at the trainer's version then."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal.core.run_config import run_config_from_dict
+from areal.gateway import server
+from areal.gateway.training_flags import TrainingFlags
+from areal.run.gateway_client import GatewayAdmin
+from areal.run.processes import gateway_child
+
+QUEUE = "tcp://127.0.0.1:5555"
+
+
+def parsed(command: list[str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """What ``python -m areal.gateway.server`` makes of ``command``."""
+    assert command[1:3] == ["-m", "areal.gateway.server"]
+    calls: list[dict[str, Any]] = []
+    monkeypatch.setattr(
+        server, "serve", lambda config, **kw: calls.append({"config": config, **kw})
+    )
+    assert server.main(command[3:]) == 0
+    return calls[0]
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_gateway_command_parses_back_into_the_runs_flags(
+    enabled: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = run_config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "model")},
+            "dataset": {"name": "tool_then_answer"},
+            "train": {"global_batch_size": 6, "mini_batch_size": 6},
+            "algorithm": {"discount": 0.9, "group_size": 2},
+            "async": {"enabled": enabled, "staleness_threshold": 2, "trigger_batch_size": 4},
+            "agent": {"concurrency": 3},
+        }
+    )
+    version = [5]
+    child, admin = gateway_child(
+        config, router=tmp_path / "router.yaml", engine_urls=["http://e0", "http://e1"],
+        queue_address=QUEUE, version=lambda: version[0], log_dir=tmp_path,
+        admin_token="admin-token-0123456789", gateway_key="gateway-key-0123456789",
+    )  # fmt: skip
+    assert isinstance(admin, GatewayAdmin) and admin.url == child.url
+    got = parsed(child.command(), monkeypatch)
+    assert got["config"] == str(tmp_path / "router.yaml")
+    assert (got["engines"], got["log_dir"], got["log_level"]) == (
+        ["http://e0", "http://e1"], str(tmp_path), "warning",
+    )  # fmt: skip
+    assert f"http://127.0.0.1:{got['port']}" == child.url
+    assert got["training"] == TrainingFlags(
+        sink="zmq",
+        sink_address=QUEUE,
+        staleness_threshold=2 if enabled else 0,
+        trigger_batch_size=4 if enabled else 6,  # sync: a trigger is a whole global batch
+        max_concurrent=3,
+        start_version=5,
+        discount=0.9,
+    )
+    version[0] = 9  # the trainer moved on; a restarted gateway starts there
+    assert parsed(child.command(), monkeypatch)["training"].start_version == 9
+    assert "admin-token-0123456789" not in " ".join(child.command())
