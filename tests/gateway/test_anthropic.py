@@ -313,6 +313,37 @@ def test_forced_tool_call(client: anthropic.Anthropic, gateway: Any, count: Any)
     assert tokens.input_tokens == reply.usage.input_tokens
 
 
+def test_a_forced_call_is_the_openai_routes_call(client: anthropic.Anthropic, gateway: Any) -> None:
+    """Both protocols force a call through one grammar (``{"name", "arguments"}`` and nothing else)
+    and read it with the policy's registered tool parser: greedy decoding of the same chat writes
+    the same call on both routes, token for token."""
+    import openai
+
+    messages: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    reply = client.messages.create(
+        model=gateway.model,
+        max_tokens=256,
+        extra_body={"temperature": 0.0},  # the SDK version here has no temperature argument
+        tools=[WEATHER, CLOCK],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        messages=messages,
+    )
+    chat = openai.OpenAI(base_url=gateway.v1, api_key=gateway.key, max_retries=0)
+    other = chat.chat.completions.create(
+        model=gateway.model,
+        max_tokens=256,
+        temperature=0.0,
+        tools=[openai_tool(WEATHER), openai_tool(CLOCK)],  # type: ignore[list-item]
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        messages=messages,
+    )
+    (block,) = reply.content
+    (call,) = other.choices[0].message.tool_calls or []
+    assert block.type == "tool_use" and call.function.name == block.name == "get_weather"
+    assert json.loads(call.function.arguments) == block.input
+    assert reply.usage.output_tokens == (other.usage.completion_tokens if other.usage else -1)
+
+
 def test_any_tool_then_tool_result(client: anthropic.Anthropic, gateway: Any, count: Any) -> None:
     """A call forced with ``any``, then the next turn with its result (the id comes back changed)."""
     tools: list[Any] = [WEATHER, CLOCK]

@@ -23,7 +23,8 @@ from typing import Any, TypeGuard, cast
 
 from aiohttp import web
 
-from areal.core.tool_calls import ToolCall, new_call_id
+from areal.core.tool_calls import ToolCall, ToolCallParser, new_call_id
+from areal.gateway.chat_messages import forced_call_schema
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
 from areal.gateway.policy import Generation, TextDeltas
@@ -387,20 +388,6 @@ def _is_number(value: Any) -> bool:
 # --- the prompt ------------------------------------------------------------------------------
 
 
-def forced_call_schema(chat: ChatRequest) -> dict[str, Any]:
-    """The JSON a forced call must be: ``{"name": <a tool>, "arguments": <its input>}``."""
-    names = [chat.forced_name] if chat.forced_name is not None else list(chat.schemas)
-
-    def one(name: str) -> dict[str, Any]:
-        return {
-            "type": "object",
-            "properties": {"name": {"const": name}, "arguments": chat.schemas[name]},
-            "required": ["name", "arguments"],
-        }
-
-    return one(names[0]) if len(names) == 1 else {"anyOf": [one(n) for n in names]}
-
-
 def render_prompt(
     state: GatewayState, chat: ChatRequest, history: list[int] | None = None
 ) -> list[int]:
@@ -433,25 +420,18 @@ def _usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
     }
 
 
-def parse_forced(text: str) -> ToolCall | None:
-    """The call a forced generation wrote, or None if it was cut short."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("arguments")
-    if not isinstance(arguments, dict):
-        return None
-    return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False), _tool_id())
+def parse_forced(parser: ToolCallParser, text: str) -> ToolCall | None:
+    """The call a forced generation wrote, read by the policy's registered tool parser after the
+    opening it was prompted with (as the OpenAI routes read theirs), or None if it was cut short."""
+    calls = parser.parse(parser.forced_prefix() + text).tool_calls
+    return calls[0] if calls else None
 
 
 def reply_blocks(state: GatewayState, chat: ChatRequest, gen: Generation) -> list[dict[str, Any]]:
     """The content blocks of a finished generation."""
     text, calls = gen.text, []
     if chat.forced:
-        call = parse_forced(gen.text)
+        call = parse_forced(state.policy.tool_parser, gen.text)
         if call is not None:
             text, calls = "", [call]
     elif chat.parses_tools:
@@ -503,7 +483,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     extra: dict[str, Any] = {}
     if "top_k" in options:
         extra["top_k"] = options["top_k"]
-    schema = forced_call_schema(chat) if chat.forced else chat.json_schema
+    schema = forced_call_schema(chat.tools, chat.forced_name) if chat.forced else chat.json_schema
     if schema is not None:
         extra["json_schema"] = json.dumps(schema)
     sampling = state.policy.sampling(
