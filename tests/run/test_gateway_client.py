@@ -22,7 +22,6 @@ from areal.core.types import Trajectory
 from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
-from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.run.gateway_client import (
     GatewayAdmin,
@@ -49,16 +48,11 @@ def run(coro: Awaitable[T]) -> T:
 
 
 @pytest.fixture(scope="module")
-def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def engine_url(tmp_path_factory: pytest.TempPathFactory, serve_embedded: Any) -> Iterator[str]:
     path = tmp_path_factory.mktemp("client-model") / "nano"
     init_tiny(path, size="nano", seed=0)
-    server = build_server(str(path), max_total_tokens=4096)
-    http = ServerThread(server.app(), "127.0.0.1", 0).start()
-    try:
-        yield http.url
-    finally:
-        server.engine.stop()
-        http.stop()
+    with serve_embedded(str(path)) as url:
+        yield url
 
 
 @contextlib.contextmanager

@@ -9,15 +9,14 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
-from areal.core.http_server import ServerThread
 from areal.core.inference_client import GenerateOutput, InferenceClient
 from areal.core.metrics import make_metric_sink
 from areal.core.types import Sample, Trajectory, version_number
-from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.metrics.jsonl import read_metrics
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
@@ -38,14 +37,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 @pytest.fixture
-def engine_url(model_dir: str) -> Iterator[str]:
-    server = build_server(model_dir, max_total_tokens=4096)
-    http = ServerThread(server.app(), "127.0.0.1", 0).start()
-    try:
-        yield http.url
-    finally:
-        server.engine.stop()
-        http.stop()
+def engine_url(model_dir: str, serve_embedded: Any) -> Iterator[str]:
+    with serve_embedded(model_dir) as url:
+        yield url
 
 
 def to_sample(prompt: list[int], out: GenerateOutput) -> Sample:
