@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 import pytest
 
 from areal.core.http_server import ServerThread
-from areal.gateway.app import GatewayState, build_app
+from areal.gateway.app import build_app
+from areal.gateway.gateway_state import GatewayState
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import InferenceServer, build_server

@@ -24,10 +24,12 @@ from typing import Any, TypeGuard, cast
 from aiohttp import web
 
 from areal.core.tool_calls import ToolCall, new_call_id
-from areal.gateway.app import LOG_FIELDS, GatewayState, read_json, state_of
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
+from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation, TextDeltas
+from areal.gateway.request_body import read_json
+from areal.gateway.request_log import LOG_FIELDS
 
 _TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
 _DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})

@@ -28,7 +28,6 @@ from typing import Any
 from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
-from areal.gateway.app import LOG_FIELDS, GatewayState, read_json, state_of
 from areal.gateway.chat_messages import (
     StreamText,
     ToolPlan,
@@ -42,7 +41,10 @@ from areal.gateway.chat_messages import (
 )
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, openai_error_body
+from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
+from areal.gateway.request_body import read_json
+from areal.gateway.request_log import LOG_FIELDS
 
 MAX_CHOICES = 64
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object

@@ -23,7 +23,8 @@ from aiohttp import web
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
-from areal.gateway.app import GatewayState, build_app
+from areal.gateway.app import build_app
+from areal.gateway.gateway_state import GatewayState
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager

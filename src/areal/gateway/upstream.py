@@ -25,8 +25,8 @@ import aiohttp
 from aiohttp import web
 
 from areal.gateway.access_log import redact
-from areal.gateway.app import LOG_FIELDS
 from areal.gateway.errors import GatewayError, anthropic_error_body, is_anthropic, openai_error_body
+from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute, ModelRouting
 
 log = logging.getLogger("areal.gateway.upstream")
