@@ -3,19 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import aiohttp
 import pytest
+from aiohttp import web
 
 from areal.core.http_server import ServerThread
 from areal.gateway.app import build_app
+from areal.gateway.gateway_state import GatewayState
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
-from areal.gateway.state import GatewayState
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 
@@ -112,3 +115,54 @@ def start_gateway(
     """A private gateway with router overrides, e.g. ``start_gateway(config={"api_gateway": {...}})``,
     and ``build_state`` options, e.g. ``start_gateway(budget=StalenessBudget(...))``."""
     return lambda config=None, **options: running_gateway(*engine, tmp_path, config, **options)
+
+
+@dataclass
+class EngineRecorder:
+    """A pass-through proxy in front of the real engine that keeps every ``/generate`` body, so a
+    test sees exactly what the gateway asked of the engine (prompt ids, grammar) while the
+    generations stay the engine's own."""
+
+    engine_url: str
+    generate_bodies: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024**2)
+        app.router.add_route("*", "/{path:.*}", self.forward)
+        return app
+
+    async def forward(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if request.path == "/generate" and body:
+            self.generate_bodies.append(json.loads(body))
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.request(
+                request.method, self.engine_url + request.path_qs, data=body, headers=headers
+            ) as answer,
+        ):
+            response = web.StreamResponse(
+                status=answer.status,
+                headers={"Content-Type": answer.headers.get("Content-Type", "application/json")},
+            )
+            await response.prepare(request)
+            async for chunk in answer.content.iter_any():
+                await response.write(chunk)
+            await response.write_eof()
+            return response
+
+
+@pytest.fixture(scope="module")
+def recorded_gateway(
+    engine: tuple[str, InferenceServer], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[RunningGateway, EngineRecorder]]:
+    """A gateway whose engine calls pass through an :class:`EngineRecorder`."""
+    url, server = engine
+    recorder = EngineRecorder(url)
+    proxy = ServerThread(recorder.app(), "127.0.0.1", 0).start()
+    try:
+        with running_gateway(proxy.url, server, tmp_path_factory.mktemp("recorded-logs")) as gw:
+            yield gw, recorder
+    finally:
+        proxy.stop()

@@ -15,6 +15,7 @@ from typing import Any
 
 import anthropic
 import httpx
+import openai
 import pytest
 from transformers import AutoTokenizer
 
@@ -427,6 +428,143 @@ def test_streamed_tool_call(client: anthropic.Anthropic, gateway: Any) -> None:
     assert len(partial) > 1  # the arguments stream as they are generated
     assert json.loads("".join(partial)) == block.input
     assert satisfies(WEATHER["input_schema"], block.input)
+
+
+# --- one tool machinery for both protocols ----------------------------------------------------
+
+FORCED_CHOICES: list[Any] = [  # (Anthropic's tool_choice, the same choice in Chat Completions)
+    (
+        {"type": "tool", "name": "get_weather"},
+        {"type": "function", "function": {"name": "get_weather"}},
+    ),
+    ({"type": "any"}, "required"),
+]
+
+
+def _both_clients(gw: Any) -> tuple[anthropic.Anthropic, openai.OpenAI]:
+    return (
+        anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0, timeout=60),
+        openai.OpenAI(base_url=gw.v1, api_key=gw.key, max_retries=0, timeout=60),
+    )
+
+
+@pytest.mark.parametrize(("claude_choice", "openai_choice"), FORCED_CHOICES)
+def test_forced_call_has_the_openai_grammar_and_parse(
+    recorded_gateway: Any, claude_choice: Any, openai_choice: Any
+) -> None:
+    """A forced call asks the engine for exactly what Chat Completions asks (the same prompt ids,
+    the same grammar, which closes the call's object: additionalProperties false), and the
+    generation is read by the same registered parser into the same call."""
+    gw, recorder = recorded_gateway
+    question: list[Any] = [{"role": "user", "content": "Weather in Tokyo?"}]
+    claude, gpt = _both_clients(gw)
+    with claude, gpt:
+        start = len(recorder.generate_bodies)
+        reply = claude.messages.create(
+            model=gw.model,
+            max_tokens=256,
+            extra_body={"temperature": 0},  # (this SDK has no temperature argument)
+            tools=[WEATHER, CLOCK],
+            tool_choice=claude_choice,
+            messages=question,
+        )
+        chat = gpt.chat.completions.create(
+            model=gw.model,
+            max_tokens=256,
+            temperature=0,
+            tools=[openai_tool(WEATHER), openai_tool(CLOCK)],
+            tool_choice=openai_choice,
+            messages=question,
+        )
+    sent_claude, sent_openai = recorder.generate_bodies[start:]
+    assert sent_claude["input_ids"] == sent_openai["input_ids"]
+    grammar = sent_claude["sampling_params"]["json_schema"]
+    assert grammar == sent_openai["sampling_params"]["json_schema"]
+    schema = json.loads(grammar)
+    for call_schema in schema.get("anyOf", [schema]):  # an extra key beside name/arguments is
+        assert call_schema["additionalProperties"] is False  # impossible under the grammar
+        assert call_schema["required"] == ["name", "arguments"]
+
+    (block,) = reply.content
+    (call,) = chat.choices[0].message.tool_calls or []
+    assert block.type == "tool_use" and call.type == "function"
+    assert (block.name, block.input) == (call.function.name, json.loads(call.function.arguments))
+    tool = WEATHER if block.name == "get_weather" else CLOCK
+    assert satisfies(tool["input_schema"], block.input)
+    assert block.id.startswith("toolu_") and call.id.startswith("call_")
+    assert reply.stop_reason == "tool_use" and chat.choices[0].finish_reason == "tool_calls"
+
+
+def test_streamed_forced_call_is_the_whole_one(recorded_gateway: Any) -> None:
+    """Streamed, a forced call's arguments go out as they are written and add up to the call
+    the parser reads from the same generation unstreamed (and in Chat Completions)."""
+    gw, _ = recorded_gateway
+    kwargs: dict[str, Any] = {
+        "model": gw.model,
+        "max_tokens": 256,
+        "extra_body": {"temperature": 0},
+        "tools": [WEATHER, CLOCK],
+        "tool_choice": {"type": "any"},
+        "messages": [{"role": "user", "content": "Weather in Lima?"}],
+    }
+    claude, gpt = _both_clients(gw)
+    with claude, gpt:
+        whole = claude.messages.create(**kwargs)
+        partial: list[str] = []
+        with claude.messages.stream(**kwargs) as stream:
+            for event in stream:
+                if event.type == "content_block_delta" and event.delta.type == "input_json_delta":
+                    partial.append(event.delta.partial_json)
+            streamed = stream.get_final_message()
+        chat = gpt.chat.completions.create(
+            model=gw.model,
+            max_tokens=256,
+            temperature=0,
+            tools=[openai_tool(WEATHER), openai_tool(CLOCK)],
+            tool_choice="required",
+            messages=kwargs["messages"],
+            stream=True,
+        )
+        calls = [c for chunk in chat for c in (chunk.choices[0].delta.tool_calls or [])]
+    (block,) = streamed.content
+    (expected,) = whole.content
+    assert block.type == expected.type == "tool_use" and len(partial) > 1
+    assert (block.name, block.input) == (expected.name, expected.input)
+    assert json.loads("".join(partial)) == block.input
+    (call,) = calls
+    assert call.function is not None and call.function.arguments is not None
+    assert (call.function.name, json.loads(call.function.arguments)) == (block.name, block.input)
+
+
+def test_forced_call_cut_short_is_the_text_as_written(recorded_gateway: Any) -> None:
+    """A forced call cut off by max_tokens does not parse: both protocols answer the generated
+    text (without the call's opening tag, which was in the prompt)."""
+    gw, _ = recorded_gateway
+    question: list[Any] = [{"role": "user", "content": "Weather in Paris?"}]
+    claude, gpt = _both_clients(gw)
+    with claude, gpt:
+        reply = claude.messages.create(
+            model=gw.model,
+            max_tokens=3,
+            extra_body={"temperature": 0},  # (this SDK has no temperature argument)
+            tools=[WEATHER],
+            tool_choice={"type": "tool", "name": "get_weather"},
+            messages=question,
+        )
+        chat = gpt.chat.completions.create(
+            model=gw.model,
+            max_tokens=3,
+            temperature=0,
+            tools=[openai_tool(WEATHER)],
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            messages=question,
+        )
+    (block,) = reply.content
+    message = chat.choices[0].message
+    assert block.type == "text" and message.tool_calls is None
+    assert block.text == message.content and block.text.lstrip().startswith("{")
+    assert "<tool_call>" not in block.text
+    assert reply.stop_reason == "max_tokens" and chat.choices[0].finish_reason == "length"
 
 
 # --- structured output and stop sequences ----------------------------------------------------

@@ -28,10 +28,10 @@ from aiohttp import web
 from areal.core.http_server import ServerThread
 from areal.core.process import pick_free_port
 from areal.gateway.app import build_app
-from areal.gateway.request import read_json
+from areal.gateway.gateway_state import state_of
+from areal.gateway.request_body import read_json
 from areal.gateway.router_config import ApiGatewayConfig, RouterConfig
 from areal.gateway.server import build_state
-from areal.gateway.state import state_of
 from areal.gateway.upstream import UpstreamChannel, apply_route, retry_after_seconds
 from areal.plugins.inference.embedded.server import InferenceServer
 

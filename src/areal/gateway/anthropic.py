@@ -1,389 +1,37 @@
 """Anthropic Messages: ``POST {prefix}/messages`` and ``POST {prefix}/messages/count_tokens``.
 
-A request is turned into the OpenAI-shaped chat the policy's template renders (``tool_use`` blocks
-become ``tool_calls`` with the same ids, ``tool_result`` blocks become ``tool`` messages), served by
-the policy, and answered in Anthropic's shapes. Streams carry the whole named-event sequence with
+The request becomes the policy's chat (:mod:`areal.gateway.anthropic_request`), is served by the
+policy, and is answered in Anthropic's shapes. Streams carry the whole named-event sequence with
 ``usage`` in ``message_start`` and ``message_delta``: without them the SDK's stream accumulator
 breaks and Claude Code quietly repeats the call without streaming, which would record the episode
-twice. Real clients send much the policy cannot use (``thinking``, ``context_management``,
-``metadata``, ``anthropic-beta``...): it is ignored, not refused; what would change the answer
-and cannot be honoured (images) is a 400 that says so.
+twice.
+
+Tools run on the machinery every protocol shares (:mod:`areal.gateway.chat_messages`): a forced
+call is under the same grammar as Chat Completions' required/named choice, and calls are read out
+of the output by the policy's registered tool-call parser. Only the shapes are Anthropic's:
+``tool_use`` blocks with ``toolu_`` ids, and a forced call's arguments streamed as
+``input_json_delta`` while they are generated.
 """
 
 from __future__ import annotations
 
 import json
-import math
-import re
 import secrets
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any, TypeGuard, cast
+from typing import Any, cast
 
 from aiohttp import web
 
-from areal.core.tool_calls import ToolCall, ToolCallParser, new_call_id
-from areal.gateway.chat_messages import forced_call_schema
+from areal.core.tool_calls import new_call_id
+from areal.gateway.anthropic_request import ChatRequest, parse_request, sampling_options
+from areal.gateway.chat_messages import ForcedCallReader, OutputStream, split_output
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
-from areal.gateway.policy import Generation, TextDeltas
-from areal.gateway.request import LOG_FIELDS, read_json
-from areal.gateway.state import GatewayState, state_of
-
-_TOOL_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,128}$")
-_DROPPED_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-_CHOICES = ("auto", "any", "tool", "none")
-
-
-# --- the request -----------------------------------------------------------------------------
-
-
-@dataclass
-class ChatRequest:
-    """An Anthropic request as the policy sees it."""
-
-    model: str
-    messages: list[dict[str, Any]]  # OpenAI-shaped
-    tools: list[dict[str, Any]] = field(default_factory=list)  # OpenAI function specs
-    schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # tool name -> input_schema
-    choice: str = "auto"  # auto | any | tool | none
-    forced_name: str | None = None  # with choice "tool"
-    prefill: str = ""  # a trailing assistant turn the reply continues
-    json_schema: dict[str, Any] | None = None  # output_config.format
-
-    @property
-    def forced(self) -> bool:
-        return self.choice in ("any", "tool") and bool(self.tools)
-
-    @property
-    def parses_tools(self) -> bool:
-        return bool(self.tools) and self.choice != "none"
-
-
-def parse_request(body: dict[str, Any], policy_id: str) -> ChatRequest:
-    """Validate what the policy needs; everything else in ``body`` is ignored."""
-    model = body.get("model")
-    if model is not None and not isinstance(model, str):
-        raise GatewayError(400, "model: must be a string", param="model")
-    messages = convert_messages(body.get("messages"))
-    system = system_text(body.get("system"))
-    if system:  # an empty system prompt is none, as in Anthropic's API
-        messages.insert(0, {"role": "system", "content": system})
-    prefill = ""
-    if messages and messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
-        prefill = messages.pop()["content"]
-    if not messages:
-        raise GatewayError(
-            400, "messages: the conversation has nothing to answer", param="messages"
-        )
-    tools, schemas = convert_tools(body.get("tools"))
-    choice, forced_name = tool_choice(body.get("tool_choice"), schemas)
-    request = ChatRequest(
-        model=model or policy_id,
-        messages=messages,
-        tools=tools,
-        schemas=schemas,
-        choice=choice,
-        forced_name=forced_name,
-        prefill=prefill,
-        json_schema=output_schema(body),
-    )
-    if request.forced and request.json_schema is not None:
-        raise GatewayError(
-            400,
-            "output_config.format cannot be combined with tool_choice any/tool: the reply is "
-            "either a forced tool call or JSON for the schema",
-            param="output_config",
-        )
-    return request
-
-
-def system_text(value: Any) -> str | None:
-    """``system`` as a string or a list of text blocks (``cache_control`` and the like ignored)."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        texts = []
-        for i, block in enumerate(value):
-            if not isinstance(block, dict) or block.get("type") != "text":
-                raise GatewayError(400, f"system.{i}: must be a text block", param="system")
-            texts.append(_text_of(block, f"system.{i}"))
-        return "\n".join(texts)
-    raise GatewayError(400, "system: must be a string or a list of text blocks", param="system")
-
-
-def convert_messages(raw: Any) -> list[dict[str, Any]]:
-    """Anthropic turns -> OpenAI-shaped messages, keeping the order of text and tool results."""
-    if not isinstance(raw, list) or not raw:
-        raise GatewayError(400, "messages: must be a non-empty list", param="messages")
-    out: list[dict[str, Any]] = []
-    for i, message in enumerate(raw):
-        where = f"messages.{i}"
-        if not isinstance(message, dict):
-            raise GatewayError(400, f"{where}: must be an object", param="messages")
-        role = message.get("role")
-        content = message.get("content")
-        if role == "assistant":
-            out.append(_assistant(content, where))
-        elif role in ("user", "system"):  # a system turn mid-conversation is accepted as one
-            out.extend(_user(content, where, role))
-        else:
-            raise GatewayError(
-                400, f"{where}.role: must be 'user' or 'assistant', got {role!r}", param="messages"
-            )
-    return out
-
-
-def _blocks(content: Any, where: str) -> list[dict[str, Any]]:
-    if isinstance(content, str):
-        return [{"type": "text", "text": content}]
-    if not isinstance(content, list):
-        raise GatewayError(
-            400, f"{where}.content: must be a string or a list of content blocks", param="messages"
-        )
-    blocks = []
-    for j, block in enumerate(content):
-        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-            raise GatewayError(
-                400, f"{where}.content.{j}: must be a block with a 'type'", param="messages"
-            )
-        kind = block["type"]
-        if kind in ("image", "document"):
-            raise GatewayError(
-                400,
-                f"{where}.content.{j}: {kind}s are not supported by the policy",
-                param="messages",
-            )
-        if kind not in _DROPPED_BLOCKS:
-            blocks.append(block)
-    return blocks
-
-
-def _assistant(content: Any, where: str) -> dict[str, Any]:
-    text: list[str] = []
-    calls: list[dict[str, Any]] = []
-    for j, block in enumerate(_blocks(content, where)):
-        at = f"{where}.content.{j}"
-        if block["type"] == "text":
-            text.append(_text_of(block, at))
-        elif block["type"] == "tool_use":
-            calls.append(_tool_call(block, at))
-        else:
-            raise GatewayError(
-                400, f"{at}: block type {block['type']!r} is not supported here", param="messages"
-            )
-    message: dict[str, Any] = {"role": "assistant", "content": "".join(text)}
-    if calls:
-        message["tool_calls"] = calls
-    return message
-
-
-def _tool_call(block: dict[str, Any], at: str) -> dict[str, Any]:
-    call_id, name, arguments = block.get("id"), block.get("name"), block.get("input", {})
-    if not isinstance(call_id, str) or not isinstance(name, str):
-        raise GatewayError(400, f"{at}: tool_use needs a string 'id' and 'name'", param="messages")
-    if not isinstance(arguments, dict):
-        raise GatewayError(400, f"{at}.input: must be an object", param="messages")
-    return {
-        "id": call_id,
-        "type": "function",
-        "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-    }
-
-
-def _user(content: Any, where: str, role: str) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    text: list[str] = []
-
-    def flush() -> None:
-        if text:
-            out.append({"role": role, "content": "".join(text)})
-            text.clear()
-
-    blocks = _blocks(content, where)
-    for j, block in enumerate(blocks):
-        at = f"{where}.content.{j}"
-        if block["type"] == "text":
-            text.append(_text_of(block, at))
-        elif block["type"] == "tool_result" and role == "user":
-            flush()
-            out.append(_tool_result(block, at))
-        else:
-            raise GatewayError(
-                400, f"{at}: block type {block['type']!r} is not supported here", param="messages"
-            )
-    flush()
-    if not blocks:  # an empty turn still takes its place in the conversation
-        out.append({"role": role, "content": ""})
-    return out
-
-
-def _tool_result(block: dict[str, Any], at: str) -> dict[str, Any]:
-    call_id = block.get("tool_use_id")
-    if not isinstance(call_id, str):
-        raise GatewayError(400, f"{at}: tool_result needs a string 'tool_use_id'", param="messages")
-    content = block.get("content")
-    if content is None:
-        text = ""
-    elif isinstance(content, str):
-        text = content
-    else:
-        parts = []
-        for k, part in enumerate(_blocks(content, at)):
-            if part["type"] != "text":
-                raise GatewayError(
-                    400, f"{at}.content.{k}: only text blocks go in a tool_result", param="messages"
-                )
-            parts.append(_text_of(part, f"{at}.content.{k}"))
-        text = "\n".join(parts)
-    if block.get("is_error") is True:
-        text = "Error: " + text
-    return {"role": "tool", "tool_call_id": call_id, "content": text}
-
-
-def _text_of(block: dict[str, Any], at: str) -> str:
-    text = block.get("text")
-    if not isinstance(text, str):
-        raise GatewayError(400, f"{at}.text: must be a string", param="messages")
-    return text
-
-
-def convert_tools(raw: Any) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """Custom tools -> OpenAI function specs. Anthropic's server tools (``web_search_...``) have
-    no schema the policy could fill, so they are left out."""
-    if raw is None:
-        return [], {}
-    if not isinstance(raw, list):
-        raise GatewayError(400, "tools: must be a list", param="tools")
-    specs: list[dict[str, Any]] = []
-    schemas: dict[str, dict[str, Any]] = {}
-    for i, tool in enumerate(raw):
-        if not isinstance(tool, dict):
-            raise GatewayError(400, f"tools.{i}: must be an object", param="tools")
-        if tool.get("type") not in (None, "custom") and "input_schema" not in tool:
-            continue
-        name, schema = tool.get("name"), tool.get("input_schema")
-        if not isinstance(name, str) or not _TOOL_NAME.match(name):
-            raise GatewayError(
-                400, f"tools.{i}.name: must match {_TOOL_NAME.pattern}, got {name!r}", param="tools"
-            )
-        if name in schemas:
-            raise GatewayError(400, f"tools.{i}.name: {name!r} is given twice", param="tools")
-        schema = _check_schema(schema, f"tools.{i}.input_schema")
-        description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise GatewayError(400, f"tools.{i}.description: must be a string", param="tools")
-        function: dict[str, Any] = {"name": name}
-        if description:
-            function["description"] = description
-        function["parameters"] = schema
-        specs.append({"type": "function", "function": function})
-        schemas[name] = schema
-    return specs, schemas
-
-
-def _check_schema(schema: Any, at: str) -> dict[str, Any]:
-    if not isinstance(schema, dict) or schema.get("type") != "object":
-        raise GatewayError(400, f"{at}: must be a JSON schema with type 'object'", param="tools")
-    properties = schema.get("properties", {})
-    if not isinstance(properties, dict) or not all(
-        isinstance(p, dict) for p in properties.values()
-    ):
-        raise GatewayError(400, f"{at}.properties: must map names to schemas", param="tools")
-    required = schema.get("required", [])
-    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-        raise GatewayError(400, f"{at}.required: must be a list of property names", param="tools")
-    return schema
-
-
-def tool_choice(raw: Any, schemas: dict[str, dict[str, Any]]) -> tuple[str, str | None]:
-    if raw is None:
-        return "auto", None
-    kind = raw.get("type") if isinstance(raw, dict) else None
-    if kind not in _CHOICES:
-        raise GatewayError(
-            400, f"tool_choice.type: must be one of {', '.join(_CHOICES)}", param="tool_choice"
-        )
-    if kind in ("any", "tool") and not schemas:
-        raise GatewayError(
-            400, f"tool_choice {kind!r} needs at least one tool", param="tool_choice"
-        )
-    if kind != "tool":
-        return kind, None
-    name = raw.get("name")
-    if name not in schemas:
-        raise GatewayError(
-            400,
-            f"tool_choice.name: {name!r} is not one of the tools ({', '.join(schemas)})",
-            param="tool_choice",
-        )
-    return kind, name
-
-
-def output_schema(body: dict[str, Any]) -> dict[str, Any] | None:
-    """``output_config.format`` (or the older beta ``output_format``) of type json_schema."""
-    config = body.get("output_config")
-    fmt = config.get("format") if isinstance(config, dict) else None
-    if fmt is None:
-        fmt = body.get("output_format")
-    if fmt is None:
-        return None
-    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
-        raise GatewayError(
-            400,
-            "output_config.format: only {type: json_schema, schema} is supported",
-            param="output_config",
-        )
-    schema = fmt.get("schema")
-    if not isinstance(schema, dict):
-        raise GatewayError(
-            400, "output_config.format.schema: must be an object", param="output_config"
-        )
-    return schema
-
-
-def sampling_options(body: dict[str, Any]) -> dict[str, Any]:
-    """``max_tokens`` (required by the protocol), temperature, top_p, top_k, stop_sequences."""
-    max_tokens = body.get("max_tokens")
-    if not _is_int(max_tokens) or max_tokens < 1:
-        raise GatewayError(400, "max_tokens: a positive integer is required", param="max_tokens")
-    options: dict[str, Any] = {"max_tokens": max_tokens}
-    for key, low, high in (("temperature", 0.0, None), ("top_p", 0.0, 1.0)):
-        value = body.get(key)
-        if value is None:
-            continue
-        if not _is_number(value) or value < low or (high is not None and value > high):
-            bound = f"between {low} and {high}" if high is not None else f"of at least {low}"
-            raise GatewayError(400, f"{key}: must be a number {bound}", param=key)
-        options[key] = float(value)
-    if options.get("top_p") == 0.0:
-        raise GatewayError(400, "top_p: must be greater than 0", param="top_p")
-    top_k = body.get("top_k")
-    if top_k is not None:
-        if not _is_int(top_k) or top_k < 1:
-            raise GatewayError(400, "top_k: must be a positive integer", param="top_k")
-        options["top_k"] = top_k
-    stops = body.get("stop_sequences")
-    if stops is not None:
-        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-            raise GatewayError(
-                400, "stop_sequences: must be a list of non-empty strings", param="stop_sequences"
-            )
-        options["stop"] = list(stops)
-    return options
-
-
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    """A finite JSON number (``1e999`` parses as infinity, which no sampler takes)."""
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-
+from areal.gateway.gateway_state import GatewayState, state_of
+from areal.gateway.policy import Generation
+from areal.gateway.request_body import read_json
+from areal.gateway.request_log import LOG_FIELDS
 
 # --- the prompt ------------------------------------------------------------------------------
 
@@ -393,11 +41,8 @@ def render_prompt(
 ) -> list[int]:
     """The prompt ids: the chat, the prefill, and for a forced call the parser's opening tag
     (``history``: the episode's tokens so far, see :meth:`PolicyService.render`)."""
-    prefix = chat.prefill
-    if chat.forced:
-        prefix += state.policy.tool_parser.forced_prefix()
-    tools = chat.tools if chat.choice != "none" else None
-    return state.policy.render(chat.messages, tools, prefix, history=history)
+    prefix = chat.prefill + chat.plan.prefix
+    return state.policy.render(chat.messages, chat.plan.tools, prefix, history=history)
 
 
 # --- the reply -------------------------------------------------------------------------------
@@ -420,23 +65,9 @@ def _usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
     }
 
 
-def parse_forced(parser: ToolCallParser, text: str) -> ToolCall | None:
-    """The call a forced generation wrote, read by the policy's registered tool parser after the
-    opening it was prompted with (as the OpenAI routes read theirs), or None if it was cut short."""
-    calls = parser.parse(parser.forced_prefix() + text).tool_calls
-    return calls[0] if calls else None
-
-
 def reply_blocks(state: GatewayState, chat: ChatRequest, gen: Generation) -> list[dict[str, Any]]:
-    """The content blocks of a finished generation."""
-    text, calls = gen.text, []
-    if chat.forced:
-        call = parse_forced(state.policy.tool_parser, gen.text)
-        if call is not None:
-            text, calls = "", [call]
-    elif chat.parses_tools:
-        parsed = state.policy.tool_parser.parse(gen.text)
-        text, calls = parsed.content, parsed.tool_calls
+    """The content blocks of a finished generation, its calls read by the policy's parser."""
+    text, calls = split_output(chat.plan, state.policy.tool_parser, gen.text)
     blocks: list[dict[str, Any]] = []
     if text or not calls:
         blocks.append({"type": "text", "text": text})
@@ -471,7 +102,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     if not state.policy.serves(_model_field(body)):
         return await _elsewhere(request, state, body, "/messages")
-    chat = parse_request(body, state.policy.model_id)
+    chat = parse_request(body, state.policy.model_id, state.policy.tool_parser)
     options = sampling_options(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -483,7 +114,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     extra: dict[str, Any] = {}
     if "top_k" in options:
         extra["top_k"] = options["top_k"]
-    schema = forced_call_schema(chat.tools, chat.forced_name) if chat.forced else chat.json_schema
+    schema = chat.constraint
     if schema is not None:
         extra["json_schema"] = json.dumps(schema)
     sampling = state.policy.sampling(
@@ -523,7 +154,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     body = await read_json(request)
     if not state.policy.serves(_model_field(body)):
         return await _elsewhere(request, state, body, "/messages/count_tokens")
-    chat = parse_request(body, state.policy.model_id)
+    chat = parse_request(body, state.policy.model_id, state.policy.tool_parser)
     request[LOG_FIELDS].update(model=chat.model, route="local")
     Episode.of(request, state, body)  # for the log line
     return web.json_response({"input_tokens": len(render_prompt(state, chat))})
@@ -613,53 +244,6 @@ class EventStream:
         await self.stop()
 
 
-class ForcedCallStream:
-    """Streams a forced call's ``arguments`` as ``input_json_delta`` while it is generated.
-
-    The constrained output is ``{"name": "...", "arguments": {...}}`` with the name first (the
-    schema fixes the order); once the name is complete the tool_use block opens, and the text
-    after ``"arguments":`` goes out as it comes, holding back what may be the outer ``}``.
-    """
-
-    _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
-    _TAIL = re.compile(r"\s*\}?\s*$")
-
-    def __init__(self) -> None:
-        self.name: str | None = None
-        self.start = 0
-        self.sent = 0
-
-    def update(self, text: str, final: bool) -> tuple[str | None, str]:
-        """(the name, when it has just become known; the new part of the arguments)."""
-        opened = None
-        if self.name is None:
-            match = self._HEAD.match(text)
-            if match is None:
-                return None, ""
-            self.name = opened = json.loads(match.group(1))
-            self.start = self.sent = match.end()
-        body = text[self.start :]
-        if final:
-            stable = self.start + len(re.sub(r"\s*\}\s*$", "", body, count=1))
-        else:
-            tail = self._TAIL.search(body)
-            stable = self.start + (tail.start() if tail else len(body))
-        delta = text[self.sent : stable] if stable > self.sent else ""
-        self.sent = max(self.sent, stable)
-        return opened, delta
-
-
-def _held_back(text: str, stops: list[str]) -> int:
-    """How much of the end of ``text`` may still grow into a stop sequence (held until sure)."""
-    keep = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), keep, -1):
-            if text.endswith(stop[:n]):
-                keep = n
-                break
-    return keep
-
-
 async def _stream(
     request: web.Request,
     state: GatewayState,
@@ -741,34 +325,32 @@ async def _stream_blocks(
     gens: AsyncIterator[Generation],
     stops: list[str],
 ) -> Generation | None:
-    """Turn cumulative generations into content-block events; returns the last generation."""
-    deltas = TextDeltas()
-    forced = ForcedCallStream() if chat.forced else None
-    calls = state.policy.tool_parser.new_stream() if chat.parses_tools and not chat.forced else None
+    """Turn cumulative generations into content-block events; returns the last generation.
+
+    Text and tool calls come from the shared :class:`OutputStream`; a forced call is also read
+    while it is written (:class:`ForcedCallReader`), so its ``tool_use`` block opens as soon as
+    the name is known and its arguments stream as they are generated. A forced call cut short
+    before its name was complete comes out as the text it is.
+    """
+    output = OutputStream(chat.plan, state.policy.tool_parser, stops)
+    forced = ForcedCallReader() if chat.plan.forced else None
     last: Generation | None = None
     async for gen in gens:
         last = gen
-        final = gen.finished
         if forced is not None:
-            name, partial = forced.update(gen.text if final else gen.text.rstrip("\ufffd"), final)
+            name, partial = forced.update(gen.text, gen.finished)
             if name is not None:
                 await events.start(
                     {"type": "tool_use", "id": _tool_id(), "name": name, "input": {}}
                 )
             await events.tool_input(partial)
-            continue
-        text = gen.text if final else gen.text[: len(gen.text) - _held_back(gen.text, stops)]
-        delta = deltas.delta(text, final=final)
-        if calls is None:
-            await events.text(delta)
-            continue
-        for event in calls.feed(delta) + (calls.finish() if final else []):
-            if event.kind == "text":
-                await events.text(event.text)
-            elif event.call is not None:
+        for event in output.step(gen):
+            if forced is not None and forced.name is not None:
+                continue  # the forced call, already said as it was written
+            if event.kind == "tool_call" and event.call is not None:
                 await events.tool_call(event.call.name, event.call.arguments)
-    if forced is not None and forced.name is None and last is not None:
-        await events.text(last.text)  # cut short before the call's name was complete
+            else:
+                await events.text(event.text)
     await events.finish()
     return last
 

@@ -5,7 +5,10 @@ Every protocol module (Chat Completions, Responses, Anthropic Messages) turns it
 a plain string, assistant ``tool_calls`` with JSON-text arguments, tool ``tool_call_id`` — and
 *function tools* ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 Those are what :meth:`areal.gateway.policy.PolicyService.render` feeds the chat template, so the
-protocols differ only in parsing and answering, never in how a prompt becomes tokens.
+protocols differ only in parsing and answering, never in how a prompt becomes tokens. The way
+back is shared too: one grammar for a forced call (:func:`forced_call_schema`), one way to read
+calls out of the output, whole (:func:`split_output`) or streamed (:class:`OutputStream`), both
+through the policy's registered tool-call parser; the protocols only dress the result.
 
 Bad input raises :class:`GatewayError` (400) naming the offending field, e.g.
 ``messages[3].role``, so the client sees what to fix and the gateway never answers 500.
@@ -14,13 +17,14 @@ Bad input raises :class:`GatewayError` (400) naming the offending field, e.g.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from areal.core.tool_calls import ToolCallParser
+from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser
 from areal.gateway.errors import GatewayError
-from areal.gateway.policy import TextDeltas
+from areal.gateway.policy import Generation, TextDeltas
 
 POLICY_ROLES = ("system", "user", "assistant", "tool")
 # Roles other protocols' clients send that mean one of the above.
@@ -326,6 +330,61 @@ def plan_tools(
     )
 
 
+# --- reading calls out of the output --------------------------------------------------------
+
+
+def split_output(plan: ToolPlan, parser: ToolCallParser, text: str) -> tuple[str, list[ToolCall]]:
+    """A finished reply's content and tool calls; a forced call's output is read after its prefix
+    (which was in the prompt), and one that does not parse is the reply's text as written."""
+    if not plan.parse_calls:
+        return text, []
+    parsed = parser.parse(plan.prefix + text)
+    if not parsed.tool_calls:
+        return text, []
+    return parsed.content, parsed.tool_calls
+
+
+class ForcedCallReader:
+    """The call a forced generation is writing, read while it grows, for a protocol that streams
+    a call's arguments (Anthropic's ``input_json_delta``) rather than saying the call whole.
+
+    :func:`call_schema` makes the output ``{"name": "...", "arguments": {...}}`` with the name
+    first, so the name is known early; the text after ``"arguments":`` goes out as it comes,
+    holding back what may be the outer ``}``. The finished text is still the parser's to read
+    (:class:`OutputStream`); this only says early what the grammar already fixes.
+    """
+
+    _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+    _TAIL = re.compile(r"\s*\}?\s*$")
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.start = 0
+        self.sent = 0
+
+    def update(self, text: str, final: bool) -> tuple[str | None, str]:
+        """(the name, when it has just become known; the new part of the arguments), from the
+        cumulative ``text`` (a trailing partial character is held back until it completes)."""
+        if not final:
+            text = text.rstrip("\ufffd")
+        opened = None
+        if self.name is None:
+            match = self._HEAD.match(text)
+            if match is None:
+                return None, ""
+            self.name = opened = json.loads(match.group(1))
+            self.start = self.sent = match.end()
+        body = text[self.start :]
+        if final:
+            stable = self.start + len(re.sub(r"\s*\}\s*$", "", body, count=1))
+        else:
+            tail = self._TAIL.search(body)
+            stable = self.start + (tail.start() if tail else len(body))
+        delta = text[self.sent : stable] if stable > self.sent else ""
+        self.sent = max(self.sent, stable)
+        return opened, delta
+
+
 # --- streamed text --------------------------------------------------------------------------
 
 
@@ -369,3 +428,37 @@ class StreamText:
             text = text.rstrip("\ufffd")
             text = text[: len(text) - partial_stop(text, self.stops)]
         return self._deltas.delta(text, final)
+
+
+class OutputStream:
+    """Cumulative generations → the text and tool calls that can be said for sure, for every
+    protocol's stream.
+
+    Text passes the stop-string hold-back (:class:`StreamText`), then, when the plan reads tool
+    calls, the parser's stream, which holds back what may open a call and says each call once it
+    is complete. A forced call's prefix (in the prompt) is fed to the parser first, and taken off
+    again when the call does not parse and comes out as text, since the model wrote only the rest.
+    """
+
+    def __init__(self, plan: ToolPlan, parser: ToolCallParser, stops: Sequence[str] = ()) -> None:
+        self.text = StreamText(stops)
+        self.calls = parser.new_stream() if plan.parse_calls else None
+        if self.calls is not None and plan.prefix:
+            self.calls.feed(plan.prefix)  # the forced call was opened in the prompt
+        self.strip_prefix = plan.prefix
+
+    def step(self, gen: Generation) -> list[StreamEvent]:
+        """What ``gen`` (the generation so far; the last one is finished) adds."""
+        delta = self.text.delta(gen.text, final=gen.finished)
+        if self.calls is None:
+            return [StreamEvent("text", delta)] if delta else []
+        events = self.calls.feed(delta) if delta else []
+        if gen.finished:
+            events += self.calls.finish()
+        if self.strip_prefix:
+            for i, event in enumerate(events):
+                if event.kind == "text":
+                    events[i] = StreamEvent("text", event.text.removeprefix(self.strip_prefix))
+                    self.strip_prefix = ""
+                    break
+        return events

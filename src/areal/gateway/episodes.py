@@ -14,11 +14,12 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.gateway.callers import caller_of
 from areal.gateway.errors import GatewayError
+from areal.gateway.gateway_state import GatewayState
 from areal.gateway.policy import Generation
-from areal.gateway.request import BOUND_SESSION, LOG_FIELDS, caller_of
+from areal.gateway.request_log import BOUND_SESSION, LOG_FIELDS
 from areal.gateway.sessions import Session
-from areal.gateway.state import GatewayState
 
 HINT_MAX = 128
 

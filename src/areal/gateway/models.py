@@ -6,7 +6,7 @@ import time
 
 from aiohttp import web
 
-from areal.gateway.state import state_of
+from areal.gateway.gateway_state import state_of
 
 
 async def list_models(request: web.Request) -> web.Response:

@@ -29,21 +29,23 @@ from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
 from areal.gateway.chat_messages import (
-    StreamText,
+    OutputStream,
     ToolPlan,
     bad,
     normalize_messages,
     normalize_tools,
     openai_tool_choice,
     plan_tools,
+    split_output,
     stop_strings,
     type_name,
 )
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, openai_error_body
+from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
-from areal.gateway.request import LOG_FIELDS, read_json
-from areal.gateway.state import GatewayState, state_of
+from areal.gateway.request_body import read_json
+from areal.gateway.request_log import LOG_FIELDS
 
 MAX_CHOICES = 64
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object
@@ -221,16 +223,6 @@ def tool_call_json(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def split_output(plan: ToolPlan, parser: ToolCallParser, text: str) -> tuple[str, list[ToolCall]]:
-    """The reply's content and tool calls; a forced call's output is read after its prefix."""
-    if not plan.parse_calls:
-        return text, []
-    parsed = parser.parse(plan.prefix + text)
-    if not parsed.tool_calls:
-        return text, []
-    return parsed.content, parsed.tool_calls
-
-
 def finish_reason(gen: Generation, calls: bool) -> str:
     if calls:
         return "tool_calls"
@@ -330,22 +322,17 @@ def _dumps(value: Any) -> str:
 class ChoiceStream:
     """One choice of a streamed completion: cumulative generations in, chunk ``choices`` out.
 
-    Text passes through the stop-string hold-back, then (when tools are offered) the parser's
-    stream, which holds back what may open a tool call. Whitespace-only text is held until real
-    text follows, so a pure tool-call reply streams no stray newlines as content (as the
-    non-streamed reply strips them).
+    The text and tool calls come from the shared :class:`OutputStream` (stop strings held back,
+    calls parsed by the policy's parser). Whitespace-only text is held until real text follows, so
+    a pure tool-call reply streams no stray newlines as content (as the non-streamed reply strips
+    them).
     """
 
     def __init__(
         self, index: int, plan: ToolPlan, parser: ToolCallParser, stops: list[str], tokenizer: Any
     ) -> None:
         self.index = index
-        self.plan = plan
-        self.text = StreamText(stops)
-        self.calls = parser.new_stream() if plan.parse_calls else None
-        if self.calls is not None and plan.prefix:
-            self.calls.feed(plan.prefix)  # the forced call was opened in the prompt
-        self.strip_prefix = plan.prefix
+        self.output = OutputStream(plan, parser, stops)
         self.tokenizer = tokenizer  # set when log-probs were asked for
         self.logprobs_sent = 0
         self.held_space = ""
@@ -358,15 +345,7 @@ class ChoiceStream:
         return self.entry({"role": "assistant", "content": ""})
 
     def step(self, gen: Generation) -> list[dict[str, Any]]:
-        delta = self.text.delta(gen.text, final=gen.finished)
-        events: list[StreamEvent] = []
-        if self.calls is None:
-            events = [StreamEvent("text", delta)] if delta else []
-        else:
-            events = self.calls.feed(delta) if delta else []
-            if gen.finished:
-                events += self.calls.finish()
-        out = [e for e in (self._event(ev) for ev in events) if e is not None]
+        out = [e for e in (self._event(ev) for ev in self.output.step(gen)) if e is not None]
         if gen.finished:
             if self.held_space and not self.n_calls:
                 out.append(self.entry({"content": self.held_space}))
@@ -387,9 +366,6 @@ class ChoiceStream:
             self.n_calls += 1
             return self.entry({"tool_calls": [call]})
         text = event.text
-        if self.strip_prefix:  # a forced call that did not parse: the model wrote only the rest
-            text = text.removeprefix(self.strip_prefix)
-            self.strip_prefix = ""
         if not text.strip():
             self.held_space += text
             return None

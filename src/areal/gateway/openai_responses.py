@@ -25,6 +25,7 @@ from typing import Any, cast
 from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, ToolCallStream
+from areal.gateway.callers import caller_of
 from areal.gateway.chat_messages import (
     ROLE_ALIASES,
     ToolPlan,
@@ -40,9 +41,10 @@ from areal.gateway.chat_messages import (
 )
 from areal.gateway.episodes import Episode
 from areal.gateway.errors import GatewayError
+from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation, TextDeltas
-from areal.gateway.request import LOG_FIELDS, caller_of, read_json
-from areal.gateway.state import GatewayState, state_of
+from areal.gateway.request_body import read_json
+from areal.gateway.request_log import LOG_FIELDS
 
 ROUTE = "/responses"
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema value for "any JSON value" (text.format json_object)

@@ -27,7 +27,8 @@ import logging
 from aiohttp import web
 
 from areal.gateway.errors import GatewayError
-from areal.gateway.request import read_json
+from areal.gateway.request_body import read_json
+from areal.gateway.session_api import require_admin
 from areal.gateway.sessions import SessionManager
 
 log = logging.getLogger("areal.gateway.sessions")
@@ -37,11 +38,11 @@ REAP_EVERY_S = 5.0  # at most; a short idle timeout is checked more often
 
 def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: SessionManager) -> None:
     async def get_version(request: web.Request) -> web.Response:
-        sessions.require_admin(request)
+        require_admin(sessions, request)
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def set_version(request: web.Request) -> web.Response:
-        sessions.require_admin(request)
+        require_admin(sessions, request)
         body = await read_json(request)
         version, dropped = body.get("version"), body.get("dropped", 0)
         for name, value in (("version", version), ("dropped", dropped)):
@@ -59,7 +60,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         return web.json_response(sessions.budget.snapshot().to_json())
 
     async def discard(request: web.Request) -> web.Response:
-        sessions.require_admin(request)
+        require_admin(sessions, request)
         metadata = (await read_json(request)).get("metadata")
         if not isinstance(metadata, dict) or not metadata:
             raise GatewayError(

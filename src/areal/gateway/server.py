@@ -24,10 +24,10 @@ from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
 from areal.gateway.app import build_app
+from areal.gateway.gateway_state import GatewayState
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
-from areal.gateway.state import GatewayState
 from areal.gateway.training_flags import (
     DEFAULT_IDLE_TIMEOUT_S,
     TrainingFlags,

@@ -7,7 +7,8 @@ gateway rendered them; output ids, log-probs and versions as the engine generate
 then sets rewards and ends the session; ``end`` turns the completions into a
 :class:`~areal.core.types.Trajectory` and hands it to the trajectory sink.
 
-Routes, under ``/rl`` and ``/gateway/rl``:
+Routes, under ``/rl`` and ``/gateway/rl`` (served by :mod:`areal.gateway.session_api`; this module
+keeps the state and knows nothing of requests):
 
 - ``POST /rl/sessions`` (admin) ``{"metadata": {...}, "task_id": ..., "hint": ...,
   "api_key": optional fixed key, "wait_s": optional long poll}`` -> ``{"session_id", "api_key"}``;
@@ -42,11 +43,8 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
-
-from aiohttp import web
 
 from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
@@ -54,15 +52,12 @@ from areal.core.trajectory import build_trajectory
 from areal.core.types import Completion
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
-from areal.gateway.request import LOG_FIELDS, Caller, caller_of, read_json
 
 log = logging.getLogger("areal.gateway.sessions")
 
 ENDED_KEPT = 4096  # ended sessions whose status can still be asked for
 CALLS_KEPT = 256  # calls remembered per session (for probes; the access log has them all)
-KEY_MIN_CHARS = 16
 FALLBACK_POLL_S = 0.25  # a long poll's check for changes nobody announced
-WAIT_MAX_S = 60.0
 
 
 @dataclass
@@ -148,9 +143,6 @@ class SessionManager:
         if idle_timeout is not None and idle_timeout <= 0:
             raise ValueError(f"the session idle timeout must be > 0 (or None), got {idle_timeout}")
         self.admin_token = admin_token
-        self.reserved_keys: set[str] = (
-            {admin_token} if admin_token else set()
-        )  # GatewayState adds its key
         self.sink = sink
         self.discount = discount
         self.budget = budget or StalenessBudget()
@@ -210,15 +202,6 @@ class SessionManager:
             self.budget.set_version(max(generation.versions))
             self.capacity_changed()
         return completion.completion_id
-
-    def add_routes(self, app: web.Application, prefixes: tuple[str, ...]) -> None:
-        """``/rl/sessions`` and friends (admin token, or a session's own key for its session)."""
-        for prefix in prefixes:
-            app.router.add_post(f"{prefix}/sessions", self._create)
-            app.router.add_get(f"{prefix}/sessions", self._list)
-            app.router.add_get(f"{prefix}/sessions/{{session_id}}", self._status)
-            app.router.add_post(f"{prefix}/sessions/{{session_id}}/reward", self._reward)
-            app.router.add_post(f"{prefix}/sessions/{{session_id}}/end", self._end)
 
     async def close(self) -> None:
         """Drop the sessions still open (an unfinished episode is not trained on) and close the
@@ -381,6 +364,9 @@ class SessionManager:
     def get(self, session_id: str) -> Session | None:
         return self._by_id.get(session_id) or self._ended.get(session_id)
 
+    def open_sessions(self) -> list[Session]:
+        return list(self._by_id.values())
+
     async def expire_idle(self, now: float | None = None) -> list[str]:
         """End, as discarded, every open session idle for ``idle_timeout`` seconds or more, so
         the staleness budget gets their slots back (a rollout worker that crashed mid-episode
@@ -420,185 +406,3 @@ class SessionManager:
                 ended.append(session.session_id)
         self.discarded += len(ended)
         return ended
-
-    # --- HTTP -----------------------------------------------------------------------------------
-
-    def _enabled(self) -> None:
-        if self.admin_token is None:
-            raise GatewayError(
-                404,
-                "the session API is off: set AREAL_ADMIN_TOKEN in the gateway's environment and "
-                "restart it to enable /rl/sessions",
-                code="session_api_off",
-            )
-
-    def _authenticated(self, request: web.Request) -> Caller:
-        self._enabled()
-        caller = caller_of(request)
-        if caller.kind == "anonymous":
-            raise GatewayError(
-                401,
-                "missing or wrong key: send the admin token (AREAL_ADMIN_TOKEN), or for a "
-                "session's own routes its session key, as 'Authorization: Bearer <key>'",
-                code="invalid_api_key",
-            )
-        return caller
-
-    def require_admin(self, request: web.Request) -> None:
-        """A 404 while the session API is off, 401/403 unless the caller has the admin token."""
-        if self._authenticated(request).kind != "admin":
-            raise GatewayError(
-                403,
-                "this route needs the admin token (AREAL_ADMIN_TOKEN); gateway and session keys "
-                "are refused",
-                code="admin_required",
-            )
-
-    def session_for(self, request: web.Request) -> Session:
-        """The session in the path, if the caller is the admin or that session itself."""
-        caller = self._authenticated(request)
-        session_id = request.match_info["session_id"]
-        request[LOG_FIELDS]["session"] = session_id
-        if caller.kind == "session" and caller.session is not None:
-            if caller.session.session_id != session_id:
-                raise GatewayError(
-                    403, "a session key can only act on its own session", code="wrong_session"
-                )
-            return caller.session
-        if caller.kind != "admin":
-            raise GatewayError(
-                403,
-                "this route needs the admin token (AREAL_ADMIN_TOKEN) or the session's own key",
-                code="admin_required",
-            )
-        session = self.get(session_id)
-        if session is None:
-            raise GatewayError(
-                404, f"no session {session_id!r} on this gateway", code="session_not_found"
-            )
-        return session
-
-    async def _create(self, request: web.Request) -> web.Response:
-        self.require_admin(request)
-        body = await _optional_json(request)
-        metadata = body.get("metadata", {})
-        if metadata is None:
-            metadata = {}
-        if not isinstance(metadata, dict):
-            raise GatewayError(400, "metadata must be a JSON object", param="metadata")
-        hint = body.get("hint")
-        if hint is not None and (not isinstance(hint, str) or not hint):
-            raise GatewayError(400, "hint must be a non-empty string", param="hint")
-        task_id = body.get("task_id")
-        if task_id is not None and not isinstance(task_id, (str, int)):
-            raise GatewayError(400, "task_id must be a string or an integer", param="task_id")
-        api_key = _fixed_key(body.get("api_key"), self.reserved_keys)
-        wait_s = _wait_seconds(body.get("wait_s"))
-        session = await self.open_waiting(
-            wait_s, metadata=metadata, task_id=task_id, hint=hint, api_key=api_key
-        )
-        request[LOG_FIELDS]["session"] = session.session_id
-        return web.json_response({"session_id": session.session_id, "api_key": session.api_key})
-
-    async def _list(self, request: web.Request) -> web.Response:
-        self.require_admin(request)
-        return web.json_response(
-            {
-                "open": sorted(self._by_id),
-                # for the live monitor: in-flight episodes per rollout worker
-                "open_by_worker": _count_by_worker(self._by_id.values()),
-                "budget": self.budget.snapshot().to_json(),
-                "discount": self.discount,
-                "idle_timeout": self.idle_timeout,
-                "expired": self.expired,
-                "discarded": self.discarded,
-            }
-        )
-
-    async def _status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.session_for(request).status())
-
-    async def _reward(self, request: web.Request) -> web.Response:
-        session = self.session_for(request)
-        body = await read_json(request)
-        reward = _reward_value(body.get("reward"), required=True)
-        assert reward is not None
-        completion_id = body.get("completion_id")
-        if completion_id is not None and not isinstance(completion_id, str):
-            raise GatewayError(400, "completion_id must be a string", param="completion_id")
-        self.set_reward(session, reward, completion_id)
-        return web.json_response(
-            {"session_id": session.session_id, "completion_id": completion_id, "reward": reward}
-        )
-
-    async def _end(self, request: web.Request) -> web.Response:
-        session = self.session_for(request)
-        body = await _optional_json(request)
-        reward = _reward_value(body.get("reward"), required=False)
-        discard = body.get("discard", False)
-        if not isinstance(discard, bool):
-            raise GatewayError(400, "discard must be true or false", param="discard")
-        if reward is not None:
-            self.set_reward(session, reward)
-        return web.json_response(await self.end(session, discard=discard))
-
-
-def _wait_seconds(value: Any) -> float:
-    if value is None:
-        return 0.0
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not 0 <= value <= WAIT_MAX_S
-    ):
-        raise GatewayError(
-            400, f"wait_s must be a number of seconds in [0, {WAIT_MAX_S:g}]", param="wait_s"
-        )
-    return float(value)
-
-
-def _fixed_key(value: Any, reserved: set[str]) -> str | None:
-    """A driver-chosen session key: long enough, no whitespace, not the gateway's own keys."""
-    if value is None:
-        return None
-    if not isinstance(value, str) or len(value) < KEY_MIN_CHARS or any(c.isspace() for c in value):
-        raise GatewayError(
-            400,
-            f"api_key must be a string of at least {KEY_MIN_CHARS} characters without whitespace",
-            param="api_key",
-        )
-    if value in reserved:
-        raise GatewayError(
-            400,
-            "api_key must differ from the gateway key and the admin token (calls made with "
-            "those are never recorded into a session)",
-            param="api_key",
-        )
-    return value
-
-
-def _reward_value(value: Any, *, required: bool) -> float | None:
-    if value is None and not required:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise GatewayError(
-            400, f"reward must be a finite number, got {value!r}", param="reward", code="bad_reward"
-        )
-    return float(value)
-
-
-async def _optional_json(request: web.Request) -> dict[str, Any]:
-    """The body as a JSON object; an empty body is ``{}`` (these routes' fields are optional)."""
-    if not (await request.read()).strip():
-        return {}
-    return await read_json(request)
-
-
-def _count_by_worker(sessions: Iterable[Session]) -> dict[str, int]:
-    """Open sessions per ``metadata["worker"]`` (sessions without one are not counted)."""
-    counts: dict[str, int] = {}
-    for session in sessions:
-        worker = session.metadata.get("worker")
-        if worker is not None:
-            counts[str(worker)] = counts.get(str(worker), 0) + 1
-    return counts

@@ -21,7 +21,8 @@ from aiohttp import web
 from areal.core.trajectory import join_report
 from areal.core.types import Completion
 from areal.gateway.errors import GatewayError
-from areal.gateway.state import GatewayState, state_of
+from areal.gateway.gateway_state import GatewayState, state_of
+from areal.gateway.session_api import session_for
 
 SNIPPET_TOKENS = 12  # decoded tokens shown on each side of a split's break
 
@@ -33,7 +34,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
 
 async def trace(request: web.Request) -> web.Response:
     state = state_of(request)
-    session = state.sessions.session_for(request)
+    session = session_for(state.sessions, request)
     if not session.is_open:
         raise GatewayError(
             409,

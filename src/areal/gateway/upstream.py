@@ -26,7 +26,7 @@ from aiohttp import web
 
 from areal.gateway.access_log import redact
 from areal.gateway.errors import GatewayError, anthropic_error_body, is_anthropic, openai_error_body
-from areal.gateway.request import LOG_FIELDS
+from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute, ModelRouting
 
 log = logging.getLogger("areal.gateway.upstream")

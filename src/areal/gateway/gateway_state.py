@@ -1,19 +1,20 @@
-"""The gateway's state, shared by every route: the router config, the policy service, the
-sessions, the keys, the upstream channel and the access log. Front ends reach it with
-:func:`state_of`; :mod:`.app` puts it on the application."""
+"""The state one gateway serves from (config, policy, sessions, keys), reachable from a request."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from areal.gateway.access_log import AccessLog
+from areal.gateway.callers import caller_of
 from areal.gateway.policy import Generation, PolicyService
-from areal.gateway.request import CALLER
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
+
+if TYPE_CHECKING:
+    from areal.gateway.upstream import UpstreamChannel
 
 
 @dataclass
@@ -23,16 +24,12 @@ class GatewayState:
     sessions: SessionManager
     gateway_key: str = field(repr=False)
     admin_token: str | None = field(default=None, repr=False)
-    upstream: Any = None  # areal.gateway.upstream.UpstreamChannel when api_gateway is configured
+    upstream: UpstreamChannel | None = None  # when api_gateway is configured
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
-
-    def __post_init__(self) -> None:
-        # A driver-chosen session key must never be one of the gateway's own keys.
-        self.sessions.reserved_keys = {k for k in (self.gateway_key, self.admin_token) if k}
 
     async def record(self, request: web.Request, generation: Generation) -> str | None:
         """Record a finished policy completion into the caller's session, if it has one."""
-        caller = request[CALLER]
+        caller = caller_of(request)
         if caller.session is None:
             return None
         return await self.sessions.record(
