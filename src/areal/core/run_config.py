@@ -263,6 +263,11 @@ class SamplingConfig(_Section):
     temperature: float = Field(default=1.0, ge=0, description="Sampling temperature.")
     top_p: float = Field(default=1.0, gt=0, le=1, description="Nucleus sampling mass.")
     max_new_tokens: int = Field(default=512, ge=1, description="Tokens per model call at most.")
+    honor_client: bool = Field(
+        default=False,
+        description="Let an agent's own temperature/top_p/top_k/min_p apply (by default the "
+        "run's values replace them, logged, so a group's episodes are sampled alike).",
+    )
 
 
 class InferenceConfig(_Section):

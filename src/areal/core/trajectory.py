@@ -48,7 +48,15 @@ def _start(completion: Completion) -> Sample:
         loss_mask=[0] * n,
         logprobs=[PROMPT_LOGPROB] * n,
         versions=[PROMPT_VERSION] * n,
+        temperature=completion.temperature,
     )
+
+
+def joins(ids: Sequence[int], temperature: float, completion: Completion) -> bool:
+    """Does ``completion`` continue the sample so far (its tokens ``ids``, sampled at
+    ``temperature``)? Its prompt must extend them token for token, and it must have been sampled
+    at the same temperature: one sample is trained under one temperature."""
+    return completion.temperature == temperature and extends(ids, completion.prompt_ids)
 
 
 def _append(sample: Sample, completion: Completion) -> None:
@@ -74,7 +82,7 @@ def merge_completions(completions: Sequence[Completion]) -> list[Sample]:
     samples: list[Sample] = []
     for completion in sorted(completions, key=lambda c: c.turn):
         _check(completion)
-        if not samples or not extends(samples[-1].input_ids, completion.prompt_ids):
+        if not samples or not joins(samples[-1].input_ids, samples[-1].temperature, completion):
             samples.append(_start(completion))
         _append(samples[-1], completion)
     return samples
@@ -93,22 +101,26 @@ class TurnJoin:
 
 
 def join_report(completions: Sequence[Completion]) -> list[TurnJoin]:
-    """:func:`merge_completions`' decisions, turn by turn, with where each split's prefix broke."""
-    joins: list[TurnJoin] = []
+    """:func:`merge_completions`' decisions, turn by turn, with where each split's prefix broke
+    (a split at a temperature change breaks nowhere in the tokens: ``diverged_at`` is then
+    the length of the sample so far)."""
+    report: list[TurnJoin] = []
     current: list[int] = []
+    temperature = 1.0
     n_samples = 0
     for completion in sorted(completions, key=lambda c: c.turn):
         prompt = list(completion.prompt_ids)
-        if not joins:
+        if not report:
             how, at = "start", None
-        elif extends(current, prompt):
+        elif joins(current, temperature, completion):
             how, at = "merged", None
         else:
             how, at = "split", first_difference(current, prompt)
         n_samples += how != "merged"
         current = prompt + list(completion.output_ids)  # a merged sample's tokens, too
-        joins.append(TurnJoin(completion.turn, how, n_samples - 1, at))
-    return joins
+        temperature = completion.temperature
+        report.append(TurnJoin(completion.turn, how, n_samples - 1, at))
+    return report
 
 
 def first_difference(a: Sequence[int], b: Sequence[int]) -> int:

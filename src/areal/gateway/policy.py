@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
@@ -18,11 +19,13 @@ from typing import Any
 from areal.core.inference_client import GenerateOutput, InferenceClient, InferenceError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
-from areal.core.types import version_number
+from areal.core.types import sampling_record, version_number
 from areal.gateway.errors import GatewayError
 from areal.gateway.router_config import ModelRoute
 
 DEFAULT_ALIASES = ("default",)
+
+log = logging.getLogger("areal.gateway.policy")
 
 
 @dataclass
@@ -38,13 +41,20 @@ class Generation:
     matched_stop: Any = None
     engine: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
+    sampling: dict[str, Any] = field(default_factory=dict)  # types.sampling_record of the call
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
 
     @classmethod
-    def from_output(cls, out: GenerateOutput, prompt_ids: list[int], engine: str) -> Generation:
+    def from_output(
+        cls,
+        out: GenerateOutput,
+        prompt_ids: list[int],
+        engine: str,
+        sampling: dict[str, Any] | None = None,
+    ) -> Generation:
         versions = [version_number(v) for v in out.token_versions(default=out.weight_version)]
         reason = out.finish_reason
         return cls(
@@ -57,6 +67,7 @@ class Generation:
             matched_stop=reason.matched if reason else None,
             engine=engine,
             meta=out.meta_info,
+            sampling=sampling_record(sampling or {}),
         )
 
 
@@ -88,6 +99,7 @@ class PolicyService:
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
         self._round_robin = itertools.cycle(range(len(self.clients)))
+        self._noted: set[tuple[str, Any]] = set()  # client sampling values logged as overridden
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
             parser, key="model_routing.policy_model.tool_parser"
@@ -170,8 +182,13 @@ class PolicyService:
         """SGLang sampling params: the route's defaults, the client's values, and the caps.
 
         ``max_tokens`` is clamped (never refused) to the route's cap and to what the context has
-        left; a prompt that leaves no room at all is a 400.
+        left; a prompt that leaves no room at all is a 400. A route with
+        ``override_client_sampling`` (a training run's policy, by default) keeps its own
+        temperature and top-p and drops a client's top-k and min-p, so every episode of a GRPO
+        group is sampled alike; what it replaced is logged.
         """
+        if self.route.override_client_sampling:
+            temperature, top_p, extra = self._overridden(temperature, top_p, extra)
         limit = self.context_length or 0
         if limit and prompt_len >= limit:
             raise GatewayError(
@@ -199,6 +216,25 @@ class PolicyService:
         params.update(extra or {})
         return params
 
+    def _overridden(
+        self, temperature: float | None, top_p: float | None, extra: dict[str, Any] | None
+    ) -> tuple[None, None, dict[str, Any]]:
+        """The client's sampling values dropped (the route's apply), each distinct one logged."""
+        kept = dict(extra or {})
+        client = {"temperature": temperature, "top_p": top_p}
+        client.update({key: kept.pop(key) for key in ("top_k", "min_p") if key in kept})
+        route = {"temperature": self.route.temperature, "top_p": self.route.top_p}
+        for key, value in client.items():
+            if value is not None and value != route.get(key) and (key, value) not in self._noted:
+                self._noted.add((key, value))
+                log.info(
+                    "a client asked for %s=%s; the run's sampling applies (%s)",
+                    key,
+                    value,
+                    route.get(key, "off"),
+                )
+        return None, None, kept
+
     # --- generation -------------------------------------------------------------------------
 
     def pick(self, sticky: str | None) -> int:
@@ -213,7 +249,7 @@ class PolicyService:
         out = await self._call(
             i, self.clients[i].generate(input_ids=prompt_ids, sampling_params=sampling)
         )
-        return Generation.from_output(out, prompt_ids, self.engine_urls[i])
+        return Generation.from_output(out, prompt_ids, self.engine_urls[i], sampling)
 
     async def stream(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, sticky: str | None = None
@@ -224,7 +260,7 @@ class PolicyService:
             async for out in self.clients[i].generate_stream(
                 input_ids=prompt_ids, sampling_params=sampling
             ):
-                yield Generation.from_output(out, prompt_ids, self.engine_urls[i])
+                yield Generation.from_output(out, prompt_ids, self.engine_urls[i], sampling)
         except InferenceError as err:
             raise _engine_error(self.engine_urls[i], err) from None
 

@@ -81,6 +81,11 @@ class ModelRoute(BaseModel):
     temperature: float | None = Field(default=None, ge=0)
     top_p: float | None = Field(default=None, gt=0, le=1)
     max_tokens: int | None = Field(default=None, gt=0)
+    override_client_sampling: bool = Field(
+        default=False,
+        description="The route's temperature and top_p replace a client's, and a client's top_k "
+        "and min_p are dropped (a training run's policy: every episode sampled alike).",
+    )
     tool_parser: str | None = Field(
         default=None,
         description="The policy's tool-call parser (a registered tool parser; default hermes); "

@@ -196,6 +196,7 @@ class SessionManager:
             output_logprobs=list(generation.logprobs),
             output_versions=list(generation.versions),
             finish_reason=generation.finish_reason or "stop",
+            sampling=dict(generation.sampling),
         )
         session.completions.append(completion)
         if generation.versions:  # the engines' weights show how far the trainer has got

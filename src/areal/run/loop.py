@@ -305,6 +305,7 @@ class TrainerLoop:
                 "max_staleness": result["max_staleness"],
                 "grad_norm": stats["grad_norm"],
                 "clip_fraction": stats["clip_fraction"],
+                "behave_approx_kl": stats.get("behave_approx_kl", 0.0),
                 "groups": len(ids),
                 "train_seconds": train_s,
                 "sync_seconds": sync_s,

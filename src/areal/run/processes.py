@@ -78,7 +78,7 @@ def engine_child(
 
 def router_config(config: RunConfig, out: Path) -> Path:
     """The gateway's router config: the run's ``agent.gateway_config`` (or none) with the run's
-    sampling settings as the policy's defaults. ``${ENV}`` placeholders are written back
+    sampling settings for the policy (authoritative unless ``sampling.honor_client``). ``${ENV}`` placeholders are written back
     unsubstituted, so no key the user keeps in the environment lands in this file."""
     data: dict[str, Any] = {}
     if config.agent.gateway_config:
@@ -88,6 +88,7 @@ def router_config(config: RunConfig, out: Path) -> Path:
     policy["temperature"] = config.sampling.temperature
     policy["top_p"] = config.sampling.top_p
     policy["max_tokens"] = config.sampling.max_new_tokens
+    policy["override_client_sampling"] = not config.sampling.honor_client
     path = out / "router.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     path.chmod(0o600)  # it may hold a literal upstream key copied from the user's file

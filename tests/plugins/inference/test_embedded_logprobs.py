@@ -1,5 +1,7 @@
-"""Returned log-probs are those of the distribution sampled from: checked against a teacher-forced
-forward pass of the same weights (full sequence, no KV cache), within 1e-4 in fp32."""
+"""Returned log-probs are those of the temperature-scaled softmax over the whole vocabulary (what
+the trainer recomputes, and SGLang's default), while the tokens are drawn from the truncated
+distribution: checked against a teacher-forced forward pass of the same weights (full sequence, no
+KV cache), within 1e-4 in fp32."""
 
 from __future__ import annotations
 
@@ -13,11 +15,12 @@ PROMPT = [11, 402, 77, 1500, 9, 333, 2048, 12]
 
 def teacher_forced(
     model: Any, prompt: list[int], output: list[int], temperature: float, top_k: int, top_p: float
-) -> list[float]:
+) -> tuple[list[float], list[bool]]:
+    """Per output token: log softmax(logits / T) of it, and whether top-k/top-p kept it."""
     with torch.no_grad():
         logits = model(torch.tensor([prompt + output]))[0, len(prompt) - 1 : -1].float()
     logits = logits / temperature
-    result = []
+    logprobs, kept = [], []
     for row, token in zip(logits, output):
         keep = torch.ones_like(row, dtype=torch.bool)
         order = torch.argsort(row, descending=True)
@@ -30,8 +33,9 @@ def teacher_forced(
                 if mass >= top_p:  # tokens only reached after the nucleus is full are cut
                     keep[i] = False
                 mass += float(probs[i])
-        result.append(float(torch.log_softmax(row.masked_fill(~keep, float("-inf")), -1)[token]))
-    return result
+        logprobs.append(float(torch.log_softmax(row, -1)[token]))
+        kept.append(bool(keep[token]))
+    return logprobs, kept
 
 
 @pytest.mark.parametrize(
@@ -56,12 +60,35 @@ def test_logprobs_match_teacher_forcing(
     triples = out["meta_info"]["output_token_logprobs"]
     assert [t[1] for t in triples] == out["output_ids"]
     assert all(t[2] is None for t in triples)
-    expected = teacher_forced(
+    expected, kept = teacher_forced(
         reference_model, PROMPT, out["output_ids"], temperature, max(top_k, 0), top_p
     )
     torch.testing.assert_close(
         torch.tensor([t[0] for t in triples]), torch.tensor(expected), atol=1e-4, rtol=0
     )
+    assert all(kept), "a token outside top-k / top-p was drawn"
+
+
+def test_a_grammar_chooses_tokens_but_not_their_reported_logprob(
+    server: Any, reference_model: Any
+) -> None:
+    """Grammar-constrained tokens carry the unconstrained log-prob too: the trainer, which knows
+    nothing of the grammar, recomputes the same number."""
+    out = server.generate(
+        input_ids=PROMPT,
+        sampling_params={
+            "max_new_tokens": 12,
+            "temperature": 0.9,
+            "regex": "(yes|no)[0-9]{3}",
+            "sampling_seed": 3,
+        },
+        return_logprob=True,
+    )
+    ids = out["output_ids"]
+    expected, _ = teacher_forced(reference_model, PROMPT, ids, 0.9, 0, 1.0)
+    got = [t[0] for t in out["meta_info"]["output_token_logprobs"]]
+    assert out["text"][:2] in ("ye", "no")
+    torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), atol=1e-4, rtol=0)
 
 
 def test_greedy_reports_plain_log_softmax(server: Any, reference_model: Any) -> None:

@@ -42,7 +42,8 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 """
 
 
-def trajectory(i: int, producer: str = "p") -> Trajectory:
+def trajectory(i: int, producer: str = "p", with_turns: bool = False) -> Trajectory:
+    """A trajectory as the trainer receives it (no raw turns unless ``with_turns``)."""
     n = 3 + i % 4
     samples = [
         Sample(list(range(i, i + n)), [0] + [1] * (n - 1), [0.0] + [-0.25 * k for k in range(1, n)],
@@ -52,7 +53,8 @@ def trajectory(i: int, producer: str = "p") -> Trajectory:
     turn = Completion(f"{producer}{i}", f"{producer}-{i}", 0, "policy", [i], [i + 1], [-0.5],
                       [i], "stop", reward=1.0, created=float(i))  # fmt: skip
     meta = {"task": f"задача {i} ✓", "producer": producer}
-    return Trajectory(f"{producer}-{i}", samples, i / 8, 1, meta, created=100.0 + i, turns=[turn])
+    turns = [turn] if with_turns else []
+    return Trajectory(f"{producer}-{i}", samples, i / 8, 1, meta, created=100.0 + i, turns=turns)
 
 
 def start_producer_process(address: str, sent: list[Trajectory], tmp: Path) -> subprocess.Popen:
@@ -90,6 +92,23 @@ def test_a_producer_process_that_closes_right_after_its_last_put_loses_nothing(
     assert source.counters() == {
         "received": 40, "delivered": 40, "buffered": 0, "duplicates": 0, "rejected": 0
     }  # fmt: skip
+
+
+@pytest.mark.parametrize("send_turns", [False, True])
+def test_raw_turns_travel_only_when_asked(send_turns: bool) -> None:
+    """The trainer reads samples; the turns (a second copy of every token) stay behind."""
+    sent = trajectory(3, with_turns=True)
+    with ZmqTrajectorySource(LOOPBACK) as source:
+
+        async def produce() -> None:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5, send_turns=send_turns)
+            await asyncio.wait_for(sink.put(sent), 5)
+            await sink.close()
+
+        asyncio.run(produce())
+        (got,) = drain(source, 1)
+    assert got.turns == (sent.turns if send_turns else [])
+    assert got.samples == sent.samples and got.metadata == sent.metadata
 
 
 def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:

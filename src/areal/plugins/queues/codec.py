@@ -74,7 +74,13 @@ def encode(trajectory: Trajectory) -> list[bytes]:
     samples = []
     for i, sample in enumerate(trajectory.samples):
         add(sample, SAMPLE_ARRAYS, f"samples[{i}]")
-        samples.append({"reward": sample.reward, "completion_ids": sample.completion_ids})
+        samples.append(
+            {
+                "reward": sample.reward,
+                "completion_ids": sample.completion_ids,
+                "temperature": sample.temperature,
+            }
+        )
     turns = []
     for i, turn in enumerate(trajectory.turns):
         add(turn, TURN_ARRAYS, f"turns[{i}]")
@@ -87,6 +93,7 @@ def encode(trajectory: Trajectory) -> list[bytes]:
                 "finish_reason": turn.finish_reason,
                 "reward": turn.reward,
                 "created": turn.created,
+                "sampling": turn.sampling,
             }
         )
     header = {

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -73,11 +74,17 @@ class ZmqTrajectorySink:
     Use it from one event loop; the socket is created on the first ``put``. Counters for metrics:
     ``sent``, ``acked``, ``pending`` (sent or sending, not yet acknowledged), ``resent``,
     ``rejected``.
+
+    The trainer reads samples only, so a trajectory's raw turns (its completions as generated, a
+    second copy of every token) stay behind unless ``send_turns`` asks for them.
     """
 
-    def __init__(self, address: str, *, close_timeout: float = 30.0) -> None:
+    def __init__(
+        self, address: str, *, close_timeout: float = 30.0, send_turns: bool = False
+    ) -> None:
         self.address = address
         self.close_timeout = close_timeout
+        self.send_turns = send_turns
         self.sent = 0
         self.acked = 0
         self.resent = 0
@@ -141,6 +148,8 @@ class ZmqTrajectorySink:
         """Send ``trajectory`` and wait for its acknowledgement (back-pressure: may wait long)."""
         if self._closed:
             raise QueueError(f"the trajectory sink to {self.address} is closed")
+        if not self.send_turns and trajectory.turns:
+            trajectory = dataclasses.replace(trajectory, turns=[])
         frames = codec.encode(trajectory)  # a CodecError reaches the caller before any send
         self._connect()
         seq = self._next_seq
@@ -390,7 +399,7 @@ class ZmqTrajectorySource:
         sock.send_multipart([producer, ACK, seq_bytes])
 
 
-_SINK_OPTIONS = {"address", "close_timeout"}
+_SINK_OPTIONS = {"address", "close_timeout", "send_turns"}
 
 
 def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
@@ -404,4 +413,8 @@ def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
     unknown = sorted(set(options) - _SINK_OPTIONS)
     if unknown:
         raise ValueError(f"the zmq trajectory sink has no option(s) {', '.join(unknown)}")
-    return ZmqTrajectorySink(address, close_timeout=float(options.get("close_timeout", 30.0)))
+    return ZmqTrajectorySink(
+        address,
+        close_timeout=float(options.get("close_timeout", 30.0)),
+        send_turns=bool(options.get("send_turns", False)),
+    )

@@ -8,8 +8,8 @@ sample.
 
 Alignment: the model's output at position ``t`` predicts the token at ``t + 1``, so every per-token
 tensor of a :class:`PackedBatch` is indexed by the *predicting* position: ``target_ids[t]`` is the
-next token of the same sample, and ``loss_mask[t]``, ``behavior_logprobs[t]`` and ``versions[t]``
-are those of that next token. The last position of each sample predicts nothing (mask 0, target 0,
+next token of the same sample, and ``loss_mask[t]``, ``behavior_logprobs[t]``, ``versions[t]`` and
+``temperatures[t]`` are those of that next token. The last position of each sample predicts nothing (mask 0, target 0,
 version -1).
 """
 
@@ -37,6 +37,7 @@ class PackedBatch:
     behavior_logprobs: Tensor  # [N] float32: the engine's log-prob of the next token
     versions: Tensor  # [N] int64: the policy version that generated the next token (-1: none)
     sample_index: Tensor  # [N] int64: index of the token's sample in the list given to pack()
+    temperatures: Tensor  # [N] float32: the temperature the next token was sampled at (1: none)
 
     @property
     def n_tokens(self) -> int:
@@ -86,6 +87,7 @@ def pack_one(samples: list[Sample], sample_indices: list[int] | None = None) -> 
     mask: list[int] = []
     behav: list[float] = []
     versions: list[int] = []
+    temperatures: list[float] = []
     owner: list[int] = []
     cu = [0]
     for index, s in zip(indices, samples, strict=True):
@@ -97,6 +99,7 @@ def pack_one(samples: list[Sample], sample_indices: list[int] | None = None) -> 
         mask.extend([*s.loss_mask[1:], 0])
         behav.extend([*s.logprobs[1:], 0.0])
         versions.extend([*s.versions[1:], -1])
+        temperatures.extend([s.temperature] * n)
         owner.extend([index] * n)
         cu.append(cu[-1] + n)
     return PackedBatch(
@@ -108,4 +111,5 @@ def pack_one(samples: list[Sample], sample_indices: list[int] | None = None) -> 
         behavior_logprobs=torch.tensor(behav, dtype=torch.float32),
         versions=torch.tensor(versions, dtype=torch.long),
         sample_index=torch.tensor(owner, dtype=torch.long),
+        temperatures=torch.tensor(temperatures, dtype=torch.float32),
     )

@@ -47,6 +47,7 @@ __all__ = [
     "SingleProcess",
     "StepLayout",
     "aligned_loss_mask",
+    "behave_log_ratio_sum",
     "logprobs_from_hidden",
     "reference_kl",
     "token_logprobs",
@@ -153,21 +154,36 @@ def token_logprobs(
     if attention is None:
         attention = PackedCausalAttention(batch.cu_seqlens)
     hidden = model.hidden_states(batch.input_ids, batch.positions, attention)[0]  # [N, H]
-    return logprobs_from_hidden(model.lm_head, hidden, batch.target_ids, batch.loss_mask)
+    return logprobs_from_hidden(
+        model.lm_head, hidden, batch.target_ids, batch.loss_mask, batch.temperatures
+    )
 
 
 def logprobs_from_hidden(
-    lm_head: torch.nn.Module, hidden: Tensor, target_ids: Tensor, loss_mask: Tensor
+    lm_head: torch.nn.Module,
+    hidden: Tensor,
+    target_ids: Tensor,
+    loss_mask: Tensor,
+    temperatures: Tensor | None = None,
 ) -> Tensor:
     """The LM head and ``log_softmax`` of :func:`token_logprobs` on final hidden states ``[N, H]``
-    (a pipeline's last stage has these without the rest of the model)."""
+    (a pipeline's last stage has these without the rest of the model).
+
+    ``temperatures`` ``[N]``: each position's logits are divided by the temperature its target was
+    sampled at, as the engine did, so the policy trained is the policy that sampled (the engine
+    reports the log-probs of that temperature's softmax over the whole vocabulary; top-p, top-k,
+    min-p and grammars only chose which token was drawn, docs/training.md).
+    """
     index = loss_mask.nonzero().squeeze(-1)
     logits = lm_head(hidden[index]).float()  # [M, V], M = trained positions
+    scale = None if temperatures is None else temperatures[index].float()
     if hasattr(logits, "device_mesh"):  # a DTensor: vocab-sharded logits (loss-parallel, TP)
         from areal.plugins.trainer.parallel.loss_parallel import vocab_parallel_logprobs
 
-        picked = vocab_parallel_logprobs(logits, target_ids[index])
+        picked = vocab_parallel_logprobs(logits, target_ids[index], scale)
     else:
+        if scale is not None:
+            logits = logits / scale[:, None]
         picked = torch.log_softmax(logits, dim=-1).gather(-1, target_ids[index, None])
         picked = picked.squeeze(-1)
     out = torch.zeros(hidden.shape[0], dtype=torch.float32, device=hidden.device)
@@ -221,7 +237,8 @@ def train_step(
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
     ``n_minibatches``, and the loss statistics (``clip_fraction``, ``ratio_mean``, ...) averaged
-    over valid tokens; ``loss`` too is per valid token over the whole step. ``layout`` spreads the
+    over valid tokens; ``loss`` too is per valid token over the whole step, and so is
+    ``behave_approx_kl`` (:func:`behave_log_ratio_sum`). ``layout`` spreads the
     step over ranks (default :class:`SingleProcess`); every rank passes the same ``samples``.
     """
     if not samples:
@@ -276,7 +293,7 @@ def train_step(
             prox = [layout.logprobs(model, packs) for packs in minibatches]
 
     # 3. One optimizer step per minibatch.
-    totals: dict[str, float] = dict.fromkeys(("loss", *_TOKEN_STATS), 0.0)
+    totals: dict[str, float] = dict.fromkeys(("loss", "behave_approx_kl", *_TOKEN_STATS), 0.0)
 
     def pack_loss(m: int, records: dict[int, dict[str, float]], j: int, logp: Tensor) -> Tensor:
         """Pack j of minibatch m: its decoupled PPO loss, weighted to the minibatch's token mean
@@ -304,7 +321,10 @@ def train_step(
             behavior_weight_cap=behavior_weight_cap,
         )
         pack_valid = int(stats["n_valid_tokens"])
-        records[j] = {"loss": float(loss.detach()) * pack_valid}
+        records[j] = {
+            "loss": float(loss.detach()) * pack_valid,
+            "behave_approx_kl": behave_log_ratio_sum(prox_p, p.behavior_logprobs, p.loss_mask),
+        }
         records[j].update({name: stats[name] * pack_valid for name in _TOKEN_STATS})
         return loss * (pack_valid / mb_valid_tokens[m])
 
@@ -339,6 +359,15 @@ def train_step(
     result["n_minibatches"] = float(len(grad_norms))
     result["kl_ref"] = float(kl_ref.sum()) / denom  # per trained token
     return result
+
+
+def behave_log_ratio_sum(proximal: Tensor, behavior: Tensor, loss_mask: Tensor) -> float:
+    """Σ over trained tokens of log π_prox − log π_behav: the step's ``behave_approx_kl`` (AReaL's
+    name) once divided by the tokens. On a run's first step π_prox is the policy that sampled, so
+    it is ≈ 0 unless the trainer and the engine disagree on the distribution (temperature,
+    truncation, numerics); later it measures how far off-policy the step's tokens are."""
+    diff = torch.where(loss_mask, proximal.detach() - behavior, 0.0)
+    return float(diff.sum())
 
 
 def reference_kl(

@@ -33,7 +33,12 @@ from areal.plugins.inference.embedded.grammar import (
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.inference.embedded.paged_attention import build_step
 from areal.plugins.inference.embedded.requests import Emit, RequestError, SequenceRequest
-from areal.plugins.inference.embedded.sampling import SamplingTensors, final_logprobs, sample
+from areal.plugins.inference.embedded.sampling import (
+    SamplingTensors,
+    final_logprobs,
+    reported_logprobs,
+    sample,
+)
 from areal.plugins.inference.embedded.sequence import Sequence
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
@@ -341,12 +346,6 @@ class Engine:
         return triples[seq.req.logprob_start_len :]
 
     def _advance(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
-        matchers = [s.matcher for s in seqs]
-        if self._masker is not None and any(m is not None for m in matchers):
-            self._apply_grammars(seqs, logits)
-        for b, seq in enumerate(seqs):
-            if len(seq.output_ids) < seq.req.params.min_new_tokens and seq.stop_ids:
-                logits[b, list(seq.stop_ids)] = float("-inf")
         params = [s.req.params for s in seqs]
         tensors = SamplingTensors.build(
             [p.temperature for p in params],
@@ -354,8 +353,28 @@ class Engine:
             [p.top_k for p in params],
             [p.min_p for p in params],
         )
+        matchers = [s.matcher for s in seqs]
+        grammars = self._masker is not None and any(m is not None for m in matchers)
+        held = [
+            b
+            for b, seq in enumerate(seqs)
+            if len(seq.output_ids) < seq.req.params.min_new_tokens and seq.stop_ids
+        ]
+        # Reported: the temperature-scaled softmax over the whole vocabulary, taken before any
+        # mask or truncation changes the logits (sampling.py says why).
+        reported = (
+            reported_logprobs(logits, tensors)
+            if grammars or held or tensors.truncates(logits.shape[-1])
+            else None
+        )
+        if grammars:
+            self._apply_grammars(seqs, logits)
+        for b in held:
+            logits[b, list(seqs[b].stop_ids)] = float("-inf")
         logp = final_logprobs(logits, tensors)
         tokens = sample(logp, tensors.top_k == 1, [s.generator for s in seqs])
+        if reported is not None:
+            logp = reported
         chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
         for b, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
             seq.full_ids.append(token)

@@ -1,9 +1,15 @@
-"""Batched sampling whose returned log-probs are those of the distribution actually sampled from.
+"""Batched sampling, and the log-probs reported with each sampled token.
 
 Temperature scales the logits; top-k, top-p and min-p remove tokens and renormalise; grammar masks
-(applied before this) remove tokens too. The log-prob of the chosen token under that final
-distribution is what the trainer's behaviour policy needs. Greedy rows (temperature 0) report the
-model's plain log-softmax, since a point mass carries no information.
+(applied before this) remove tokens too. Tokens are drawn from that final distribution.
+
+The log-prob reported for a drawn token is that of the temperature-scaled softmax over the *whole*
+vocabulary (:func:`reported_logprobs`), as SGLang reports it by default: the policy a trainer can
+recompute from the weights and the temperature alone. Truncation and grammars decide which token
+is drawn, not the probability the policy gave it, so a fresh sample's behaviour log-prob equals
+the trainer's recomputed one (docs/training.md, "The trained policy is the sampling policy").
+Greedy rows (temperature 0) report the plain log-softmax, since a point mass carries no
+information.
 """
 
 from __future__ import annotations
@@ -36,6 +42,16 @@ class SamplingTensors:
             ),
             min_p=torch.tensor([0.0 if g else m for g, m in zip(greedy, min_p)]),
         )
+
+    def truncates(self, vocab_size: int) -> bool:
+        """Does any row lose tokens to top-k, top-p or min-p?"""
+        k = bool(((self.top_k > 1) & (self.top_k < vocab_size)).any())
+        return k or bool((self.top_p < 1.0).any()) or bool((self.min_p > 0).any())
+
+
+def reported_logprobs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Log-probs [B, V] of the temperature-scaled softmax, nothing removed (module docstring)."""
+    return torch.log_softmax(logits / params.temperature[:, None], dim=-1)
 
 
 def final_logprobs(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

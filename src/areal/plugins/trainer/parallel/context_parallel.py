@@ -40,6 +40,7 @@ def shard_sequence(batch: PackedBatch, rank: int, size: int) -> PackedBatch:
         behavior_logprobs=batch.behavior_logprobs[a:b],
         versions=batch.versions[a:b],
         sample_index=batch.sample_index[a:b],
+        temperatures=batch.temperatures[a:b],
     )
 
 

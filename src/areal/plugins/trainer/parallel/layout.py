@@ -71,6 +71,7 @@ def append_padding(batch: PackedBatch | None, count: int) -> PackedBatch:
         behavior_logprobs=torch.zeros(count),
         versions=torch.full((count,), -1, dtype=torch.long),
         sample_index=long,
+        temperatures=torch.ones(count),
     )
     if batch is None:
         return extra
@@ -83,6 +84,7 @@ def append_padding(batch: PackedBatch | None, count: int) -> PackedBatch:
         behavior_logprobs=torch.cat([batch.behavior_logprobs, extra.behavior_logprobs]),
         versions=torch.cat([batch.versions, extra.versions]),
         sample_index=torch.cat([batch.sample_index, extra.sample_index]),
+        temperatures=torch.cat([batch.temperatures, extra.temperatures]),
     )
 
 

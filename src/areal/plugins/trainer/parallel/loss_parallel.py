@@ -35,11 +35,16 @@ class _SumForwardIdentityBackward(torch.autograd.Function):
         return grad, None
 
 
-def vocab_parallel_logprobs(logits: DTensor, targets: Tensor) -> Tensor:
-    """``[M]`` float32 log-probs of ``targets`` under ``logits`` ``[M, V]`` sharded on V."""
+def vocab_parallel_logprobs(
+    logits: DTensor, targets: Tensor, temperatures: Tensor | None = None
+) -> Tensor:
+    """``[M]`` float32 log-probs of ``targets`` under ``logits`` ``[M, V]`` sharded on V, each
+    row divided by its sampling temperature (``[M]``) first."""
     mesh = logits.device_mesh
     group, rank = mesh.get_group(), mesh.get_local_rank()
     local = logits.to_local().float()  # [M, V / tp]; its gradient flows back to the shard
+    if temperatures is not None:
+        local = local / temperatures[:, None]
     width = local.shape[-1]
     start = rank * width
     # The max only keeps exp() in range: it cancels out, no gradient needed through it.

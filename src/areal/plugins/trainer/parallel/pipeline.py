@@ -15,7 +15,8 @@ round-robin (rank r holds stages r, r + pp, ...). The V-shaped ZBV schedule is l
 cannot run it forward-only, which the proximal log-probs need.
 
 One microbatch is one pack; its positions, sample boundaries (``segments``), target ids and loss
-mask travel with the hidden states from stage to stage. :class:`PipelineLayout` is the step's
+mask (as each trained position's sampling temperature, 0 where nothing is trained) travel with
+the hidden states from stage to stage. :class:`PipelineLayout` is the step's
 layout under ``pp > 1``: the last stage's forward ends with the LM head and returns the trained
 tokens' log-probs, and the RL loss runs on them there; the schedule's ``target`` carries only each
 microbatch's index, and the loss function reads that pack's RL inputs from the step (loss kwargs
@@ -188,11 +189,12 @@ class PipelineStageModule(nn.Module):
         cp = 1 if self.cp_group is None else dist.get_world_size(self.cp_group)
         long = torch.long
         # positions, segments (the whole pack's: attention needs every sample boundary), targets,
-        # loss mask
-        ints = tuple(torch.zeros(1, n, dtype=long) for n in (length, length * cp, length, length))
+        # then the loss mask as each trained position's sampling temperature (0: not trained)
+        ints = tuple(torch.zeros(1, n, dtype=long) for n in (length, length * cp, length))
+        rest = (*ints, torch.zeros(1, length))
         first = torch.zeros(1, length, dtype=long) if self.spec.is_first else hidden
         last = (torch.empty(1, length, requires_grad=True),)
-        return (first, *ints), last if self.spec.is_last else (hidden, *ints)
+        return (first, *rest), last if self.spec.is_last else (hidden, *rest)
 
     def forward(
         self, x: Tensor, positions: Tensor, segments: Tensor, targets: Tensor, mask: Tensor
@@ -213,7 +215,10 @@ class PipelineStageModule(nn.Module):
         hidden = self.norm(x)
         if isinstance(hidden, DTensor):  # sequence-parallel TP: gather the tokens
             hidden = hidden.full_tensor()
-        logprobs = logprobs_from_hidden(self.lm_head, hidden[0], targets[0], mask[0] > 0)
+        # ``mask`` carries each trained position's sampling temperature (0: not trained).
+        trained = mask[0] > 0
+        temperatures = torch.where(trained, mask[0], 1.0)
+        logprobs = logprobs_from_hidden(self.lm_head, hidden[0], targets[0], trained, temperatures)
         return logprobs[None]
 
 
@@ -309,7 +314,7 @@ class PipelineLayout(MeshLayout):
         positions = torch.cat([p.positions for p in packs])
         segments = torch.stack([_segments(p) for p in packs])
         targets = torch.stack([p.target_ids for p in packs])
-        mask = torch.stack([p.loss_mask.long() for p in packs])
+        mask = torch.stack([torch.where(p.loss_mask, p.temperatures, 0.0) for p in packs])
         return ids, positions, segments, targets, mask
 
     def _schedule(
