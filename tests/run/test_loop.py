@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import socket
 import time
 from collections.abc import Iterator
@@ -63,11 +64,12 @@ async def group_trajectories(client: InferenceClient, tag: str) -> list[Trajecto
                 input_ids=prompt,
                 sampling_params={"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True},
             )
+            reward = 1.0 if a == 0 else 0.0
             trajectories.append(
                 Trajectory(
                     session_id=f"{tag}-{t}-{a}",
-                    samples=[to_sample(prompt, out)],
-                    reward=1.0 if a == 0 else 0.0,
+                    samples=[dataclasses.replace(to_sample(prompt, out), reward=reward)],
+                    reward=reward,
                     completions=1,
                     metadata={"group": f"{tag}-{t}"},
                 )
@@ -200,8 +202,9 @@ def token_sample(tokens: list[int], version: int) -> Sample:
 def test_sync_mode_trains_current_version_batches_grouped_by_task(
     model_dir: str, tmp_path: Path
 ) -> None:
-    """Sync mode: ``global_batch_size`` samples of the current version per step. A task's
-    trajectories share a group; a trajectory without one is its own; an old sample is dropped."""
+    """Sync mode: ``global_batch_size`` episodes of the current version per step, however many
+    samples each has. A task's trajectories share a group; a trajectory without one is its own;
+    an old sample is dropped."""
     model = load_model(model_dir)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sync = DiskWeightSync([], tmp_path)  # no engines: the checkpoint is still written
@@ -210,6 +213,7 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         Trajectory("t2", [token_sample([32, 33], 0)], 0.0, 1, metadata={"task_id": "x"}),
         Trajectory("t3", [token_sample([34], 0)], 1.0, 1),  # version 0, arrives at version 1
         Trajectory("t4", [token_sample([35], 1), token_sample([36, 37], 1)], 0.5, 2),
+        Trajectory("t5", [token_sample([38], 1)], 0.0, 1),
     ]
 
     async def scenario() -> tuple[TrainerLoop, list[dict[str, float]]]:
@@ -233,20 +237,23 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
     assert loop.staleness_threshold == 0
     assert [(h["version"], h["updated"], h["groups"]) for h in history] == [
         (1.0, 2.0, 1.0),
-        (2.0, 2.0, 1.0),
+        (2.0, 3.0, 2.0),  # two episodes, three samples
     ]
     assert [h["max_staleness"] for h in history] == [0.0, 0.0]
     assert loop.counters() == {
         "version": 2,
         "steps": 2,
-        "trajectories": 4,
-        "received": 5,
-        "trained": 4,
+        "trajectories": 5,
+        "received": 6,
+        "trained": 5,
         "dropped": 1,
         "dropped_stale": 1,
         "dropped_empty": 0,
         "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone
+        "discarded": 0,
+        "groups_split": 0,
         "buffered": 0,
+        "buffered_trajectories": 0,
     }
     assert (tmp_path / "v2" / "model.safetensors").is_file()
 

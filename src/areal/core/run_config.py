@@ -84,7 +84,8 @@ class ParallelismConfig(_Section):
 
 
 class TrainConfig(_Section):
-    """The trainer. Batch sizes count samples (one per episode, or per unmerged turn)."""
+    """The trainer. ``global_batch_size`` counts episodes (trajectories, as the staleness budget
+    does); ``mini_batch_size`` counts samples (one per episode, or per unmerged turn)."""
 
     engine: str = Field(default="fsdp", description=_registered("Training engine", "engines"))
     device: Literal["auto", "cuda", "cpu"] = Field(
@@ -93,7 +94,7 @@ class TrainConfig(_Section):
     )
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     global_batch_size: int = Field(
-        default=64, ge=1, description="Samples per step in sync mode; the unit of a full batch."
+        default=64, ge=1, description="Episodes per step in sync mode; the unit of a full batch."
     )
     mini_batch_size: int = Field(
         default=16, ge=1, description="Samples per optimizer update; divides global_batch_size."
@@ -125,7 +126,15 @@ class AsyncConfig(_Section):
         default=1024, ge=1, description="Trajectories the queue holds before producers wait."
     )
     trigger_batch_size: int = Field(
-        default=16, ge=1, description="Ready samples that trigger an async train step."
+        default=16,
+        ge=1,
+        description="Episodes (trajectories, in whole groups) that trigger an async train step.",
+    )
+    group_wait_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="How long incomplete groups may hold back a step that enough episodes are "
+        "buffered for; then they train as they are (counted in groups_split).",
     )
 
     @model_validator(mode="after")

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import secrets
@@ -49,7 +50,7 @@ from typing import Any
 from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
 from areal.core.trajectory import build_trajectory
-from areal.core.types import Completion
+from areal.core.types import Completion, Trajectory
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
 
@@ -342,6 +343,8 @@ class SessionManager:
             ) from None
         self.budget.finish(accepted=send)
         self.capacity_changed()
+        if not send:
+            await self._send_tombstone(session, trajectory)
         session.summary = {
             "completions": trajectory.completions,
             "samples": len(trajectory.samples),
@@ -351,6 +354,25 @@ class SessionManager:
         }
         session.completions = []  # the trajectory has them now; keep the status small
         return {"session_id": session.session_id, **session.summary}
+
+    async def _send_tombstone(self, session: Session, trajectory: Trajectory) -> None:
+        """Tell the trainer that a member of a sized group will not come (an empty trajectory
+        marked ``discarded``), so the group it waits for is complete without it. Best effort:
+        the trainer still releases a group that waited too long."""
+        size = session.metadata.get("group_size")
+        if self.sink is None or not isinstance(size, int) or size < 2:
+            return
+        tombstone = dataclasses.replace(
+            trajectory,
+            samples=[],
+            turns=[],
+            reward=None,
+            metadata={**trajectory.metadata, "discarded": True},
+        )
+        try:
+            await self.sink.put(tombstone)
+        except Exception:
+            log.exception("the tombstone of discarded session %s was not sent", session.session_id)
 
     def _retire(self, session: Session) -> None:
         session.ended_at = time.time()

@@ -142,9 +142,10 @@ class RolloutWorker:
 
         Tasks are read lazily, so an endless stream works: at most ``concurrency`` episodes are in
         flight. A task's ``task_id`` (else ``id``, else its position) and a group id go into each
-        session's metadata, hence into its trajectory. The group id is ``task-{task_index}`` for
-        tasks of a run's indexed stream (stable across restarts and resumes), else unique to this
-        call.
+        session's metadata, hence into its trajectory, with ``group_size`` (the trainer trains
+        a group whole once every member has arrived or is known lost). The group id is
+        ``task-{task_index}`` for tasks of a run's indexed stream (stable across restarts and
+        resumes), else unique to this call.
         """
         if n_samples_per_task < 1:
             raise ValueError(f"n_samples_per_task must be >= 1, got {n_samples_per_task}")
@@ -176,7 +177,9 @@ class RolloutWorker:
                         if fatal:
                             slots.release()
                             raise fatal[0]
-                        ep = self._episode(admin, stats, task, task_id, group, sample)
+                        ep = self._episode(
+                            admin, stats, task, task_id, group, sample, n_samples_per_task
+                        )
                         job = asyncio.create_task(ep)
                         pending.add(job)
                         job.add_done_callback(done)
@@ -202,8 +205,15 @@ class RolloutWorker:
         task_id: Any,
         group: str,
         sample: int,
+        group_size: int = 1,
     ) -> None:
-        metadata = {**self.metadata, "task_id": task_id, "group": group, "sample": sample}
+        metadata = {
+            **self.metadata,
+            "task_id": task_id,
+            "group": group,
+            "group_size": group_size,
+            "sample": sample,
+        }
         if "task_index" in task:
             metadata["task_index"] = task["task_index"]
         opened = await self._open(

@@ -233,6 +233,7 @@ class _Run:
             metrics=metrics,
             start_version=self.version,
             kl_penalty=bool(config.algorithm.kl_coef),
+            group_wait_s=config.async_.group_wait_s,
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
@@ -421,7 +422,10 @@ class _Run:
         return MetricsHub({n: make_metric_sink(n, {"log_dir": str(self.log_dir)}) for n in names})
 
     def observe(self, trajectory: Trajectory) -> None:
-        """Every trajectory the trainer takes: data position, and ``[rollout]`` events."""
+        """Every trajectory the trainer takes: data position, and ``[rollout]`` events (one per
+        ``trigger_batch_size`` episodes; a discarded episode's tombstone is not one)."""
+        if trajectory.metadata.get("discarded") and not trajectory.samples:
+            return
         index = trajectory.metadata.get("task_index")
         if isinstance(index, int):
             self.seen_tasks.add(index)
@@ -435,7 +439,7 @@ class _Run:
         self._window_tokens += tokens
         self._arrivals.add(trajectory, self.version)
         samples = self._window_samples
-        if samples >= self.config.async_.trigger_batch_size:
+        if len(self._rollout_window) >= self.config.async_.trigger_batch_size:
             self.rollout_step += 1
             window, self._rollout_window = self._rollout_window, []
             tokens, self._window_samples, self._window_tokens = self._window_tokens, 0, 0
