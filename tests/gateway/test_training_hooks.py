@@ -118,7 +118,8 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
     assert trajectory is not None, proc.log_tail()
     assert trajectory.session_id == session["session_id"] and trajectory.reward == 1.0
     assert trajectory.metadata["task_id"] == 7
-    assert [t.completion_id for t in trajectory.turns] == [first["id"], second["id"]]
+    assert trajectory.turns == []  # the trainer reads samples only: raw turns stay behind
+    assert [s.completion_ids for s in trajectory.samples] == [[first["id"]], [second["id"]]]
     # Two samples; the episode reward reaches the earlier one discounted by --discount 0.5.
     assert [s.reward for s in trajectory.samples] == [0.5, 1.0]
     # capacity = min((1 + 4 + 1) * 2 - 1 accepted, 3 - 0 running) = 3
