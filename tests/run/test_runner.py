@@ -49,12 +49,21 @@ def trained(out: Path) -> list[dict[str, Any]]:
 def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     # The sync run also carries the KL-to-reference penalty (a frozen copy of the start).
     algorithm = {} if enabled else {"kl_coef": 0.01}
-    # The async run updates the engine in place (the sync one retracts, the default).
+    # The async run updates the engine in place (the sync one retracts, the default), and
+    # samples at temperature 0.7 with top-p 0.9.
     inference = {"pause_mode": "in_place"} if enabled else {}
+    sampling = {"temperature": 0.7, "top_p": 0.9} if enabled else {}
     config = make_config(
-        tmp_path, algorithm=algorithm, inference=inference, **{"async": {"enabled": enabled}}
+        tmp_path,
+        algorithm=algorithm,
+        inference=inference,
+        sampling=sampling,
+        **{"async": {"enabled": enabled}},
     )
     summary = train(config, tmp_path / "out")
+    # Before any update the trainer's policy is the one that sampled: log π_prox = log π_behav
+    # on every trained token, whatever the temperature and truncation.
+    assert abs(summary.history[0]["behave_approx_kl"]) < 1e-3
 
     assert summary.steps == 3 and summary.version == 3
     assert summary.stopped_by == "max_steps" and not summary.restarts
