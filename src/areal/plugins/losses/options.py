@@ -19,6 +19,7 @@ __all__ = [
     "OPTIONS_KEY",
     "TYPED_OPTIONS",
     "call_options",
+    "ignored_typed",
     "option_defaults",
 ]
 
@@ -58,9 +59,10 @@ def call_options(
 
     ``options`` (``algorithm.loss_options``) are checked against the signature; ``typed`` (the
     :data:`TYPED_OPTIONS` fields' values) are added where ``fn`` names them and the value is not
-    ``None``, under ``options``. ``explicit`` names the typed fields the user set: one the loss
-    does not take, or also given in ``options``, is an error. Raises ``ValueError`` listing every
-    problem as ``key: why; fix``.
+    ``None``, under ``options``. ``explicit`` names the typed fields the user set: one also given
+    in ``options`` is an error (one the loss does not take is left out: :func:`ignored_typed`
+    says which, so a config written for PPO still runs with ``--set algorithm.loss=sapo``).
+    Raises ``ValueError`` listing every problem as ``key: why; fix``.
     """
     options = dict(options or {})
     known = option_defaults(fn)
@@ -75,13 +77,7 @@ def call_options(
             problems.append(f"{OPTIONS_KEY}.{name}: {_unknown(name, loss, known)}")
     merged: dict[str, Any] = {}
     for name, value in (typed or {}).items():
-        takes = known is None or name in known
-        if name in explicit and not takes:
-            problems.append(
-                f"algorithm.{name}: loss {loss!r} has no option {name!r}; remove it "
-                f"({_listing(known)})"
-            )
-        elif name in explicit and name in options:
+        if name in explicit and name in options:
             problems.append(
                 f"algorithm.{name}: also set as {OPTIONS_KEY}.{name}; keep one of the two"
             )
@@ -91,6 +87,19 @@ def call_options(
         raise ValueError("\n".join(problems))
     merged.update(options)
     return merged
+
+
+def ignored_typed(fn: Callable[..., Any], *, loss: str, explicit: Collection[str]) -> list[str]:
+    """A line for each typed ``algorithm`` field the user set that loss ``fn`` does not take."""
+    known = option_defaults(fn)
+    if known is None:
+        return []
+    return [
+        f"algorithm.{name}: loss {loss!r} has no option {name!r}, so it is ignored "
+        f"({_listing(known)})"
+        for name in TYPED_OPTIONS
+        if name in explicit and name not in known
+    ]
 
 
 def _missing_inputs(fn: Callable[..., Any], loss: str) -> list[str]:
