@@ -45,7 +45,7 @@ def test_typed_fields_reach_only_the_losses_that_name_them() -> None:
         "algorithm.eps_clip: loss 'sapo' has no option 'eps_clip', so it is ignored (its "
         "options: " + ", ".join(option_defaults(sapo) or {}) + ")"
     ]
-    with pytest.raises(ValueError, match="algorithm.eps_clip: also set as"):
+    with pytest.raises(ValueError, match=r"algorithm\.eps_clip: also set as"):
         call_options(
             dppo, loss="decoupled_ppo", typed=TYPED, explicit={"eps_clip"}, options={"eps_clip": 1}
         )
@@ -55,7 +55,7 @@ def test_a_loss_without_the_inputs_is_named() -> None:
     def bad(*, logprobs: torch.Tensor, scale: float = 1.0) -> None:
         del logprobs, scale
 
-    with pytest.raises(ValueError, match="algorithm.loss: loss 'bad' does not take the input"):
+    with pytest.raises(ValueError, match=r"algorithm\.loss: loss 'bad' does not take the input"):
         call_options(bad, loss="bad")
 
 
@@ -67,7 +67,7 @@ def test_the_probe_checks_values_and_learns_the_statistics() -> None:
         "cap_masked_fraction",
         "gate_mean",
     ]
-    with pytest.raises(ValueError, match="algorithm.loss_options: loss 'sapo' refused"):
+    with pytest.raises(ValueError, match=r"algorithm\.loss_options: loss 'sapo' refused"):
         probe_loss(sapo_loss, {"tau_neg": -1.0}, loss="sapo")
 
     def no_count(**_: Any) -> tuple[torch.Tensor, dict[str, float]]:
