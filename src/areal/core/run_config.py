@@ -239,6 +239,11 @@ class AlgorithmConfig(_Section):
         description="Advantage estimator: a loss registered as "
         f"{ADVANTAGE_PREFIX}NAME, given as NAME (`areal plug info PLUGIN` lists them).",
     )
+    advantage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The estimator's own options (grpo: normalize_std, eps); gae's gamma and "
+        "lam come from discount and gae_lambda.",
+    )
     advantage_norm: Literal["none", "batch"] = Field(
         default="none",
         description="batch: advantages normalised to mean 0, std 1 over the step's valid tokens.",

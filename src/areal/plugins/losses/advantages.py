@@ -17,8 +17,6 @@ The ``*_token_advantages`` functions at the end share one keyword signature and 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -227,10 +225,16 @@ def _check_same(advantages: Tensor, loss_mask: Tensor) -> None:
 
 
 def grpo_token_advantages(
-    *, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor, **options: Any
+    *,
+    rewards: Tensor,
+    group_ids: Tensor,
+    loss_mask: Tensor,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
 ) -> Tensor:
     """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``) on every token."""
-    return broadcast_to_tokens(grpo_advantages(rewards, group_ids, **options), loss_mask)
+    adv = grpo_advantages(rewards, group_ids, eps=eps, normalize_std=normalize_std)
+    return broadcast_to_tokens(adv, loss_mask)
 
 
 def rloo_token_advantages(*, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:

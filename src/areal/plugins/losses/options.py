@@ -19,6 +19,7 @@ __all__ = [
     "OPTIONS_KEY",
     "TYPED_OPTIONS",
     "call_options",
+    "check_advantage_options",
     "ignored_typed",
     "option_defaults",
 ]
@@ -32,6 +33,8 @@ LOSS_INPUTS = (
     "loss_mask",
     "cu_seqlens",
 )
+# The inputs every advantage estimator gets (``advantage/<name>``).
+ADVANTAGE_INPUTS = ("rewards", "group_ids", "loss_mask")
 # The run-config key of a loss's own options.
 OPTIONS_KEY = "algorithm.loss_options"
 # ``algorithm`` fields that are options of the PPO-family losses (kept from before loss_options).
@@ -87,6 +90,25 @@ def call_options(
         raise ValueError("\n".join(problems))
     merged.update(options)
     return merged
+
+
+def check_advantage_options(
+    fn: Callable[..., Any], options: Mapping[str, Any], *, advantage: str
+) -> None:
+    """``algorithm.advantage_options`` against the estimator's signature (inputs ``rewards``,
+    ``group_ids``, ``loss_mask``); ``ValueError`` naming each unknown key."""
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return
+    known = {p.name: p.default for p in params if p.name not in ADVANTAGE_INPUTS}
+    problems = [
+        f"algorithm.advantage_options.{name}: "
+        + _unknown(name, advantage, known).replace("loss ", "advantage ", 1)
+        for name in options
+        if name not in known
+    ]
+    if problems:
+        raise ValueError("\n".join(problems))
 
 
 def ignored_typed(fn: Callable[..., Any], *, loss: str, explicit: Collection[str]) -> list[str]:

@@ -58,9 +58,10 @@ def step_options(setup: EngineSetup) -> dict[str, Any]:
         "mini_batch_size": train.mini_batch_size,
         "max_grad_norm": train.max_grad_norm,
         "advantage": algo.advantage,
-        "advantage_options": (
-            {"gamma": algo.discount, "lam": algo.gae_lambda} if algo.advantage == "gae" else None
-        ),
+        "advantage_options": {
+            **({"gamma": algo.discount, "lam": algo.gae_lambda} if algo.advantage == "gae" else {}),
+            **algo.advantage_options,
+        },
         "advantage_norm": algo.advantage_norm,
         "loss": algo.loss,
         "loss_options": dict(algo.loss_options),
@@ -73,29 +74,33 @@ def step_options(setup: EngineSetup) -> dict[str, Any]:
 
 
 def check_loss(setup: EngineSetup) -> None:
-    """``algorithm.loss`` with its options, checked before anything slow: option names against
-    the loss's signature (a typed ``algorithm`` field the loss does not take is logged as
-    ignored), values by one call on four tokens; sequence-level options need whole sequences on a rank (no context parallelism).
-    Raises :class:`EngineError` with one ``key: why; fix`` per problem."""
+    """``algorithm.loss`` with its options, and the estimator's ``algorithm.advantage_options``,
+    checked before anything slow: names against the signatures (a typed ``algorithm`` field the
+    loss does not take is logged as ignored), values by one call on four tokens; sequence-level
+    options need whole sequences on a rank (no context parallelism). Raises
+    :class:`EngineError` with one ``key: why; fix`` per problem."""
     from areal.core.plugins import registry
     from areal.plugins.losses.options import (
         OPTIONS_KEY,
         TYPED_OPTIONS,
         call_options,
+        check_advantage_options,
         ignored_typed,
     )
     from areal.plugins.losses.probe import probe_loss
 
     algo = setup.algorithm
     try:
-        entry = registry("losses").get(algo.loss, key="algorithm.loss")
-        fn = entry.load() if callable(getattr(entry, "load", None)) else entry
+        losses = registry("losses")
+        fn = _loaded(losses.get(algo.loss, key="algorithm.loss"))
         typed = {name: getattr(algo, name) for name in TYPED_OPTIONS}
         explicit = set(TYPED_OPTIONS) & algo.model_fields_set
         options = call_options(
             fn, loss=algo.loss, options=algo.loss_options, typed=typed, explicit=explicit
         )
         probe_loss(fn, options, loss=algo.loss)
+        estimator = _loaded(losses.get(f"advantage/{algo.advantage}", key="algorithm.advantage"))
+        check_advantage_options(estimator, algo.advantage_options, advantage=algo.advantage)
         for line in ignored_typed(fn, loss=algo.loss, explicit=explicit):
             log.warning("%s", line)
     except ValueError as err:
@@ -107,6 +112,12 @@ def check_loss(setup: EngineSetup) -> None:
             f"train.parallelism.cp {setup.train.parallelism.cp} splits them; use token level or "
             "cp: 1"
         )
+
+
+def _loaded(entry: Any) -> Any:
+    """A registry entry's function (the built-ins register lazy stand-ins with ``load``)."""
+    load = getattr(entry, "load", None)
+    return load() if callable(load) else entry
 
 
 @dataclass
