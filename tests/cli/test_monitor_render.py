@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 
-from areal.cli.monitor.render import render, sparkline
+from areal.cli.monitor.render import header, render, sparkline
 from areal.cli.monitor.source import read_records
 from areal.cli.monitor.state import MonitorState
 from areal.core import hookspecs
@@ -100,6 +100,14 @@ def test_plugin_panels_render_below_and_a_broken_one_is_one_line() -> None:
     errors = [line for line in text.splitlines() if "failed" in line]
     assert [e.strip("│ ") for e in errors] == ["panel 'broken' failed: KeyError: 'no such event'"]
     assert text.index("errors and drops") < text.index("steps-left") < text.index("broken")
+
+
+def test_the_header_names_the_loss_when_the_run_event_has_one() -> None:
+    state = MonitorState()
+    state.feed({"event": "run", "step": 0, "time": 100.0, "max_steps": 10})
+    assert "loss" not in header(state).plain  # a run recorded before the event named it
+    state.feed({"event": "run", "step": 0, "time": 101.0, "max_steps": 10, "loss": "sapo"})
+    assert "  loss sapo  " in header(state).plain
 
 
 def test_rates_eta_and_series_come_from_event_times() -> None:

@@ -238,22 +238,38 @@ class AlgorithmConfig(_Section):
     """The loss and the advantage estimator (docs/training.md, "Losses and advantages")."""
 
     loss: str = Field(default="decoupled_ppo", description=_registered("Loss", "losses"))
+    loss_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The loss's own options by name (docs/training.md lists each built-in's); "
+        "checked against the loss's signature when the trainer starts.",
+    )
     advantage: str = Field(
         default="grpo",
         description="Advantage estimator: a loss registered as "
         f"{ADVANTAGE_PREFIX}NAME, given as NAME (`areal plug info PLUGIN` lists them).",
     )
+    advantage_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The estimator's own options (grpo: normalize_std, eps); gae's gamma and "
+        "lam come from discount and gae_lambda.",
+    )
+    advantage_norm: Literal["none", "batch"] = Field(
+        default="none",
+        description="batch: advantages normalised to mean 0, std 1 over the step's valid tokens.",
+    )
     group_size: int = Field(
         default=8, ge=1, description="Samples per task; GRPO/RLOO compare within a group."
     )
     eps_clip: float = Field(
-        default=0.2, gt=0, description="PPO clip: ratio kept in [1-eps, 1+eps_high]."
+        default=0.2, gt=0, description="PPO clip: ratio kept in [1-eps, 1+eps_high] (PPO losses)."
     )
     eps_clip_high: float | None = Field(
         default=None, gt=0, description="Upper clip (clip-higher); default: eps_clip."
     )
     behavior_weight_cap: float | None = Field(
-        default=None, ge=1, description="Cap of π_prox/π_behav; tokens above it are masked out."
+        default=None,
+        ge=1,
+        description="Cap of π_prox/π_behav; tokens above it are masked out (decoupled losses).",
     )
     prox_logp: Literal["recompute", "loglinear"] = Field(
         default="recompute",

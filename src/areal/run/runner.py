@@ -460,9 +460,11 @@ class _Run:
             )
 
     def run_values(self) -> dict[str, MetricValue]:
-        """The ``run`` event: the limits the monitor draws its bars and warnings against."""
+        """The ``run`` event: the limits the monitor draws its bars and warnings against, and
+        the loss being trained (``algorithm.loss``), so runs that compare losses say which."""
         config = self.config
         return {
+            "loss": config.algorithm.loss,
             "max_steps": config.train.max_steps,
             "staleness_threshold": config.async_.staleness_threshold,
             "queue_max_size": config.async_.queue_max_size,

@@ -16,6 +16,7 @@ from areal.plugins.losses.advantages import (
     gae_no_critic_advantages,
     grpo_advantages,
     kl_penalized_rewards,
+    normalize_batch_advantages,
     rloo_advantages,
     sequence_rewards_to_tokens,
 )
@@ -170,3 +171,20 @@ def test_registering_the_losses_does_not_import_torch() -> None:
         "assert 'torch' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_batch_normalisation_over_all_valid_tokens() -> None:
+    """Valid advantages 1, 3, 5 (two samples): mean 3, population std √(8/3); masked → 0."""
+    adv = torch.tensor([[1.0, 3.0, 9.0], [5.0, 9.0, 9.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    out = normalize_batch_advantages(adv, mask, eps=0.0)
+    z = 2 / math.sqrt(8 / 3)
+    torch.testing.assert_close(out, torch.tensor([[-z, 0.0, 0.0], [z, 0.0, 0.0]]))
+    valid = out[mask.bool()]
+    assert valid.mean().item() == pytest.approx(0.0, abs=1e-6)
+    assert valid.std(correction=0).item() == pytest.approx(1.0, abs=1e-6)
+    # Packed [N] works the same; an all-masked batch stays 0.
+    torch.testing.assert_close(
+        normalize_batch_advantages(adv.reshape(-1), mask.reshape(-1), eps=0.0), out.reshape(-1)
+    )
+    assert not normalize_batch_advantages(adv, torch.zeros_like(mask)).any()

@@ -74,6 +74,9 @@ def test_other_events_and_value_formats() -> None:
     assert format_value("x", 0.0) == "0.0"
     assert format_value("loss", float("nan")) == "nan"
     assert format_value("name", "") == '""'
+    # The run event's loss is a name, not a number: written as is.
+    run = format_line("run", 0, {"loss": "sapo", "max_steps": 2}, t)
+    assert run == "[run] step=0 loss=sapo max_steps=2 ts=09:05:07.009"
     assert format_ts(at(23, 59, 59, 999) + 0.0004) == "23:59:59.999"
 
 

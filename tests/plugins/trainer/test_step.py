@@ -4,15 +4,19 @@ direction, and its proximal/behaviour bookkeeping is exact on on-policy data."""
 from __future__ import annotations
 
 import copy
+import itertools
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
+from areal.core.hookspecs import hookimpl
 from areal.core.plugins import make_plugin_manager, registry
 from areal.core.registry import Registry, RegistryError
 from areal.core.types import Sample
+from areal.plugins.losses.ppo import decoupled_ppo_loss
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
@@ -163,3 +167,162 @@ def test_bad_arguments_are_named(model_dir: Path, losses: Registry[Any]) -> None
         train_step(model, optimizer, samples, prox_logp="exact", losses=losses, **args)
     with pytest.raises(ValueError, match="group ids"):
         train_step(model, optimizer, samples, **{**args, "group_ids": [0]}, losses=losses)
+
+
+@pytest.mark.parametrize("loss", ["decoupled_ppo", "ppo", "sapo", "cispo"])
+def test_every_registered_loss_trains_in_the_right_direction(
+    model_dir: Path, losses: Registry[Any], loss: str
+) -> None:
+    """Each built-in, called through the registry by name with the one signature, makes the
+    rewarded answers more likely; the common statistics are always there."""
+    model = load_model(model_dir)
+    samples = toy_samples(model)
+    before = answer_logprobs(model, samples)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for version in range(4):
+        stats = train_step(
+            model,
+            optimizer,
+            samples,
+            mini_batch_size=2,
+            group_ids=GROUP_IDS,
+            current_version=version,
+            max_grad_norm=1.0,
+            loss=loss,
+            losses=losses,
+        )
+    after = answer_logprobs(model, samples)
+    assert {"clip_fraction", "ratio_mean", "approx_kl", "behavior_weight_mean"} <= set(stats)
+    assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
+    for i, reward in enumerate(REWARDS):
+        assert (after[i] > before[i]) == bool(reward), (loss, i, before, after)
+
+
+def recording_losses(calls: list[dict[str, Any]]) -> Registry[Any]:
+    """The built-in losses plus ``recorder``: decoupled PPO that records what it was called with."""
+
+    class Recorder:
+        @hookimpl
+        def areal_register_losses(self, register: Any) -> None:
+            def recorder(*, cu_seqlens: torch.Tensor, scale: float = 1.0, **kw: Any) -> Any:
+                calls.append({"cu_seqlens": cu_seqlens.tolist(), "scale": scale, **kw})
+                loss, stats = decoupled_ppo_loss(**kw)
+                return loss * scale, {**stats, "extra_stat": 2.0}
+
+            register("recorder", recorder)
+
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(Recorder(), name="recorder")
+    return registry("losses", pm)
+
+
+def test_the_named_loss_gets_its_options_cu_seqlens_and_its_stats_are_averaged(
+    model_dir: Path,
+) -> None:
+    calls: list[dict[str, Any]] = []
+    model = load_model(model_dir)
+    samples = toy_samples(model)
+    stats = train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        samples,
+        mini_batch_size=4,
+        group_ids=GROUP_IDS,
+        current_version=0,
+        loss="recorder",
+        loss_options={"scale": 0.5},
+        losses=recording_losses(calls),
+    )
+    lengths = [len(s.input_ids) for s in samples]
+    (call,) = [c for c in calls if len(c["cu_seqlens"]) > 3]  # the step's pack (not the probe)
+    assert call["cu_seqlens"] == [0, *itertools.accumulate(lengths)]
+    assert call["scale"] == 0.5 and "eps_clip" not in call  # **options: no typed fields
+    assert stats["extra_stat"] == pytest.approx(2.0)  # any statistic the loss reports
+    assert stats["clip_fraction"] == 0.0
+
+
+def test_batch_advantage_normalisation_reaches_the_loss(model_dir: Path) -> None:
+    calls: list[dict[str, Any]] = []
+    model = load_model(model_dir)
+    samples = toy_samples(model)
+    for s in samples:
+        s.reward *= 10.0  # GRPO would undo a scale; the batch norm must see raw tokens
+    common: dict[str, Any] = {"mini_batch_size": 4, "group_ids": GROUP_IDS, "current_version": 0}
+    train_step(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.0),
+        samples,
+        advantage="rloo",
+        advantage_norm="batch",
+        loss="recorder",
+        losses=recording_losses(calls),
+        **common,
+    )
+    call = calls[-1]
+    adv = call["advantages"][call["loss_mask"]]
+    assert adv.mean().item() == pytest.approx(0.0, abs=1e-5)
+    assert adv.std(correction=0).item() == pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_bad_loss_option_names_the_key_and_the_fix(
+    model_dir: Path, losses: Registry[Any]
+) -> None:
+    model = load_model(model_dir)
+    args: dict[str, Any] = {"mini_batch_size": 2, "group_ids": GROUP_IDS, "current_version": 0}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"algorithm.loss_options.tau_nge: .*did you mean tau_neg"):
+        train_step(
+            model,
+            optimizer,
+            toy_samples(model),
+            loss="sapo",
+            loss_options={"tau_nge": 1.0},
+            losses=losses,
+            **args,
+        )
+    with pytest.raises(ValueError, match="c_clip"):
+        train_step(
+            model,
+            optimizer,
+            toy_samples(model),
+            loss_options={"c_clip": 0.5},
+            losses=losses,
+            **args,
+        )
+    with pytest.raises(RegistryError, match="config key loss"):
+        train_step(model, optimizer, toy_samples(model), loss="nope", losses=losses, **args)
+
+
+def docs_loss_plugin() -> types.ModuleType:
+    """The example loss plugin of docs/plugins.md, as a module."""
+    text = (Path(__file__).parents[3] / "docs" / "plugins.md").read_text()
+    section = text[text.index("#### `areal_register_losses(register)`") :]
+    code = section[section.index("```python\n") + len("```python\n") :]
+    module = types.ModuleType("docs_fancy_loss")
+    exec(compile(code[: code.index("```")], "docs/plugins.md", "exec"), module.__dict__)
+    return module
+
+
+def test_the_docs_example_loss_plugin_trains(model_dir: Path) -> None:
+    pm = make_plugin_manager(load_entry_points=False)
+    pm.register(docs_loss_plugin(), name="fancy-loss")
+    losses = registry("losses", pm)
+    model = load_model(model_dir)
+    samples = toy_samples(model)
+    before = answer_logprobs(model, samples)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for version in range(4):
+        stats = train_step(
+            model,
+            optimizer,
+            samples,
+            mini_batch_size=2,
+            group_ids=GROUP_IDS,
+            current_version=version,
+            loss="clipped-ratio",
+            loss_options={"eps": 0.3},
+            losses=losses,
+        )
+    after = answer_logprobs(model, samples)
+    assert stats["ratio_mean"] > 0 and stats["clip_fraction"] == 0.0  # not reported: 0
+    assert after[0] > before[0] and after[1] < before[1]

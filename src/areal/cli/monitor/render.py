@@ -84,6 +84,8 @@ def header(state: MonitorState) -> Text:
     eta = state.eta()
     text.append(f"  elapsed {duration(state.elapsed())}")
     text.append(f"  ETA {duration(eta) if eta is not None else '?'}")
+    if run.get("loss"):  # runs recorded before the run event named its loss have none
+        text.append(f"  loss {run['loss']}")
     text.append("  ")
     text.append(*status(state))
     return text

@@ -17,8 +17,6 @@ The ``*_token_advantages`` functions at the end share one keyword signature and 
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
@@ -30,6 +28,7 @@ __all__ = [
     "grpo_advantages",
     "grpo_token_advantages",
     "kl_penalized_rewards",
+    "normalize_batch_advantages",
     "rloo_advantages",
     "rloo_token_advantages",
     "sequence_rewards_to_tokens",
@@ -193,14 +192,49 @@ def gae_no_critic_advantages(
     return gae_advantages(rewards_per_token, values, loss_mask, gamma, lam)
 
 
+# --- batch level -------------------------------------------------------------------------------
+
+
+def normalize_batch_advantages(advantages: Tensor, loss_mask: Tensor, eps: float = 1e-5) -> Tensor:
+    """``algorithm.advantage_norm: batch`` (AReaL's ``adv_norm``): ``(A − mean) / (std + eps)``
+    with the mean and the population std over *all valid tokens of the batch*, whatever sample
+    they belong to; 0 at masked positions. Any shape; an empty batch is returned as zeros.
+
+    Long answers weigh by their tokens, as in the loss. After GRPO this rescales the step's
+    gradient to a fixed size, whatever the reward scale.
+    """
+    _check_same(advantages, loss_mask)
+    mask = loss_mask.bool()
+    a = torch.where(mask, _floating(advantages), 0.0).to(torch.float64)
+    n = mask.sum().clamp(min=1).to(torch.float64)
+    mean = a.sum() / n
+    var = torch.where(mask, (a - mean) ** 2, 0.0).sum() / n
+    out = torch.where(mask, (a - mean) / (var.sqrt() + eps), 0.0)
+    return out.to(_floating(advantages).dtype)
+
+
+def _check_same(advantages: Tensor, loss_mask: Tensor) -> None:
+    if advantages.shape != loss_mask.shape:
+        raise ValueError(
+            f"advantages {tuple(advantages.shape)} and loss_mask {tuple(loss_mask.shape)} must "
+            "share one shape"
+        )
+
+
 # --- the registered estimators: one keyword signature, [N] rewards -> [N, T] advantages ---------
 
 
 def grpo_token_advantages(
-    *, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor, **options: Any
+    *,
+    rewards: Tensor,
+    group_ids: Tensor,
+    loss_mask: Tensor,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
 ) -> Tensor:
     """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``) on every token."""
-    return broadcast_to_tokens(grpo_advantages(rewards, group_ids, **options), loss_mask)
+    adv = grpo_advantages(rewards, group_ids, eps=eps, normalize_std=normalize_std)
+    return broadcast_to_tokens(adv, loss_mask)
 
 
 def rloo_token_advantages(*, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:

@@ -3,7 +3,10 @@
 The registry holds :class:`LazyFunction` stand-ins that import their module (and torch) on the
 first call, so loading plugins, listing them or validating a config never imports torch. Names:
 
-- ``decoupled_ppo``: :func:`areal.plugins.losses.ppo.decoupled_ppo_loss`;
+- the losses, one keyword signature ``(*, logprobs, proximal_logprobs, behavior_logprobs,
+  advantages, loss_mask, cu_seqlens, **options) -> (loss, stats)`` (docs/training.md):
+  ``decoupled_ppo`` (:func:`.ppo.decoupled_ppo_loss`, the default), ``ppo`` (:func:`.ppo.ppo_loss`),
+  ``sapo`` (:func:`.sapo.sapo_loss`), ``cispo`` (:func:`.cispo.cispo_loss`);
 - ``advantage/grpo``, ``advantage/rloo``, ``advantage/gae``: token-level advantage estimators with
   one keyword signature ``(*, rewards [N], group_ids [N], loss_mask [N, T], **options) -> [N, T]``
   (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
@@ -25,6 +28,9 @@ ADVANTAGE_PREFIX = "advantage/"
 
 BUILTIN_LOSSES: dict[str, str] = {
     "decoupled_ppo": f"{_PKG}.ppo:decoupled_ppo_loss",
+    "ppo": f"{_PKG}.ppo:ppo_loss",
+    "sapo": f"{_PKG}.sapo:sapo_loss",
+    "cispo": f"{_PKG}.cispo:cispo_loss",
     f"{ADVANTAGE_PREFIX}grpo": f"{_PKG}.advantages:grpo_token_advantages",
     f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
     f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",

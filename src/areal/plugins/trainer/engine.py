@@ -11,8 +11,9 @@ into a :class:`FSDPEngine`, in this order:
    the frozen KL reference; on several ranks every rank builds its shards on the meta device
    (:class:`~.ranks.RankGroup`); a ``--resume`` loads the checkpoint's weights and optimizer.
 
-Each :meth:`FSDPEngine.step` is one :func:`~.step.train_step` (decoupled PPO on packed samples)
-with the step options of the ``algorithm`` and ``train`` sections; :meth:`FSDPEngine.weights`
+Each :meth:`FSDPEngine.step` is one :func:`~.step.train_step` (the ``algorithm.loss`` on packed
+samples, checked by :func:`check_loss` before step 1) with the step options of the ``algorithm``
+and ``train`` sections; :meth:`FSDPEngine.weights`
 is what the weight sync publishes; :meth:`FSDPEngine.save` writes the model and the optimizer
 into a checkpoint the run is writing. :func:`follow` is every other rank's whole life.
 """
@@ -36,7 +37,15 @@ from areal.plugins.trainer.step import train_step
 
 log = logging.getLogger("areal.train")
 
-__all__ = ["FSDPEngine", "Policy", "build", "follow", "make_weight_sync", "step_options"]
+__all__ = [
+    "FSDPEngine",
+    "Policy",
+    "build",
+    "check_loss",
+    "follow",
+    "make_weight_sync",
+    "step_options",
+]
 
 DCP_DIR = "dcp"  # the sharded model + optimizer inside a checkpoint directory (several ranks)
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state_dict (one process)
@@ -49,15 +58,66 @@ def step_options(setup: EngineSetup) -> dict[str, Any]:
         "mini_batch_size": train.mini_batch_size,
         "max_grad_norm": train.max_grad_norm,
         "advantage": algo.advantage,
-        "advantage_options": (
-            {"gamma": algo.discount, "lam": algo.gae_lambda} if algo.advantage == "gae" else None
-        ),
+        "advantage_options": {
+            **({"gamma": algo.discount, "lam": algo.gae_lambda} if algo.advantage == "gae" else {}),
+            **algo.advantage_options,
+        },
+        "advantage_norm": algo.advantage_norm,
+        "loss": algo.loss,
+        "loss_options": dict(algo.loss_options),
         "eps_clip": algo.eps_clip,
         "eps_clip_high": algo.eps_clip_high,
         "behavior_weight_cap": algo.behavior_weight_cap,
         "prox_logp": algo.prox_logp,
         "kl_coef": algo.kl_coef,
     }
+
+
+def check_loss(setup: EngineSetup) -> None:
+    """``algorithm.loss`` with its options, and the estimator's ``algorithm.advantage_options``,
+    checked before anything slow: names against the signatures (a typed ``algorithm`` field the
+    loss does not take is logged as ignored), values by one call on four tokens; sequence-level
+    options need whole sequences on a rank (no context parallelism). Raises
+    :class:`EngineError` with one ``key: why; fix`` per problem."""
+    from areal.core.plugins import registry
+    from areal.plugins.losses.options import (
+        OPTIONS_KEY,
+        TYPED_OPTIONS,
+        call_options,
+        check_advantage_options,
+        ignored_typed,
+    )
+    from areal.plugins.losses.probe import probe_loss
+
+    algo = setup.algorithm
+    try:
+        losses = registry("losses")
+        fn = _loaded(losses.get(algo.loss, key="algorithm.loss"))
+        typed = {name: getattr(algo, name) for name in TYPED_OPTIONS}
+        explicit = set(TYPED_OPTIONS) & algo.model_fields_set
+        options = call_options(
+            fn, loss=algo.loss, options=algo.loss_options, typed=typed, explicit=explicit
+        )
+        probe_loss(fn, options, loss=algo.loss)
+        estimator = _loaded(losses.get(f"advantage/{algo.advantage}", key="algorithm.advantage"))
+        check_advantage_options(estimator, algo.advantage_options, advantage=algo.advantage)
+        for line in ignored_typed(fn, loss=algo.loss, explicit=explicit):
+            log.warning("%s", line)
+    except ValueError as err:
+        raise EngineError(str(err).replace("\n", "; ")) from err
+    sequence = sorted(k for k, v in options.items() if k.endswith("_level") and v == "sequence")
+    if sequence and setup.train.parallelism.cp > 1:
+        raise EngineError(
+            f"{OPTIONS_KEY}.{sequence[0]}: sequence level needs whole sequences on each rank, but "
+            f"train.parallelism.cp {setup.train.parallelism.cp} splits them; use token level or "
+            "cp: 1"
+        )
+
+
+def _loaded(entry: Any) -> Any:
+    """A registry entry's function (the built-ins register lazy stand-ins with ``load``)."""
+    load = getattr(entry, "load", None)
+    return load() if callable(load) else entry
 
 
 @dataclass
@@ -156,6 +216,7 @@ class FSDPEngine:
 
 def build(setup: EngineSetup) -> FSDPEngine:
     """The engine of a run (module docstring); ``EngineError`` says in one line why not."""
+    check_loss(setup)
     ranks = None
     if launched():  # before anything slow: the other ranks wait in the same rendezvous
         from areal.plugins.trainer.ranks import init_ranks

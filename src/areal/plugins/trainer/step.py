@@ -1,18 +1,19 @@
-"""One training step of asynchronous RL in a single process: decoupled PPO on packed samples.
+"""One training step of asynchronous RL in a single process: the configured loss on packed samples.
 
 The story of :func:`train_step`, top to bottom:
 
 1. **Advantages** from the samples' sequence rewards, by the estimator named ``advantage``
    (``advantage/<name>`` in the loss registry: GRPO, RLOO, GAE), on the prediction-aligned loss
-   mask, then looked up per packed token.
+   mask, optionally normalised over the batch's valid tokens (``advantage_norm: batch``), then
+   looked up per packed token.
 2. **Proximal log-probs** π_prox, the trust-region anchor: ``recompute`` runs the pre-update
    weights over every minibatch under ``no_grad`` *before the first update* (the step's minibatches
    each move the weights, so computing them later would anchor at the wrong policy);
    ``loglinear`` interpolates between the behaviour and current log-probs by the tokens' versions
    (AReaL's approximation), saving that forward pass.
-3. For each **minibatch** of ``mini_batch_size`` samples: a packed forward, the decoupled PPO loss
-   (averaged over the minibatch's valid tokens), backward, optional gradient clipping, one
-   optimizer step.
+3. For each **minibatch** of ``mini_batch_size`` samples: a packed forward, the loss named
+   ``loss`` in the registry (decoupled PPO by default) with its ``loss_options``, averaged over
+   the minibatch's valid tokens, backward, optional gradient clipping, one optimizer step.
 
 Deviation from a textbook PPO epoch: one pass over the data (no repeated epochs), as AReaL runs it
 by default; minibatches follow the order of ``samples``.
@@ -37,12 +38,16 @@ from torch import Tensor
 from areal.core.plugins import registry
 from areal.core.registry import Registry
 from areal.core.types import Sample
+from areal.plugins.losses.advantages import normalize_batch_advantages
+from areal.plugins.losses.options import call_options
+from areal.plugins.losses.probe import probe_loss
 from areal.plugins.models.attention import AttentionBackend
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
 
 __all__ = [
+    "ADVANTAGE_NORMS",
     "PROX_LOGP_METHODS",
     "SingleProcess",
     "StepLayout",
@@ -55,8 +60,10 @@ __all__ = [
 ]
 
 PROX_LOGP_METHODS = ("recompute", "loglinear")
+ADVANTAGE_NORMS = ("none", "batch")
 
-# Statistics of decoupled_ppo_loss averaged over valid tokens across minibatches.
+# Loss statistics the step always returns, averaged over valid tokens across minibatches (0.0
+# when the loss does not report one); any other statistic a loss reports is averaged as well.
 _TOKEN_STATS = (
     "clip_fraction",
     "ratio_mean",
@@ -215,8 +222,11 @@ def train_step(
     eps_clip: float = 0.2,
     eps_clip_high: float | None = None,
     behavior_weight_cap: float | None = None,
+    loss: str = "decoupled_ppo",
+    loss_options: dict[str, Any] | None = None,
     advantage: str = "grpo",
     advantage_options: dict[str, Any] | None = None,
+    advantage_norm: str = "none",
     prox_logp: str = "recompute",
     max_grad_norm: float | None = None,
     max_tokens: int | None = None,
@@ -232,13 +242,16 @@ def train_step(
     these very weights carry it), so the update produces ``current_version + 1``. ``max_tokens``
     caps a pack: a minibatch that does not fit is run as several packs whose gradients accumulate,
     weighted so the loss is still the mean over all the minibatch's valid tokens. ``losses`` is the
-    loss registry (default: the process-wide one). With ``kl_coef > 0`` each sample's reward is
+    loss registry (default: the process-wide one); ``loss`` names the loss in it, called with
+    ``loss_options`` and, where it names them, ``eps_clip``, ``eps_clip_high`` and
+    ``behavior_weight_cap`` (:func:`~areal.plugins.losses.options.call_options`). With ``kl_coef > 0`` each sample's reward is
     lowered by ``kl_coef ×`` its KL to ``reference`` (:func:`reference_kl`) before the advantages.
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
-    ``n_minibatches``, and the loss statistics (``clip_fraction``, ``ratio_mean``, ...) averaged
-    over valid tokens; ``loss`` too is per valid token over the whole step, and so is
-    ``behave_approx_kl`` (:func:`behave_log_ratio_sum`). ``layout`` spreads the
+    ``n_minibatches``, and the loss statistics averaged over valid tokens: those of
+    ``_TOKEN_STATS`` always (0.0 if the loss lacks one), plus any other the loss reports; ``loss``
+    too is per valid token over the whole step, and so is ``behave_approx_kl``
+    (:func:`behave_log_ratio_sum`). ``layout`` spreads the
     step over ranks (default :class:`SingleProcess`); every rank passes the same ``samples``.
     """
     if not samples:
@@ -249,9 +262,20 @@ def train_step(
         raise ValueError(f"mini_batch_size must be >= 1; got {mini_batch_size}")
     if prox_logp not in PROX_LOGP_METHODS:
         raise ValueError(f"prox_logp must be one of {PROX_LOGP_METHODS}; got {prox_logp!r}")
+    if advantage_norm not in ADVANTAGE_NORMS:
+        raise ValueError(f"advantage_norm must be one of {ADVANTAGE_NORMS}; got {advantage_norm!r}")
     losses = losses if losses is not None else registry("losses")
     # Resolved once per step: the hot loop calls the real functions, not the lazy stand-ins.
-    loss_fn = _resolve(losses.get("decoupled_ppo"))
+    loss_fn = _resolve(losses.get(loss, key="loss"))
+    typed = {
+        "eps_clip": eps_clip,
+        "eps_clip_high": eps_clip_high,
+        "behavior_weight_cap": behavior_weight_cap,
+    }
+    options = call_options(loss_fn, loss=loss, options=loss_options, typed=typed)
+    # Every rank sums the same statistics, also a pipeline stage that never runs the loss.
+    token_stats = [*_TOKEN_STATS]
+    token_stats += [n for n in probe_loss(loss_fn, options, loss=loss) if n not in _TOKEN_STATS]
     advantage_fn = _resolve(losses.get(f"advantage/{advantage}", key="advantage"))
     approx_prox = _resolve(losses.get("proximal/loglinear")) if prox_logp == "loglinear" else None
     layout = layout if layout is not None else SingleProcess()
@@ -284,7 +308,10 @@ def train_step(
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
         loss_mask=loss_mask,
         **(advantage_options or {}),
-    ).to(device=device, dtype=torch.float32)
+    )
+    if advantage_norm == "batch":
+        token_adv = normalize_batch_advantages(token_adv, loss_mask)
+    token_adv = token_adv.to(device=device, dtype=torch.float32)
 
     # 2. Proximal log-probs with the pre-update weights, before any optimizer step.
     prox: list[list[Tensor]] = []
@@ -293,10 +320,10 @@ def train_step(
             prox = [layout.logprobs(model, packs) for packs in minibatches]
 
     # 3. One optimizer step per minibatch.
-    totals: dict[str, float] = dict.fromkeys(("loss", "behave_approx_kl", *_TOKEN_STATS), 0.0)
+    totals: dict[str, float] = dict.fromkeys(("loss", "behave_approx_kl", *token_stats), 0.0)
 
     def pack_loss(m: int, records: dict[int, dict[str, float]], j: int, logp: Tensor) -> Tensor:
-        """Pack j of minibatch m: its decoupled PPO loss, weighted to the minibatch's token mean
+        """Pack j of minibatch m: its loss, weighted to the minibatch's token mean
         (the pack's loss is a mean over its own valid tokens). Its statistics go to
         ``records[j]``, overwritten if a pipeline schedule evaluates the loss twice."""
         p = minibatches[m][j]
@@ -310,23 +337,22 @@ def train_step(
                 versions=p.versions,
                 current_version=current_version + 1,
             )
-        loss, stats = loss_fn(
+        value, stats = loss_fn(
             logprobs=logp,
             proximal_logprobs=prox_p,
             behavior_logprobs=p.behavior_logprobs,
             advantages=token_adv[p.sample_index, p.positions[0]],
             loss_mask=p.loss_mask,
-            eps_clip=eps_clip,
-            eps_clip_high=eps_clip_high,
-            behavior_weight_cap=behavior_weight_cap,
+            cu_seqlens=p.cu_seqlens,
+            **options,
         )
         pack_valid = int(stats["n_valid_tokens"])
         records[j] = {
-            "loss": float(loss.detach()) * pack_valid,
+            "loss": float(value.detach()) * pack_valid,
             "behave_approx_kl": behave_log_ratio_sum(prox_p, p.behavior_logprobs, p.loss_mask),
         }
-        records[j].update({name: stats[name] * pack_valid for name in _TOKEN_STATS})
-        return loss * (pack_valid / mb_valid_tokens[m])
+        records[j].update({k: stats[k] * pack_valid for k in token_stats if k in stats})
+        return value * (pack_valid / mb_valid_tokens[m])
 
     grad_norms: list[float] = []
     n_tokens = n_valid = 0
