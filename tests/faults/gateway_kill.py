@@ -1,6 +1,6 @@
 """Run ``areal train`` as a real process, SIGKILL its gateway at a given step, and read back what
 the run recorded. Shared by the fault test and by hand measurements
-(``python tests/faults/gateway_kill.py OUT STEPS KILL_AT``)."""
+(``python tests/faults/gateway_kill.py OUT STEPS KILL_AT [--src SRC] [--set KEY=VALUE ...]``)."""
 
 from __future__ import annotations
 
@@ -120,8 +120,17 @@ def summary(run: KilledRun, steps: int) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    out, steps, kill_at = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    src = Path(sys.argv[4]) if len(sys.argv) > 4 else None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    result = run_and_kill(out, steps=steps, kill_at=kill_at, src=src)
-    print(json.dumps(summary(result, steps), indent=2))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("steps", type=int)
+    parser.add_argument("kill_at", type=int)
+    parser.add_argument("--src", type=Path, help="the areal to run (default: this checkout's)")
+    parser.add_argument("--set", action="append", default=[], help="more config overrides")
+    args = parser.parse_args()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    result = run_and_kill(
+        args.out, steps=args.steps, kill_at=args.kill_at, src=args.src, overrides=tuple(args.set)
+    )
+    print(json.dumps(summary(result, args.steps), indent=2))
