@@ -10,7 +10,7 @@ from types import ModuleType
 
 import pytest
 
-STEPS, KILL_AT, BATCH = 8, 4, 32
+STEPS, KILL_AT, BATCH = 10, 4, 32
 # The quickstart, made small enough for a test: no format warm start, the nano model, a step
 # every 32 episodes (one sample each), 32 in flight. The rule and the processes are the same.
 SMALL = (
@@ -56,11 +56,12 @@ def test_a_killed_gateway_comes_back_without_a_stale_burst(
     assert len(ids) == len(set(ids)) == acc["episodes_trained"]
     assert {r["step"] for r in run.trained} == set(range(1, STEPS + 1))
 
-    # Stale drops after the restart stay within twice the rate before it, plus one batch: the
-    # slack of the restart itself (the re-seeded budget admits (η + 1)·B ahead, as before the
-    # kill; the bug admitted v·B more, here >= 4 batches, and most of them went stale).
+    # Stale drops after the restart stay within twice the rate before it, plus a quarter batch
+    # of noise. The re-seeded budget admits (η + 1)·B ahead of the trainer, as before the kill;
+    # the bug admitted v·B more at once (here >= 4 batches), which go stale once the trainer
+    # is η + 1 steps past them: 6 steps after the kill leave time for that to show.
     before = run.stale_at(run.killed_at_step)
     after = run.stale_at(STEPS) - before
     steps_after = STEPS - run.killed_at_step
     rate = before / run.killed_at_step
-    assert after <= 2 * rate * steps_after + BATCH, (before, after, run.killed_at_step)
+    assert after <= 2 * rate * steps_after + BATCH // 4, (before, after, run.killed_at_step)
