@@ -102,3 +102,68 @@ def test_episodes_dropped_as_stale_give_their_slots_back() -> None:
     assert budget.release_dropped(1) == 0 and budget.capacity() == 1
     assert budget.release_dropped(3) == 1  # accepted cannot go below zero
     assert budget.snapshot().accepted == 0
+
+
+# --- the counters are the run's: re-seeded after a resume or a gateway restart -----------------
+# All with staleness_threshold 1 and trigger_batch_size 4: (1 + v + 1) × 4 episodes by version v.
+
+
+def test_fresh_start_admits_two_batches_and_a_zero_announce_changes_nothing() -> None:
+    budget = StalenessBudget(trigger_batch_size=4, staleness_threshold=1)
+    assert budget.capacity() == 8  # (1 + 0 + 1) × 4 − 0
+    budget.reseed(consumed=0, dropped=0)
+    assert budget.capacity() == 8
+    snap = budget.snapshot().to_json()
+    assert (snap["accepted_total"], snap["released"], snap["accepted"]) == (0, 0, 0)
+
+
+def test_resume_at_version_v_with_consumed_c_admits_the_look_ahead_only() -> None:
+    # A run resumed at version 5 had received 22 episodes and dropped 2 of them: 20 count.
+    # (1 + 5 + 1) × 4 = 28 allowed, 28 − 20 = 8 = (threshold + 1) batches, not 28.
+    seeded = StalenessBudget(
+        trigger_batch_size=4, staleness_threshold=1, version=5, consumed=22, dropped=2
+    )
+    assert seeded.capacity() == 8
+    announced = StalenessBudget(trigger_batch_size=4, staleness_threshold=1, version=5)
+    assert announced.capacity() == 28  # the bug: a gateway that forgot the run
+    announced.reseed(consumed=22, dropped=2)
+    assert announced.capacity() == 8 and announced.accepted == 20
+
+
+def test_gateway_restart_mid_run_continues_from_the_trainers_totals() -> None:
+    # The old gateway died at version 3; the trainer had received 15 episodes, dropped 1.
+    budget = StalenessBudget(trigger_batch_size=4, staleness_threshold=1, version=3)
+    budget.reseed(consumed=15, dropped=1)
+    assert budget.capacity() == 6  # (1 + 3 + 1) × 4 = 20 − (15 − 1)
+    for _ in range(2):  # two episodes of the new gateway reach the trainer
+        assert budget.try_start()
+        budget.finish(accepted=True)
+    assert budget.capacity() == 4  # 20 − 16
+    # The next announce counts those two in consumed (17): nothing is counted twice.
+    budget.reseed(consumed=17, dropped=1)
+    assert budget.capacity() == 4 and budget.snapshot().accepted_total == 17
+    # A straggler of the old gateway reached the trainer after the restart: consumed 18 > 17.
+    budget.reseed(consumed=18, dropped=1)
+    assert budget.capacity() == 3
+
+
+def test_repeated_and_older_announces_are_counted_once() -> None:
+    budget = StalenessBudget(trigger_batch_size=4, staleness_threshold=1, version=2)
+    budget.reseed(consumed=10, dropped=2)
+    assert budget.capacity() == 8  # (1 + 2 + 1) × 4 = 16 − (10 − 2)
+    budget.reseed(consumed=10, dropped=2)
+    assert budget.capacity() == 8
+    budget.reseed(consumed=8, dropped=1)  # an older announce: totals never move back
+    assert budget.capacity() == 8
+    assert budget.release_dropped(2) == 0  # the same dropped total through the old route
+    assert budget.release_dropped(3) == 1 and budget.capacity() == 9
+
+
+def test_an_episode_being_handed_over_is_not_counted_twice() -> None:
+    budget = StalenessBudget(trigger_batch_size=4, staleness_threshold=1)
+    assert budget.try_start()  # its trajectory is on its way: the trainer has it, finish not yet
+    budget.reseed(consumed=1, dropped=0, pending=1)
+    assert budget.snapshot().accepted_total == 0
+    budget.finish(accepted=True)
+    snap = budget.snapshot()
+    assert (snap.accepted_total, snap.running, snap.capacity) == (1, 0, 7)  # 8 − 1

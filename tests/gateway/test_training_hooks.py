@@ -86,21 +86,27 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
     with ZmqTrajectorySource("tcp://127.0.0.1:*", queue_max_size=4) as source:
         command = [*SERVER, "--config", str(router), "--engine", engine[0], "--port", str(port)]
         command += ["--log-dir", str(tmp_path / "logs"), "--sink", "zmq"]
-        command += ["--sink-address", source.address, "--staleness-threshold", "1"]
-        command += ["--trigger-batch-size", "2", "--max-concurrent", "3", "--start-version", "4"]
+        # A bound of 5: the engine's tokens are version 0, 4 behind the clock, still trainable.
+        command += ["--sink-address", source.address, "--staleness-threshold", "5"]
+        command += ["--trigger-batch-size", "2", "--max-concurrent", "8", "--start-version", "4"]
         command += ["--discount", "0.5", "--session-idle-timeout", "30"]
+        # A restarted gateway: the trainer had received 15 episodes and dropped 1 of them.
+        command += ["--start-consumed", "15", "--start-dropped", "1"]
+        command += ["--episode-journal", str(tmp_path / "episodes.journal")]
         env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
         with ServerProcess(command, log_path=tmp_path / "gateway.out", env=env, name="gateway") as proc:  # fmt: skip
             proc.wait_healthy(url, timeout=120)
             headers = {"Authorization": f"Bearer {ADMIN}"}
             status = httpx.get(f"{url}/rl/sessions", headers=headers).json()
-            # capacity = min((threshold 1 + version 4 + 1) * batch 2 - 0, max_concurrent 3) = 3
+            # capacity = min((threshold 5 + version 4 + 1) * batch 2 - (15 - 1), max_concurrent 8)
             assert status["budget"] == {
                 "version": 4,
-                "accepted": 0,
+                "accepted": 14,
                 "running": 0,
                 "rejected": 0,
-                "capacity": 3,
+                "capacity": 6,
+                "accepted_total": 15,
+                "released": 1,
             }
             assert (status["discount"], status["idle_timeout"]) == (0.5, 30.0)
 
@@ -122,8 +128,17 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
     assert [s.completion_ids for s in trajectory.samples] == [[first["id"]], [second["id"]]]
     # Two samples; the episode reward reaches the earlier one discounted by --discount 0.5.
     assert [s.reward for s in trajectory.samples] == [0.5, 1.0]
-    # capacity = min((1 + 4 + 1) * 2 - 1 accepted, 3 - 0 running) = 3
-    assert after == {"version": 4, "accepted": 1, "running": 0, "rejected": 0, "capacity": 3}
+    # capacity = min((5 + 4 + 1) * 2 - 15 accepted, 8 - 0 running) = 5
+    assert after == {
+        "version": 4,
+        "accepted": 15,
+        "running": 0,
+        "rejected": 0,
+        "capacity": 5,
+        "accepted_total": 16,
+        "released": 1,
+    }
+    assert (tmp_path / "episodes.journal").read_bytes() == b"bsa"
 
 
 def one_line_error(command: list[str]) -> str:
@@ -163,6 +178,9 @@ def test_both_front_ends_have_the_same_training_flags() -> None:
             "--trigger-batch-size",
             "--max-concurrent",
             "--start-version",
+            "--start-consumed",
+            "--start-dropped",
+            "--episode-journal",
             "--discount",
             "--session-idle-timeout",
         }
@@ -192,6 +210,8 @@ def test_version_route_moves_the_clock_and_the_admission(start_gateway: Any) -> 
             "running": 1,
             "rejected": 0,
             "capacity": 1,
+            "accepted_total": 0,
+            "released": 0,
         }
         assert create(gw).status_code == 200
         error_of(create(gw), 429)
@@ -428,3 +448,5 @@ def test_version_route_gives_stale_drops_their_slots_back(start_gateway: Any) ->
         for bad in (-1, "2", True):
             answer = post(gw, "/rl/version", gw.admin, {"version": 0, "dropped": bad})
             assert error_of(answer, 400)["param"] == "dropped"
+            answer = post(gw, "/rl/version", gw.admin, {"version": 0, "consumed": bad})
+            assert error_of(answer, 400)["param"] == "consumed"

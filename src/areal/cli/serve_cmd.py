@@ -100,6 +100,9 @@ def gateway_command(
     trigger_batch_size: int | None = _training_option("trigger_batch_size"),
     max_concurrent: int | None = _training_option("max_concurrent"),
     start_version: int = _training_option("start_version", show_default=False),
+    start_consumed: int = _training_option("start_consumed", show_default=False),
+    start_dropped: int = _training_option("start_dropped", show_default=False),
+    episode_journal: str | None = _training_option("episode_journal"),
     discount: float = _training_option("discount", show_default=False),
     session_idle_timeout: float = _training_option("session_idle_timeout", show_default=False),
 ) -> None:
@@ -125,6 +128,9 @@ def gateway_command(
         trigger_batch_size=trigger_batch_size,
         max_concurrent=max_concurrent,
         start_version=start_version,
+        start_consumed=start_consumed,
+        start_dropped=start_dropped,
+        episode_journal=episode_journal,
         discount=discount,
         session_idle_timeout=session_idle_timeout,
     )

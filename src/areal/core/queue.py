@@ -39,6 +39,11 @@ class TrajectorySource(Protocol):
     @property
     def buffered(self) -> int: ...
 
+    @property
+    def buffered_tombstones(self) -> int:
+        """Buffered trajectories that are tombstones (``Trajectory.is_tombstone``)."""
+        ...
+
     received: int
 
     def get(self, timeout: float | None = None) -> Trajectory | None:

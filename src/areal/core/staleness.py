@@ -6,11 +6,19 @@ episode only while
 
     (staleness_threshold + version + 1) * trigger_batch_size > accepted + running
 
-(``accepted`` counts every episode handed to the trainer since the start, ``running`` the ones in
-flight), and while ``running`` is under the concurrency cap. Each trainer step consumes
-``trigger_batch_size`` episodes and advances ``version`` by one, which opens room for one more
-batch. The gateway answers ``429`` with ``Retry-After`` when :meth:`StalenessBudget.try_start`
-says no. Pure Python (no torch), thread-safe: the trainer may move the clock from another thread.
+(``accepted`` counts every episode handed to the trainer since the run began, less those the
+trainer dropped as stale; ``running`` the ones in flight), and while ``running`` is under the
+concurrency cap. Everything is counted in episodes (whole trajectories): each trainer step
+consumes ``trigger_batch_size`` of them and advances ``version`` by one, which opens room for one
+more batch. The gateway answers ``429`` with ``Retry-After`` when
+:meth:`StalenessBudget.try_start` says no.
+
+``accepted`` is the run's, not the process's: a gateway that restarts (or serves a resumed run)
+at version ``v`` with nothing accepted would admit ``(threshold + v + 1)`` batches at once. So
+the budget keeps running totals that the trainer re-seeds (:meth:`StalenessBudget.reseed`) with
+what it has consumed and dropped; the totals only grow, so re-announcing the same numbers
+changes nothing. Pure Python (no torch), thread-safe: the trainer may move the clock from
+another thread.
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ class BudgetSnapshot:
     """The counters at one instant (for status routes and logs)."""
 
     version: int
-    accepted: int
+    accepted: int  # what the rule counts: accepted_total - released
     running: int
     rejected: int
     capacity: int | None  # None: unbounded
+    accepted_total: int = 0
+    released: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -47,6 +57,8 @@ class BudgetSnapshot:
             "running": self.running,
             "rejected": self.rejected,
             "capacity": self.capacity,
+            "accepted_total": self.accepted_total,
+            "released": self.released,
         }
 
 
@@ -65,6 +77,8 @@ class StalenessBudget:
         max_concurrent: int | None = None,
         version: int = 0,
         retry_after_s: float = 1.0,
+        consumed: int = 0,
+        dropped: int = 0,
     ) -> None:
         if trigger_batch_size < 1:
             raise ValueError(f"trigger_batch_size must be >= 1, got {trigger_batch_size}")
@@ -79,10 +93,10 @@ class StalenessBudget:
         self.max_concurrent = max_concurrent
         self.retry_after_s = retry_after_s
         self._version = version
-        self._accepted = 0
+        self._accepted_total = consumed  # handed to the trainer, this run, all time
         self._running = 0
         self._rejected = 0
-        self._released = 0  # accepted episodes the trainer dropped as stale, given back
+        self._released = dropped  # accepted episodes the trainer dropped as stale, given back
         self._lock = threading.Lock()
 
     @property
@@ -91,7 +105,12 @@ class StalenessBudget:
 
     @property
     def accepted(self) -> int:
-        return self._accepted
+        """The episodes the rule counts as handed over: all accepted, less the released."""
+        with self._lock:
+            return self._net()
+
+    def _net(self) -> int:
+        return max(0, self._accepted_total - self._released)
 
     @property
     def running(self) -> int:
@@ -101,7 +120,7 @@ class StalenessBudget:
         limits = []
         if self.staleness_threshold is not None:
             allowed = (self.staleness_threshold + self._version + 1) * self.trigger_batch_size
-            limits.append(allowed - (self._accepted + self._running))
+            limits.append(allowed - (self._net() + self._running))
         if self.max_concurrent is not None:
             limits.append(self.max_concurrent - self._running)
         return max(0, min(limits)) if limits else None
@@ -127,21 +146,33 @@ class StalenessBudget:
                 raise RuntimeError("finish() without a running episode")
             self._running -= 1
             if accepted:
-                self._accepted += 1
+                self._accepted_total += 1
             else:
                 self._rejected += 1
 
     def release_dropped(self, total_dropped: int) -> int:
         """The trainer has now dropped ``total_dropped`` accepted episodes as stale (a running
-        total): they leave ``accepted``, so a drop does not shrink the look-ahead for good (the
-        episodes that outlive the bound are the long ones; keeping their slots would also bias
-        the run against long outputs). Returns how many slots this call freed."""
+        total of the run): they leave ``accepted``, so a drop does not shrink the look-ahead for
+        good (the episodes that outlive the bound are the long ones; keeping their slots would
+        also bias the run against long outputs). A total already seen frees nothing. Returns how
+        many slots this call freed."""
         with self._lock:
-            new = max(0, total_dropped - self._released)
-            self._released += new
-            freed = min(new, self._accepted)  # never below zero (e.g. a restarted gateway)
-            self._accepted -= freed
-            return freed
+            before = self._net()
+            self._released = max(self._released, total_dropped)
+            return before - self._net()
+
+    def reseed(self, *, consumed: int, dropped: int, pending: int = 0) -> None:
+        """The trainer has received ``consumed`` episodes and dropped ``dropped`` of them, in all
+        of the run (across resumes and gateway restarts): ``accepted`` is at least that.
+
+        ``pending`` is how many of this gateway's episodes are being handed over right now: the
+        trainer may already count them while :meth:`finish` has not yet, so they are left out
+        here (:meth:`finish` counts them) rather than counted twice. Idempotent: totals only
+        grow, so the same announce twice, or an older one, changes nothing.
+        """
+        with self._lock:
+            self._accepted_total = max(self._accepted_total, consumed - pending)
+            self._released = max(self._released, dropped)
 
     def set_version(self, version: int) -> None:
         """The trainer's weights are now ``version`` (the clock never moves back)."""
@@ -151,5 +182,11 @@ class StalenessBudget:
     def snapshot(self) -> BudgetSnapshot:
         with self._lock:
             return BudgetSnapshot(
-                self._version, self._accepted, self._running, self._rejected, self._capacity()
+                self._version,
+                self._net(),
+                self._running,
+                self._rejected,
+                self._capacity(),
+                self._accepted_total,
+                self._released,
             )

@@ -115,6 +115,12 @@ class Trajectory:
     created: float = field(default_factory=time.time)
     turns: list[Completion] = field(default_factory=list)  # the completions, as generated
 
+    @property
+    def is_tombstone(self) -> bool:
+        """An episode the gateway discarded, announced so the trainer stops waiting for it as a
+        member of its group: no samples, ``metadata["discarded"]``."""
+        return not self.samples and bool(self.metadata.get("discarded"))
+
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -75,6 +75,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
                 "as 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                 code="invalid_api_key",
             )
+        if caller.session is not None and not is_rl_path(request.path):
+            await state.sessions.refuse_if_stale(caller.session)  # a 410 once it cannot train
         response = await handler(request)
         status = response.status
         return response

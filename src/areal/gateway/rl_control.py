@@ -3,11 +3,14 @@ discarding a crashed rollout worker's sessions, and the reaper of idle sessions.
 
 Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
 
-- ``POST /rl/version`` ``{"version": N, "dropped": D}``: the trainer's weights are now version
-  ``N``. The clock never moves back, and it also follows the versions the engines report on
-  generated tokens (whichever is further wins). ``D`` (optional) is the running total of accepted
-  episodes the trainer dropped as stale: they give their admission slots back
-  (``StalenessBudget.release_dropped``). Answers the budget snapshot, as does ``GET /rl/version``.
+- ``POST /rl/version`` ``{"version": N, "consumed": C, "dropped": D}``: the trainer's weights are
+  now version ``N``. The clock never moves back, and it also follows the versions the engines
+  report on generated tokens (whichever is further wins). ``C`` (optional) is how many episodes
+  the trainer has received in all of the run (across resumes and gateway restarts), ``D``
+  (optional) how many of them it dropped as stale: the budget's ``accepted`` becomes at least
+  ``C - D`` (``StalenessBudget.reseed``), so a restarted gateway admits the look-ahead only, and
+  re-announcing the same totals changes nothing. Answers the budget snapshot, as does
+  ``GET /rl/version``.
 - ``POST /rl/sessions/discard`` ``{"metadata": {"worker": "3"}}``: end, as discarded, every open
   session whose metadata has all the given key/values (compared as JSON values: ``"3"`` is not
   ``3``); answers ``{"discarded": n, "session_ids": [...]}``. The run supervisor calls it when it
@@ -45,7 +48,8 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         require_admin(sessions, request)
         body = await read_json(request)
         version, dropped = body.get("version"), body.get("dropped", 0)
-        for name, value in (("version", version), ("dropped", dropped)):
+        consumed = body.get("consumed", 0)
+        for name, value in (("version", version), ("consumed", consumed), ("dropped", dropped)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise GatewayError(
                     400,
@@ -53,9 +57,9 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                     param=name,
                     code=f"bad_{name}",
                 )
-        assert isinstance(version, int) and isinstance(dropped, int)
+        assert isinstance(version, int) and isinstance(dropped, int) and isinstance(consumed, int)
         sessions.budget.set_version(version)
-        sessions.budget.release_dropped(dropped)
+        sessions.budget.reseed(consumed=consumed, dropped=dropped, pending=sessions.delivering)
         sessions.capacity_changed()
         return web.json_response(sessions.budget.snapshot().to_json())
 

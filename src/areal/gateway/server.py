@@ -20,6 +20,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.core.episode_journal import EpisodeJournal
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
@@ -60,6 +61,7 @@ def build_state(
     discount: float = 1.0,
     budget: StalenessBudget | None = None,
     session_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
+    episode_journal: str | Path | None = None,
 ) -> GatewayState:
     """Everything the app needs. Finished RL episodes go to the ``sink`` trajectory queue plugin;
     the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink). RL
@@ -89,6 +91,7 @@ def build_state(
             discount=discount,
             budget=budget,
             idle_timeout=session_idle_timeout or None,
+            journal=EpisodeJournal(episode_journal),
         ),
         gateway_key=gateway_key,
         admin_token=admin_token,
@@ -173,6 +176,7 @@ def serve(
             discount=training.discount,
             budget=training.budget(),
             session_idle_timeout=training.idle_timeout(),
+            episode_journal=training.episode_journal,
         )
         if generated:
             print(

@@ -47,6 +47,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal.core.episode_journal import ACCEPT, REJECT, START, EpisodeJournal
 from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
 from areal.core.trajectory import build_trajectory
@@ -78,6 +79,7 @@ class Session:
     summary: dict[str, Any] | None = None
     last_active: float = field(default_factory=time.monotonic, repr=False)
     busy: int = field(default=0, repr=False)  # calls with this session's key still running
+    oldest_version: int | None = None  # of its generated tokens (the staleness that counts)
     calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
 
     def note_call(self, **call: Any) -> None:
@@ -127,7 +129,8 @@ class SessionManager:
     ``sink`` receives finished trajectories (``None``: they are dropped, with a warning);
     ``discount`` carries the episode reward back over earlier samples; ``budget`` is the staleness
     budget new sessions must fit in (default: unbounded); ``idle_timeout`` (seconds, ``None``:
-    never) is how long an open session may go without activity before ``expire_idle`` ends it.
+    never) is how long an open session may go without activity before ``expire_idle`` ends it;
+    ``journal`` records each admission and its outcome (:mod:`areal.core.episode_journal`).
     """
 
     def __init__(
@@ -138,6 +141,7 @@ class SessionManager:
         discount: float = 1.0,
         budget: StalenessBudget | None = None,
         idle_timeout: float | None = None,
+        journal: EpisodeJournal | None = None,
     ) -> None:
         if not 0.0 <= discount <= 1.0:
             raise ValueError(f"the reward discount must be within [0, 1], got {discount}")
@@ -150,6 +154,9 @@ class SessionManager:
         self.idle_timeout = idle_timeout
         self.expired = 0  # sessions ended by expire_idle
         self.discarded = 0  # sessions ended by discard_matching
+        self.refused_stale = 0  # sessions ended by refuse_if_stale
+        self.delivering = 0  # trajectories handed to the sink, not yet acknowledged
+        self.journal = journal or EpisodeJournal(None)
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._by_hint: dict[str, Session] = {}
@@ -200,6 +207,9 @@ class SessionManager:
             sampling=dict(generation.sampling),
         )
         session.completions.append(completion)
+        known = [v for v in generation.versions if v >= 0]
+        if known and (session.oldest_version is None or min(known) < session.oldest_version):
+            session.oldest_version = min(known)
         if generation.versions:  # the engines' weights show how far the trainer has got
             self.budget.set_version(max(generation.versions))
             self.capacity_changed()
@@ -214,9 +224,10 @@ class SessionManager:
         for session in list(self._by_id.values()):
             if session.is_open:
                 self._retire(session)
-                self.budget.finish(accepted=False)
+                self._finish(accepted=False)
         if self.sink is not None:
             await self.sink.close()
+        self.journal.close()
 
     # --- the session life cycle, callable without HTTP ------------------------------------------
 
@@ -255,6 +266,7 @@ class SessionManager:
                 code="staleness_budget_full",
                 headers={"Retry-After": str(wait)},
             )
+        self.journal.note(START)
         session = Session(
             session_id="s_" + secrets.token_hex(8),
             api_key=api_key or "areal-session-" + secrets.token_urlsafe(32),
@@ -334,14 +346,18 @@ class SessionManager:
         try:
             if send:
                 assert self.sink is not None
-                await self.sink.put(trajectory)
+                self.delivering += 1
+                try:
+                    await self.sink.put(trajectory)
+                finally:
+                    self.delivering -= 1
         except Exception as err:
-            self.budget.finish(accepted=False)
+            self._finish(accepted=False)
             log.exception("the trajectory sink failed on session %s", session.session_id)
             raise GatewayError(
                 500, f"the trajectory of session {session.session_id} could not be sent: {err}"
             ) from None
-        self.budget.finish(accepted=send)
+        self._finish(accepted=send)
         self.capacity_changed()
         if not send:
             await self._send_tombstone(session, trajectory)
@@ -373,6 +389,36 @@ class SessionManager:
             await self.sink.put(tombstone)
         except Exception:
             log.exception("the tombstone of discarded session %s was not sent", session.session_id)
+
+    def _finish(self, *, accepted: bool) -> None:
+        """An episode's outcome, to the budget and the journal."""
+        self.budget.finish(accepted=accepted)
+        self.journal.note(ACCEPT if accepted else REJECT)
+
+    async def refuse_if_stale(self, session: Session) -> None:
+        """Refuse a turn of an episode that is already too stale to train, and end it as
+        discarded: its oldest generated token is more than ``staleness_threshold`` versions
+        behind the trainer, so the trainer would drop it whatever comes next; ending it now
+        frees its budget slot instead of spending tokens on it."""
+        threshold, version = self.budget.staleness_threshold, self.budget.version
+        oldest = session.oldest_version
+        if threshold is None or oldest is None or not session.is_open:
+            return
+        behind = version - oldest
+        if behind <= threshold:
+            return
+        await self.end(session, discard=True)
+        assert session.summary is not None
+        session.summary["stale"] = True
+        self.refused_stale += 1
+        log.info("session %s is %d versions behind; discarded", session.session_id, behind)
+        raise GatewayError(
+            410,
+            f"session {session.session_id} is too stale to train: its oldest generated token is "
+            f"from version {oldest}, the trainer is at version {version}, and the staleness "
+            f"threshold is {threshold}; the episode was ended as discarded, start a new one",
+            code="session_stale",
+        )
 
     def _retire(self, session: Session) -> None:
         session.ended_at = time.time()

@@ -37,6 +37,11 @@ HELP: dict[str, str] = {
     "trigger_batch_size": "Staleness budget: episodes the trainer consumes per step (default 1).",
     "max_concurrent": "Most RL sessions open at once (default: no cap).",
     "start_version": "Version the trainer's clock starts at, e.g. when resuming (default 0).",
+    "start_consumed": "Staleness budget: episodes the trainer has already received in this run "
+    "(a resume, a restarted gateway), so they count as accepted (default 0).",
+    "start_dropped": "Staleness budget: how many of those the trainer dropped as stale (default 0).",
+    "episode_journal": "Append one byte per session event (boot, start, accepted, rejected) to "
+    "this file, so the run's episode books survive a killed gateway (default: none).",
     "discount": "Per-turn discount of the episode reward over earlier samples, in [0, 1] "
     "(default 1).",
     "session_idle_timeout": "End an RL session as discarded after this many seconds without a "
@@ -60,6 +65,9 @@ FLAGS: dict[str, Flag] = {
     "trigger_batch_size": Flag("--trigger-batch-size", int, "N"),
     "max_concurrent": Flag("--max-concurrent", int, "N"),
     "start_version": Flag("--start-version", int, "N"),
+    "start_consumed": Flag("--start-consumed", int, "N"),
+    "start_dropped": Flag("--start-dropped", int, "N"),
+    "episode_journal": Flag("--episode-journal", str, "PATH"),
     "discount": Flag("--discount", float, "F"),
     "session_idle_timeout": Flag("--session-idle-timeout", float, "S"),
 }
@@ -76,6 +84,9 @@ class TrainingFlags:
     trigger_batch_size: int | None = None
     max_concurrent: int | None = None
     start_version: int = 0
+    start_consumed: int = 0
+    start_dropped: int = 0
+    episode_journal: str | None = None
     discount: float = 1.0
     session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
 
@@ -111,6 +122,8 @@ class TrainingFlags:
             ("trigger_batch_size", 1),
             ("max_concurrent", 1),
             ("start_version", 0),
+            ("start_consumed", 0),
+            ("start_dropped", 0),
         ):
             value = getattr(self, name)
             if value is not None and value < low:
@@ -131,6 +144,8 @@ class TrainingFlags:
             staleness_threshold=self.staleness_threshold,
             max_concurrent=self.max_concurrent,
             version=self.start_version,
+            consumed=self.start_consumed,
+            dropped=self.start_dropped,
         )
 
     def sink_name(self) -> str | None:

@@ -77,6 +77,8 @@ class Budget(TypedDict, total=False):
     running: int
     rejected: int
     capacity: int | None
+    accepted_total: int
+    released: int
 
 
 class SessionsStatus(TypedDict, total=False):
@@ -285,12 +287,17 @@ class GatewayAdmin:
         body = {"metadata": dict(metadata)}
         return cast(Discarded, await self._call("POST", "/rl/sessions/discard", body))
 
-    async def set_version(self, version: int, dropped: int | None = None) -> Budget:
-        """The trainer's weights are now ``version``; ``dropped``: the running total of accepted
-        episodes it dropped as stale (they give their slots back)."""
+    async def set_version(
+        self, version: int, dropped: int | None = None, consumed: int | None = None
+    ) -> Budget:
+        """The trainer's weights are now ``version``; ``consumed``: the episodes it received in
+        all of the run, ``dropped``: how many of them it dropped as stale (running totals; the
+        gateway's budget continues from them, so a restarted gateway knows the run)."""
         body: dict[str, Any] = {"version": version}
         if dropped is not None:
             body["dropped"] = dropped
+        if consumed is not None:
+            body["consumed"] = consumed
         return cast(Budget, await self._call("POST", "/rl/version", body))
 
     async def version(self) -> Budget:

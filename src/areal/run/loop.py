@@ -185,7 +185,7 @@ class TrainerLoop:
         meta = dict(trajectory.metadata or {})
         group = self._group_of(meta)
         group.accounted += 1
-        if meta.get("discarded") and not trajectory.samples:
+        if trajectory.is_tombstone:
             self._discarded += 1
             return
         self._trajectories += 1

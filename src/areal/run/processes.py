@@ -106,15 +106,23 @@ def gateway_child(
     admin_token: str,
     gateway_key: str,
     after_start: Callable[[Child], Awaitable[None]] | None = None,
+    consumed: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    journal: Path | None = None,
 ) -> tuple[Child, GatewayAdmin]:
     """The gateway: finished episodes to the trainer's queue, admission by the staleness budget;
-    and the client of its admin API."""
+    and the client of its admin API. ``consumed``: the trainer's (received, dropped) episodes,
+    asked at every (re)start, so the budget starts where the run is; ``journal``: the episode
+    journal's file."""
     port = pick_free_port()
 
     def command() -> list[str]:
         cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
         cmd += ["--port", str(port), "--log-dir", str(log_dir), "--log-level", "warning"]
-        cmd += gateway_training_flags(config, queue_address, version()).to_argv()
+        received, dropped = consumed()
+        flags = gateway_training_flags(
+            config, queue_address, version(), consumed=received, dropped=dropped, journal=journal
+        )
+        cmd += flags.to_argv()
         for url in engine_urls:
             cmd += ["--engine", url]
         return cmd
@@ -133,9 +141,18 @@ def gateway_child(
     return child, GatewayAdmin(url, admin_token)
 
 
-def gateway_training_flags(config: RunConfig, queue_address: str, version: int) -> TrainingFlags:
-    """The run's gateway flags: its queue, its staleness budget (from ``version`` on: a restarted
-    gateway starts where the trainer is), its reward discount."""
+def gateway_training_flags(
+    config: RunConfig,
+    queue_address: str,
+    version: int,
+    *,
+    consumed: int = 0,
+    dropped: int = 0,
+    journal: Path | None = None,
+) -> TrainingFlags:
+    """The run's gateway flags: its queue, its staleness budget (from ``version`` and the
+    trainer's ``consumed`` / ``dropped`` episodes on: a restarted gateway starts where the run
+    is), its reward discount, its episode journal."""
     run = config.async_
     # In sync mode a "trigger" is a whole global batch, and the bound is 0 (AsyncConfig).
     trigger = run.trigger_batch_size if run.enabled else config.train.global_batch_size
@@ -146,6 +163,9 @@ def gateway_training_flags(config: RunConfig, queue_address: str, version: int) 
         trigger_batch_size=trigger,
         max_concurrent=run.rollout_workers * config.agent.concurrency,
         start_version=version,
+        start_consumed=consumed,
+        start_dropped=dropped,
+        episode_journal=str(journal) if journal is not None else None,
         discount=config.algorithm.discount,
     )
 

@@ -42,6 +42,7 @@ from areal.run.gateway_client import (
     GatewayAdmin,
     GatewayAdminError,
     GatewayBusy,
+    GatewayRefused,
     GatewayUnreachable,
     OpenedSession,
 )
@@ -325,7 +326,15 @@ class RolloutWorker:
             stats.waited_s += wait
 
     async def _discard(self, admin: GatewayAdmin, sid: str) -> None:
-        await self._session_api(admin.end(sid, discard=True))
+        """End the episode as discarded, unless the gateway already did (a turn refused as
+        too stale ends the session there: ``409 session_ended`` here is that, not a failure)."""
+        try:
+            await admin.end(sid, discard=True)
+        except GatewayRefused as err:
+            if err.code != "session_ended":
+                raise self._failure(err) from err
+        except GatewayAdminError as err:
+            raise self._failure(err) from err
 
     async def _session_api(self, call: Awaitable[T]) -> T:
         """A session API call whose failure stops the run (:class:`RolloutError`)."""

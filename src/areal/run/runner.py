@@ -49,6 +49,7 @@ from areal.core.run_config import RunConfig
 from areal.core.train_engine import EngineError, EngineSetup, TrainEngine, WeightSync
 from areal.core.types import Trajectory
 from areal.gateway.router_config import RouterConfig
+from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
 from areal.run.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -130,7 +131,9 @@ class _Run:
         self._window_tokens = 0
         self._arrivals = ArrivalWindow()
         self.hub: MetricsHub | None = None
-        self.dropped_at_start = 0
+        self.ledger = EpisodeLedger(self.run_dir / JOURNAL_NAME, fresh=not resume)
+        self._loop: TrainerLoop | None = None  # for the gateway's budget, once built
+        self._queue: Any = None
         # For the live monitor: episodes received per rollout worker, generated tokens of each
         # received trajectory until it is trained, and the supervisor (restart counts).
         self.worker_episodes: dict[str, int] = {}
@@ -237,7 +240,7 @@ class _Run:
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
-        self.dropped_at_start = loop.counters()["dropped_trajectories"]
+        self._loop, self._queue = loop, source
         self.last_saved = loop.state_dict()["steps"]
         return _Parts(engine, source, sync, supervisor, gateway, metrics, observed, loop)
 
@@ -289,10 +292,7 @@ class _Run:
         events, and every ``logging.save_interval`` steps a checkpoint."""
         loop = run.loop
         self.version = loop.version
-        # Episodes dropped whole as stale give their admission slots back (the running total of
-        # this process; a restarted gateway, whose accepted count starts at 0, clamps it).
-        dropped = loop.counters()["dropped_trajectories"] - self.dropped_at_start
-        await best_effort(run.gateway.set_version(loop.version, dropped=dropped))
+        await self.announce(run.gateway)
         self.audit(loop)
         step = int(result["step"])
         values = _sync_values(result, run.sync.last_phases, loop.version)
@@ -370,7 +370,7 @@ class _Run:
         sync.engine_urls = [e.url or "" for e in engines]
 
         async def announce(child: Child) -> None:
-            await best_effort(gateway.set_version(self.version))
+            await self.announce(gateway)
 
         gateway_proc, gateway = gateway_child(
             config,
@@ -382,6 +382,8 @@ class _Run:
             admin_token=admin_token,
             gateway_key=gateway_key,
             after_start=announce,
+            consumed=self.consumed,
+            journal=self.ledger.journal,
         )
         supervisor.add(gateway_proc)
 
@@ -411,6 +413,19 @@ class _Run:
 
     # --- the trainer's side ---------------------------------------------------------------
 
+    def consumed(self) -> tuple[int, int]:
+        """(episodes received, dropped as stale) in all of the run (0, 0 before the build)."""
+        if self._loop is None:
+            return 0, 0
+        return consumed(self._loop, self._queue)
+
+    async def announce(self, gateway: GatewayAdmin) -> None:
+        """The version and the run's totals to the gateway's budget: after every step and every
+        (re)start of the gateway, so a restarted one (or a resumed run's) admits only the
+        look-ahead. Dropped episodes give their slots back; repeating totals changes nothing."""
+        received, dropped = self.consumed()
+        await best_effort(gateway.set_version(self.version, dropped=dropped, consumed=received))
+
     def metrics(self) -> MetricsHub:
         import importlib.util
 
@@ -424,7 +439,7 @@ class _Run:
     def observe(self, trajectory: Trajectory) -> None:
         """Every trajectory the trainer takes: data position, and ``[rollout]`` events (one per
         ``trigger_batch_size`` episodes; a discarded episode's tombstone is not one)."""
-        if trajectory.metadata.get("discarded") and not trajectory.samples:
+        if trajectory.is_tombstone:
             return
         index = trajectory.metadata.get("task_index")
         if isinstance(index, int):
@@ -480,9 +495,10 @@ class _Run:
         loop: TrainerLoop,
         metrics: MetricsHub,
     ) -> None:
-        """``started = trained + dropped + in flight + queued``, from both ends of the queue;
-        plus, for the live monitor, episodes per rollout worker, the queue's time at
-        ``queue_max_size``, tokens trained and process restarts."""
+        """``sent = trained + dropped + discarded + queued + running`` in episodes
+        (:mod:`.accounting`), and the samples of both ends of the queue; plus, for the live
+        monitor, episodes per rollout worker, the queue's time at ``queue_max_size``, tokens
+        trained and process restarts."""
         source = observed.source
         status = await best_effort(gateway.status()) or {}
         budget = status.get("budget") or {}
@@ -495,20 +511,20 @@ class _Run:
         running: dict[str, Any] = status.get("open_by_worker") or {}
         workers = {str(w) for w in running} | set(self.worker_episodes)
         children = self.supervisor.children if self.supervisor else []
-        values: dict[str, MetricValue] = {
-            "episodes_running": int(budget.get("running", 0)),
-            "episodes_sent": int(budget.get("accepted", 0)),
-            "episodes_discarded": int(budget.get("rejected", 0)),
-            "trajectories_received": source.received,
-            "trajectories_queued": source.buffered,
-            "samples_trained": counters["trained"],
-            "samples_dropped": counters["dropped"],
-            "samples_buffered": counters["buffered"],
-            "queue_full_seconds": round(observed.full_seconds(), 3),
-            "tokens_trained": self.tokens_trained,
-            "sessions_expired": int(status.get("expired", 0)),
-            "restarts": sum(c.restarts for c in children),
-        }
+        values = self.ledger.values(loop, source, int(budget.get("running", 0)))
+        values.update(
+            {
+                "trajectories_received": source.received,
+                "trajectories_queued": source.buffered,
+                "samples_trained": counters["trained"],
+                "samples_dropped": counters["dropped"],
+                "samples_buffered": counters["buffered"],
+                "queue_full_seconds": round(observed.full_seconds(), 3),
+                "tokens_trained": self.tokens_trained,
+                "sessions_expired": int(status.get("expired", 0)),
+                "restarts": sum(c.restarts for c in children),
+            }
+        )
         for worker in sorted(workers, key=lambda w: (len(w), w)):
             values[f"rollout{worker}_running"] = int(running.get(worker, 0))
             values[f"rollout{worker}_episodes"] = self.worker_episodes.get(worker, 0)

@@ -273,6 +273,13 @@ class ZmqTrajectorySource:
         with self._cond:
             return len(self._buffer)
 
+    @property
+    def buffered_tombstones(self) -> int:
+        """How many of the buffered trajectories are tombstones (announced discards, no
+        episode to train): the accounting must not count them as received episodes."""
+        with self._cond:
+            return sum(1 for t in self._buffer if t.is_tombstone)
+
     def counters(self) -> dict[str, int]:
         return {
             "received": self.received,
