@@ -166,6 +166,19 @@ def proximal_by_prox_logp(names: list[str]) -> set[str]:
     return covered
 
 
+def norms_by_advantage_norm(names: list[str]) -> set[str]:
+    """``advantage_norm/<name>`` losses: ``algorithm.advantage_norm: <name>``."""
+    field = AlgorithmConfig.model_fields["advantage_norm"]
+    covered = set()
+    for name in (n for n in names if n.startswith("advantage_norm/")):
+        choice = name.removeprefix("advantage_norm/")
+        assert choice in get_args(field.annotation)
+        assert config_errors("algorithm.advantage_norm", choice) == []
+        covered.add(name)
+    assert config_errors("algorithm.advantage_norm", "nope")
+    return covered
+
+
 def queues_by_gateway_sink(names: list[str]) -> set[str]:
     """``--sink NAME`` of ``areal serve gateway`` / ``python -m areal.gateway.server``; the
     trainer's end ``NAME/source`` comes with its sink."""
@@ -232,7 +245,7 @@ def panels_by_monitor(names: list[str]) -> set[str]:
 
 # Selectors that are not run config keys, by registry kind.
 OTHER_SELECTORS: dict[str, list[Callable[[list[str]], set[str]]]] = {
-    "losses": [proximal_by_prox_logp],
+    "losses": [proximal_by_prox_logp, norms_by_advantage_norm],
     "queues": [queues_by_gateway_sink],
     "model_families": [families_by_checkpoint],
     "tool_parsers": [tool_parsers_by_router_config],

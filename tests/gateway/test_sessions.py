@@ -202,6 +202,8 @@ def test_staleness_budget_answers_429_with_retry_after(start_gateway: Any) -> No
             "running": 1,
             "rejected": 1,
             "capacity": 0,
+            "accepted_total": 1,
+            "released": 0,
         }
 
 

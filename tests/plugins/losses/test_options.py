@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 import torch
 
+from areal.core.loss_options import LOSS_INPUTS, call_options, ignored_typed, option_defaults
 from areal.core.plugins import make_plugin_manager, registry
-from areal.plugins.losses.options import LOSS_INPUTS, call_options, ignored_typed, option_defaults
-from areal.plugins.losses.probe import probe_loss
 from areal.plugins.losses.sapo import sapo_loss
+from areal.plugins.trainer.loss_probe import probe_loss
 
 LOSSES = ("decoupled_ppo", "ppo", "sapo", "cispo")
 TYPED = {"eps_clip": 0.2, "eps_clip_high": None, "behavior_weight_cap": None}

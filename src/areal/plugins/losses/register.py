@@ -12,7 +12,9 @@ first call, so loading plugins, listing them or validating a config never import
   (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
   the trainer picks both by name from the same ``algorithm`` section;
 - ``proximal/loglinear``: :func:`areal.plugins.losses.ppo.loglinear_proximal_logprobs`, the
-  π_prox approximation for ``prox_logp: loglinear``.
+  π_prox approximation for ``prox_logp: loglinear``;
+- ``advantage_norm/batch``: :func:`areal.plugins.losses.advantages.normalize_batch_advantages`
+  (``algorithm.advantage_norm: batch``), ``(advantages [N, T], loss_mask [N, T]) -> [N, T]``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ BUILTIN_LOSSES: dict[str, str] = {
     f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
     f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",
     "proximal/loglinear": f"{_PKG}.ppo:loglinear_proximal_logprobs",
+    "advantage_norm/batch": f"{_PKG}.advantages:normalize_batch_advantages",
 }
 
 

@@ -79,15 +79,15 @@ def check_loss(setup: EngineSetup) -> None:
     loss does not take is logged as ignored), values by one call on four tokens; sequence-level
     options need whole sequences on a rank (no context parallelism). Raises
     :class:`EngineError` with one ``key: why; fix`` per problem."""
-    from areal.core.plugins import registry
-    from areal.plugins.losses.options import (
+    from areal.core.loss_options import (
         OPTIONS_KEY,
         TYPED_OPTIONS,
         call_options,
         check_advantage_options,
         ignored_typed,
     )
-    from areal.plugins.losses.probe import probe_loss
+    from areal.core.plugins import registry
+    from areal.plugins.trainer.loss_probe import probe_loss
 
     algo = setup.algorithm
     try:

@@ -35,14 +35,13 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from areal.core.loss_options import call_options
 from areal.core.plugins import registry
 from areal.core.registry import Registry
 from areal.core.types import Sample
-from areal.plugins.losses.advantages import normalize_batch_advantages
-from areal.plugins.losses.options import call_options
-from areal.plugins.losses.probe import probe_loss
 from areal.plugins.models.attention import AttentionBackend
 from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.trainer.loss_probe import probe_loss
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
 
@@ -244,7 +243,7 @@ def train_step(
     weighted so the loss is still the mean over all the minibatch's valid tokens. ``losses`` is the
     loss registry (default: the process-wide one); ``loss`` names the loss in it, called with
     ``loss_options`` and, where it names them, ``eps_clip``, ``eps_clip_high`` and
-    ``behavior_weight_cap`` (:func:`~areal.plugins.losses.options.call_options`). With ``kl_coef > 0`` each sample's reward is
+    ``behavior_weight_cap`` (:func:`~areal.core.loss_options.call_options`). With ``kl_coef > 0`` each sample's reward is
     lowered by ``kl_coef ×`` its KL to ``reference`` (:func:`reference_kl`) before the advantages.
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
@@ -309,8 +308,9 @@ def train_step(
         loss_mask=loss_mask,
         **(advantage_options or {}),
     )
-    if advantage_norm == "batch":
-        token_adv = normalize_batch_advantages(token_adv, loss_mask)
+    if advantage_norm != "none":
+        normalize = _resolve(losses.get(f"advantage_norm/{advantage_norm}", key="advantage_norm"))
+        token_adv = normalize(token_adv, loss_mask)
     token_adv = token_adv.to(device=device, dtype=torch.float32)
 
     # 2. Proximal log-probs with the pre-update weights, before any optimizer step.

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from areal.plugins.losses.options import OPTIONS_KEY
+from areal.core.loss_options import OPTIONS_KEY
 
 __all__ = ["probe_loss"]
 
