@@ -384,6 +384,7 @@ class TrainerLoop:
                 group_ids.extend([gid] * len(entry.samples))
         min_versions = [v for v in (s.min_version for s in samples) if v >= 0]
         reward = sum(s.reward for s in samples) / len(samples)
+        flat = sum(1 for group in batch if _flat(group))
         started = time.perf_counter()
         stats = await asyncio.to_thread(
             self.engine.step, samples, group_ids=group_ids, current_version=self.version
@@ -402,6 +403,7 @@ class TrainerLoop:
             "updated": float(len(samples)),
             "reward": reward,
             "groups": float(len(batch)),
+            "flat_groups": float(flat),
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
             "train_seconds": train_s,
             "sync_seconds": sync_s,
@@ -417,6 +419,7 @@ class TrainerLoop:
                 "clip_fraction": stats["clip_fraction"],
                 "behave_approx_kl": stats.get("behave_approx_kl", 0.0),
                 "groups": len(batch),
+                "flat_groups": flat,
                 "train_seconds": train_s,
                 "sync_seconds": sync_s,
                 **{k: v for k, v in self.counters().items() if k not in ("version", "steps")},
@@ -425,6 +428,13 @@ class TrainerLoop:
                 values["kl_ref"] = stats["kl_ref"]
             self.metrics.write("train", self._steps, values)
         return result
+
+
+def _flat(group: list[_Entry]) -> bool:
+    """Do all the group's samples have one reward? Then GRPO/RLOO give it zero advantage: the
+    group teaches nothing (a group of one sample is flat too)."""
+    rewards = {s.reward for entry in group for s in entry.samples}
+    return len(rewards) <= 1
 
 
 def _group_text(group: Hashable) -> str:

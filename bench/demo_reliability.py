@@ -1,0 +1,107 @@
+"""How often does ``make demo`` pass on this machine? Runs the demo N times from scratch.
+
+Each run is what a newcomer's first ``make demo`` is: a fresh output directory (no cached tiny
+model, no cached warm start), ``python -m areal.demo`` as the Makefile runs it, its own check
+(the reward of the last 20 % of steps beats the first 20 % by ≥ 0.5). With ``--load`` a
+CPU-bound process (a busy loop) runs beside each demo: "idle or with one other CPU-bound process
+running". Prints the success count, the distribution of the rise, the wall time of each run, and
+for a failed run the demo's own diagnosis line; ``--json`` keeps it all.
+
+    .venv/bin/python bench/demo_reliability.py --runs 20 [--load] [--json out.json] [--set k=v]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def busy() -> None:
+    """One core's worth of CPU load, until killed."""
+    x = 0
+    while True:
+        x = (x * 1103515245 + 12345) % 2**31
+
+
+def one_run(out: Path, overrides: list[str]) -> dict[str, Any]:
+    """One fresh demo in ``out``: passed, rise, wall seconds, and the demo's last lines."""
+    shutil.rmtree(out, ignore_errors=True)
+    command = [sys.executable, "-m", "areal.demo", "--config", "configs/quickstart.yaml"]
+    command += ["--output-dir", str(out)]
+    for item in overrides:
+        command += ["--set", item]
+    started = time.monotonic()
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    record: dict[str, Any] = {"passed": done.returncode == 0, "seconds": round(seconds, 1)}
+    summary = out / "summary.json"
+    if summary.is_file():
+        history = json.loads(summary.read_text())["history"]
+        rewards = [h["reward"] for h in history]
+        k = max(1, round(len(rewards) * 0.2))
+        first, last = sum(rewards[:k]) / k, sum(rewards[-k:]) / k
+        record.update(first=round(first, 3), last=round(last, 3), rise=round(last - first, 3))
+        record["flat_groups"] = [int(h.get("flat_groups", 0)) for h in history]
+    tail = [line for line in done.stdout.splitlines() if line.strip()][-3:]
+    record["tail"] = tail
+    return record
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--load", action="store_true", help="a CPU-bound process beside each run")
+    parser.add_argument("--json", type=Path, help="write every run's record here")
+    parser.add_argument("--set", action="append", default=[], help="a demo override, key=value")
+    args = parser.parse_args()
+    records = []
+    with tempfile.TemporaryDirectory(prefix="areal-demo-") as tmp:
+        for i in range(args.runs):
+            loader = multiprocessing.Process(target=busy, daemon=True) if args.load else None
+            if loader is not None:
+                loader.start()
+            try:
+                record = one_run(Path(tmp) / f"run{i}", args.set)
+            finally:
+                if loader is not None:
+                    loader.kill()
+                    loader.join()
+            records.append(record)
+            verdict = "pass" if record["passed"] else "FAIL"
+            print(
+                f"run {i + 1}/{args.runs}: {verdict} rise {record.get('rise', float('nan')):+.2f} "
+                f"({record.get('first', 0):.2f} -> {record.get('last', 0):.2f}) "
+                f"{record['seconds']:.0f} s",
+                flush=True,
+            )
+            if not record["passed"]:
+                for line in record["tail"]:
+                    print(f"    {line}", flush=True)
+    passed = sum(r["passed"] for r in records)
+    rises = sorted(r["rise"] for r in records if "rise" in r)
+    seconds = [r["seconds"] for r in records]
+    print(f"passed {passed}/{len(records)}{' (with one CPU-bound process beside)' * args.load}")
+    if rises:
+        print(
+            f"rise: min {rises[0]:+.2f}, median {statistics.median(rises):+.2f}, "
+            f"max {rises[-1]:+.2f}; all: {', '.join(f'{r:+.2f}' for r in rises)}"
+        )
+    print(f"wall time: median {statistics.median(seconds):.0f} s, max {max(seconds):.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"load": args.load, "runs": records}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
