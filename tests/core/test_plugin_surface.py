@@ -153,30 +153,22 @@ def by_config_keys(kind: str, names: list[str]) -> set[str]:
     return covered
 
 
-def proximal_by_prox_logp(names: list[str]) -> set[str]:
-    """``proximal/<name>`` losses: ``algorithm.prox_logp: <name>``."""
-    field = AlgorithmConfig.model_fields["prox_logp"]
-    covered = set()
-    for name in (n for n in names if n.startswith("proximal/")):
-        choice = name.removeprefix("proximal/")
-        assert choice in get_args(field.annotation)
-        assert config_errors("algorithm.prox_logp", choice) == []
-        covered.add(name)
-    assert config_errors("algorithm.prox_logp", "nope")
-    return covered
+def by_algorithm_literal(field_name: str, prefix: str) -> Callable[[list[str]], set[str]]:
+    """``{prefix}<name>`` losses chosen by the literal field ``algorithm.<field_name>: <name>``
+    (``proximal/`` by ``prox_logp``, ``advantage_norm/`` by ``advantage_norm``)."""
 
+    def covered_by(names: list[str]) -> set[str]:
+        field = AlgorithmConfig.model_fields[field_name]
+        covered = set()
+        for name in (n for n in names if n.startswith(prefix)):
+            choice = name.removeprefix(prefix)
+            assert choice in get_args(field.annotation)
+            assert config_errors(f"algorithm.{field_name}", choice) == []
+            covered.add(name)
+        assert config_errors(f"algorithm.{field_name}", "nope")
+        return covered
 
-def norms_by_advantage_norm(names: list[str]) -> set[str]:
-    """``advantage_norm/<name>`` losses: ``algorithm.advantage_norm: <name>``."""
-    field = AlgorithmConfig.model_fields["advantage_norm"]
-    covered = set()
-    for name in (n for n in names if n.startswith("advantage_norm/")):
-        choice = name.removeprefix("advantage_norm/")
-        assert choice in get_args(field.annotation)
-        assert config_errors("algorithm.advantage_norm", choice) == []
-        covered.add(name)
-    assert config_errors("algorithm.advantage_norm", "nope")
-    return covered
+    return covered_by
 
 
 def queues_by_gateway_sink(names: list[str]) -> set[str]:
@@ -245,7 +237,10 @@ def panels_by_monitor(names: list[str]) -> set[str]:
 
 # Selectors that are not run config keys, by registry kind.
 OTHER_SELECTORS: dict[str, list[Callable[[list[str]], set[str]]]] = {
-    "losses": [proximal_by_prox_logp, norms_by_advantage_norm],
+    "losses": [
+        by_algorithm_literal("prox_logp", "proximal/"),
+        by_algorithm_literal("advantage_norm", "advantage_norm/"),
+    ],
     "queues": [queues_by_gateway_sink],
     "model_families": [families_by_checkpoint],
     "tool_parsers": [tool_parsers_by_router_config],
