@@ -223,6 +223,11 @@ class DatasetConfig(_Section):
     split: str = Field(default="train", description="Split of the dataset to read.")
     shuffle: bool = Field(default=True, description="Shuffle tasks each pass.")
     seed: int = Field(default=0, description="Seed of the shuffle (and of the run).")
+    success_reward: float | None = Field(
+        default=None,
+        description="An episode whose reward reaches this solved its task; [train] then shows "
+        "the step's success rate (default: the task set's own rule, none for a file).",
+    )
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetConfig:

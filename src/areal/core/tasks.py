@@ -38,6 +38,9 @@ class TaskSet:
     task: Callable[[int, int], dict[str, Any]]
     agent: str  # "module:attr" of the AgentFn (areal.run.rollout) written for these tasks
     demonstration: Callable[[int, int], dict[str, Any]] | None = None
+    # An episode whose reward reaches this solved its task: the run reports the success rate,
+    # which says more than the mean of a reward with partial credit.
+    success_reward: float | None = None
 
 
 def task_set(name: str) -> TaskSet:

@@ -85,6 +85,7 @@ class _Entry:
     samples: list[Sample]
     session_id: str = ""
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    reward: float | None = None  # the episode's reward, for the step's success rate
 
 
 @dataclasses.dataclass
@@ -125,6 +126,7 @@ class TrainerLoop:
         poll_timeout: float = 0.2,
         kl_penalty: bool = False,
         group_wait_s: float = GROUP_WAIT_S,
+        success_reward: float | None = None,
     ) -> None:
         if trigger_batch_size < 1:
             raise ValueError(f"trigger_batch_size must be >= 1; got {trigger_batch_size}")
@@ -141,6 +143,8 @@ class TrainerLoop:
             raise ValueError(f"global_batch_size must be >= 1; got {self.batch_size}")
         self.staleness_threshold = staleness_threshold if async_enabled else 0
         self.kl_penalty = kl_penalty  # ``kl_ref`` goes into the train event
+        # An episode whose reward reaches this solved its task: the step's ``success`` rate.
+        self.success_reward = success_reward
         self.metrics = metrics
         self.version = start_version
         self.poll_timeout = poll_timeout
@@ -192,7 +196,7 @@ class TrainerLoop:
         self._received += len(trajectory.samples)
         samples = self._fresh(list(trajectory.samples))
         if samples:
-            group.entries.append(_Entry(samples, trajectory.session_id, meta))
+            group.entries.append(_Entry(samples, trajectory.session_id, meta, trajectory.reward))
         elif trajectory.samples:
             self._dropped_trajectories += 1
 
@@ -291,7 +295,7 @@ class TrainerLoop:
             Trajectory(
                 session_id=entry.session_id,
                 samples=list(entry.samples),
-                reward=None,
+                reward=entry.reward,
                 completions=0,
                 metadata={
                     **entry.metadata,
@@ -343,7 +347,7 @@ class TrainerLoop:
             group = self._groups[name]
             group.accounted = max(group.accounted, group.trajectories + 1)
             if t.samples:
-                group.entries.append(_Entry(list(t.samples), t.session_id, meta))
+                group.entries.append(_Entry(list(t.samples), t.session_id, meta, t.reward))
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -385,6 +389,7 @@ class TrainerLoop:
         min_versions = [v for v in (s.min_version for s in samples) if v >= 0]
         reward = sum(s.reward for s in samples) / len(samples)
         flat = sum(1 for group in batch if _flat(group))
+        success = self._success_rate(batch)
         started = time.perf_counter()
         stats = await asyncio.to_thread(
             self.engine.step, samples, group_ids=group_ids, current_version=self.version
@@ -404,6 +409,7 @@ class TrainerLoop:
             "reward": reward,
             "groups": float(len(batch)),
             "flat_groups": float(flat),
+            **({} if success is None else {"success": success}),
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
             "train_seconds": train_s,
             "sync_seconds": sync_s,
@@ -413,6 +419,7 @@ class TrainerLoop:
                 "updated": len(samples),
                 "loss": stats["loss"],
                 "reward": reward,
+                **({} if success is None else {"success": success}),
                 "version": self.version,
                 "max_staleness": result["max_staleness"],
                 "grad_norm": stats["grad_norm"],
@@ -428,6 +435,13 @@ class TrainerLoop:
                 values["kl_ref"] = stats["kl_ref"]
             self.metrics.write("train", self._steps, values)
         return result
+
+    def _success_rate(self, batch: list[list[_Entry]]) -> float | None:
+        """The share of the batch's episodes that solved their task (None: no success rule)."""
+        rewards = [e.reward for group in batch for e in group if e.reward is not None]
+        if self.success_reward is None or not rewards:
+            return None
+        return sum(r >= self.success_reward - 1e-9 for r in rewards) / len(rewards)
 
 
 def _flat(group: list[_Entry]) -> bool:

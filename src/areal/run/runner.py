@@ -237,6 +237,7 @@ class _Run:
             start_version=self.version,
             kl_penalty=bool(config.algorithm.kl_coef),
             group_wait_s=config.async_.group_wait_s,
+            success_reward=success_reward(config),
         )
         if checkpoint:
             loop.restore(checkpoint.state["loop"], checkpoint.pending)
@@ -614,3 +615,13 @@ def _write_summary(path: Path, summary: RunSummary) -> None:
     import dataclasses
 
     path.write_text(json.dumps(dataclasses.asdict(summary), indent=2, default=str) + "\n")
+
+
+def success_reward(config: RunConfig) -> float | None:
+    """The reward at which an episode solved its task: ``dataset.success_reward``, else the
+    task set's own rule (a tasks file has none unless the config gives one)."""
+    if config.dataset.success_reward is not None or config.dataset.name is None:
+        return config.dataset.success_reward
+    from areal.core.tasks import task_set
+
+    return task_set(config.dataset.name).success_reward

@@ -1,23 +1,28 @@
-"""``calculator``: learn an undocumented calculator's protocol by trial and error, then reply.
+"""``calculator``: answer "What is 7 squared?" through an undocumented calculator.
 
-The task ``make demo`` trains on. The user asks "What is 7 squared?". Turn 1 the model writes a
-request to a calculator whose syntax it was never told; the agent (the environment) runs it and
-answers in a user message: ``= 49`` when it understood (only ``square N`` works), else
-``error: unknown command``. Turn 2 the model replies to the user; the grader reads only a bare
-number. Two model calls per episode with the environment's feedback between them, written with
-nothing but the plain ``openai`` SDK.
+The task ``make demo`` trains on. Turn 1 the model writes a request to a calculator whose syntax
+it was never told; the agent (the environment) runs it and answers in a user message: ``= 49``
+when it understood (only ``square N`` works), else ``error: unknown command``. Turn 2 the model
+replies to the user, and the grader reads only a bare number. Two model calls per episode with
+the environment's feedback between them, written with nothing but the plain ``openai`` SDK.
 
-The format warm start (:func:`demonstration`) shows episodes of the right *shape* with requests
-and replies in eight and six styles at random (and random numbers), so it teaches what an
-episode looks like but not which request the calculator accepts or which reply the grader
-reads: that is what RL finds out, from the reward alone (0.6 the calculator understood the
-request, 0.4 the reply is a bare number). Whether the number is right is not rewarded.
+The episode succeeds when the reply is exactly the right number, which takes three things: the
+calculator's syntax, the question's number in the request, and the calculator's result copied
+into a bare reply. The reward (:func:`score`) counts each: 0.3 the calculator understood the
+request, 0.4 the reply's one number is the right answer, 0.3 that number is all the reply says;
+only an episode with all three (1.0) is a success.
 
-Why this and not copying numbers from the question into a tool call (:mod:`.tool_then_answer`,
-which rewards exactly that): a tiny random-init model has no copying circuit, and building one
-took it hundreds of steps even fully supervised (measured), while learning which of a few
-behaviours the environment rewards takes it tens: the five minutes of ``make demo`` on two
-cores show the second, a real policy model the first.
+The format warm start (:func:`demonstration`) shows episodes of the right *shape*: a request
+about the question's number in one of eight styles, the calculator's true answer, and a reply
+in one of six styles that repeats the calculator's result (a random number when it did not
+understand). It never says which request the calculator accepts or which reply the grader
+reads, so the warm-started model succeeds about once in fifty episodes; RL has to find the rest
+from the reward, using the calculator's feedback.
+
+Why not copying numbers from the question into a tool call as the whole task
+(:mod:`.tool_then_answer`): a tiny random-init model has no copying circuit, and building one
+took it hundreds of steps even fully supervised (measured), while the demo has two cores and a
+few minutes.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ if TYPE_CHECKING:
     from areal.core.episode import Episode
 
 NAME = "calculator"
-DESCRIPTION = "Find the calculator's request syntax and the grader's reply format by trial."
+DESCRIPTION = "Answer squares right through a calculator whose syntax must be found by trial."
 
 # What a warm-started model tries; only the first request style is the calculator's.
 REQUEST_STYLES = (
@@ -49,12 +54,13 @@ REQUEST_STYLES = (
 REPLY_STYLES = ("{r}", "It is {r}.", "The answer is {r}", "{r}!", "Result: {r}", "= {r}")
 REQUEST_MAX_TOKENS = 10
 REPLY_MAX_TOKENS = 8
-UNDERSTOOD = 0.6
-BARE_NUMBER = 0.4
+RIGHT_ANSWER = 1.0  # the reward: the reply is the right number, bare; nothing else earns
+SUCCESS_REWARD = RIGHT_ANSWER
 UNKNOWN = "error: unknown command"
 
 _REQUEST = re.compile(r"\s*square (\d+)\s*")
 _INTEGER = re.compile(r"\s*(-?\d+)\s*")
+_FIRST_NUMBER = re.compile(r"-?\d+")
 
 
 def task(index: int, seed: int) -> dict[str, Any]:
@@ -69,15 +75,16 @@ def task(index: int, seed: int) -> dict[str, Any]:
 
 
 def demonstration(index: int, seed: int) -> dict[str, Any]:
-    """A format-only episode: the question, a request in a random style with a random number,
-    the calculator's true answer to it, and a reply in a random style."""
+    """A format-only episode: the question, a request about its number in a random style, the
+    calculator's true answer to it, and a reply in a random style repeating that answer (a
+    random number when the calculator did not understand)."""
     rng = random.Random(f"{NAME}-demo:{seed}:{index}")
-    x = rng.randint(0, LARGEST)
-    request = rng.choice(REQUEST_STYLES).format(n=x)
+    question = task(index, seed)
+    request = rng.choice(REQUEST_STYLES).format(n=question["n"])
     answer = calculate(request)
     result = answer.removeprefix("= ") if answer != UNKNOWN else str(rng.randint(0, 81))
     messages = [
-        {"role": "user", "content": task(index, seed)["question"]},
+        {"role": "user", "content": question["question"]},
         {"role": "assistant", "content": request},
         {"role": "user", "content": answer},
         {"role": "assistant", "content": rng.choice(REPLY_STYLES).format(r=result)},
@@ -91,19 +98,24 @@ def parse_request(text: str) -> int | None:
 
 
 def calculate(text: str) -> str:
-    """The environment: ``square N`` -> ``= N*N``; anything else is not understood."""
+    """The environment: ``square N`` -> ``= N*N``. A request it does not understand it reads as
+    the first number in it (``pow 7 2`` -> ``= 7``), the way a calculator ignores keys it has
+    no use for; with no number at all it answers ``error: unknown command``."""
     n = parse_request(text)
-    return UNKNOWN if n is None else f"= {n * n}"
+    if n is not None:
+        return f"= {n * n}"
+    number = _FIRST_NUMBER.search(text or "")
+    return UNKNOWN if number is None else f"= {int(number.group())}"
 
 
 def score(task: Mapping[str, Any], request: str, reply: str | None) -> Score:
-    """``call``: the calculator understood; ``a``: the reply is a bare number."""
+    """``answer``: the reply is the right number and nothing else. Nothing short of the right
+    answer earns anything: partial credit (for a request the calculator understood, for a bare
+    number) reinforced whatever styles co-occurred with it, and runs collapsed onto them."""
     parts: dict[str, float] = {}
-    if parse_request(request) is not None:
-        parts["call"] = UNDERSTOOD
     match = _INTEGER.fullmatch(reply or "")
-    if match:
-        parts["a"] = BARE_NUMBER
+    if match and match.group(1) == task["answer"]:
+        parts["answer"] = RIGHT_ANSWER
     return Score(**parts)
 
 

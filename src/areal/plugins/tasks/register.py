@@ -18,5 +18,6 @@ def areal_register_task_sets(register: Register) -> None:
                 task=module.task,
                 agent=f"{module.__name__}:agent",
                 demonstration=module.demonstration,
+                success_reward=module.SUCCESS_REWARD,
             ),
         )

@@ -51,6 +51,7 @@ ANSWER_MAX_TOKENS = 8
 VALID_CALL = 0.2
 EACH_ARGUMENT = 0.2
 ANSWER = 0.4
+SUCCESS_REWARD = 1.0  # a right call and the right answer
 
 _INTEGER = re.compile(r"-?\d+")
 
@@ -131,10 +132,11 @@ class Score:
     a: float = 0.0  # its first argument is the question's first number
     b: float = 0.0
     answer: float = 0.0  # the final answer is the true sum
+    format: float = 0.0  # the answer is in the grader's format (a task set that grades it)
 
     @property
     def total(self) -> float:
-        return round(self.call + self.a + self.b + self.answer, 6)
+        return round(self.call + self.a + self.b + self.answer + self.format, 6)
 
 
 def score(task: Mapping[str, Any], call: tuple[str, str] | None, answer: str | None) -> Score:
