@@ -167,3 +167,28 @@ def test_an_incomplete_group_survives_a_checkpoint(model_dir: str, tmp_path: Pat
     assert resumed.counters() == loop.counters()
     resumed.add(member("a", 3))  # the fourth accounted member completes it
     assert sessions(resumed._take_batch()) == [["a-0", "a-2", "a-3"]]
+
+
+def test_the_step_reports_the_share_of_episodes_that_solved_their_task(model_dir: str) -> None:
+    """``success``: episodes whose reward reaches ``success_reward`` (rewards 0, 1, 2, 3 against
+    2.0 -> half), carried through a checkpoint's pending trajectories; no rule, no key."""
+    engine = Recording(model_dir)
+    loop = make_loop(engine, success_reward=2.0)
+    for i in range(4):
+        loop.add(member("g", i))
+    (stats,) = asyncio.run(loop.run(1))
+    assert stats["success"] == 0.5
+
+    waiting = make_loop(engine, success_reward=2.0)
+    for i in (1, 3):
+        waiting.add(member("h", i, size=2))
+    resumed = make_loop(engine, success_reward=2.0, trigger_batch_size=2)
+    resumed.restore(waiting.state_dict(), waiting.pending())
+    (stats,) = asyncio.run(resumed.run(1))
+    assert stats["success"] == 0.5  # reward 3 solved it, reward 1 did not
+
+    plain = make_loop(engine)
+    for i in range(4):
+        plain.add(member("k", i))
+    (stats,) = asyncio.run(plain.run(1))
+    assert "success" not in stats

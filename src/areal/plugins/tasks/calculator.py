@@ -54,6 +54,7 @@ REQUEST_STYLES = (
 REPLY_STYLES = ("{r}", "It is {r}.", "The answer is {r}", "{r}!", "Result: {r}", "= {r}")
 REQUEST_MAX_TOKENS = 10
 REPLY_MAX_TOKENS = 8
+SMALLEST = 2  # 0 and 1 are their own squares: a misread request would answer them right
 RIGHT_ANSWER = 1.0  # the reward: the reply is the right number, bare; nothing else earns
 SUCCESS_REWARD = RIGHT_ANSWER
 UNKNOWN = "error: unknown command"
@@ -65,7 +66,7 @@ _FIRST_NUMBER = re.compile(r"-?\d+")
 
 def task(index: int, seed: int) -> dict[str, Any]:
     """Task ``index`` of the stream seeded ``seed``: the same numbers on every machine."""
-    n = random.Random(f"{NAME}:{seed}:{index}").randint(0, LARGEST)
+    n = random.Random(f"{NAME}:{seed}:{index}").randint(SMALLEST, LARGEST)
     return {
         "task_id": f"{NAME}-{seed}-{index}",
         "question": f"What is {n} squared?",
