@@ -31,3 +31,10 @@ def test_a_run_whose_groups_all_went_flat_is_named_so() -> None:
 def test_mostly_flat_groups_and_a_slow_rise_are_told_apart() -> None:
     assert diagnose([step(n, 12) for n in range(1, 11)]).startswith("75% of the groups")
     assert "train.max_steps" in diagnose([step(n, 1) for n in range(1, 11)])
+
+
+def test_first_and_last_fifth_of_the_steps() -> None:
+    from areal.demo import first_and_last
+
+    assert first_and_last([0.0] * 6 + [0.5] * 18 + [1.0] * 6) == (0.0, 1.0)
+    assert first_and_last([0.2, 0.8]) == (0.2, 0.8)  # at least one step each

@@ -1,35 +1,36 @@
-"""``calculator``: answer "What is 7 squared?" through an undocumented calculator.
+"""``calculator``: answer "What is 7 squared?" with a calculator whose keys are unlabelled.
 
-The task ``make demo`` trains on. Turn 1 the model writes a request to a calculator whose syntax
-it was never told; the agent (the environment) runs it and answers in a user message: ``= 49``
-when it understood (only ``square N`` works), else ``error: unknown command``. Turn 2 the model
-replies to the user, and the grader reads only a bare number. Two model calls per episode with
-the environment's feedback between them, written with nothing but the plain ``openai`` SDK.
+The task ``make demo`` trains on. The question's number is already on the calculator's display;
+turn 1 the model names the key to press, not knowing which key does what; the agent (the
+environment) presses it and answers in a user message with the display (``= 49`` for
+``square``; ``= 14`` for ``double``, ``= 343`` for ``cube``, ...; ``error: no such key`` for
+anything else). Turn 2 the model replies to the user, and the grader reads only a bare number.
+Two model calls per episode with the environment's feedback between them, written with nothing
+but the plain ``openai`` SDK.
 
-The episode succeeds when the reply is exactly the right number, which takes three things: the
-calculator's syntax, the question's number in the request, and the calculator's result copied
-into a bare reply. The reward (:func:`score`) counts each: 0.3 the calculator understood the
-request, 0.4 the reply's one number is the right answer, 0.3 that number is all the reply says;
-only an episode with all three (1.0) is a success.
+The reward (:func:`score`) is 1 for the right answer and 0 for anything else, and a right answer
+takes three things: the key that squares, the calculator's result read off its reply, and that
+result given as a bare number. Every key computes something real and, for the questions asked
+(3 to 9), never the square, so a wrong key always gives a wrong answer.
 
-The format warm start (:func:`demonstration`) shows episodes of the right *shape*: a request
-about the question's number in one of eight styles, the calculator's true answer, and a reply
-in one of six styles that repeats the calculator's result (a random number when it did not
-understand). It never says which request the calculator accepts or which reply the grader
-reads, so the warm-started model succeeds about once in fifty episodes; RL has to find the rest
-from the reward, using the calculator's feedback.
+Measured on the way here (docs/benchmarks.md): partial credit (for a request the calculator
+understood, for any bare number) was reachable without ever answering right, reinforced the
+styles that co-occurred with it, and about one run in four collapsed onto them; a request that
+had to restate the question's number (``square 7``) lost that copy under RL (runs settled on
+``square 3`` for every question); and where a misread request gave back one of its own numbers,
+runs learned to reply with the request's number.
 
-Why not copying numbers from the question into a tool call as the whole task
-(:mod:`.tool_then_answer`): a tiny random-init model has no copying circuit, and building one
-took it hundreds of steps even fully supervised (measured), while the demo has two cores and a
-few minutes.
+The format warm start (:func:`demonstration`) shows episodes of the right *shape*: a key chosen
+at random, the calculator's true result, and a reply in one of six styles repeating it. It never
+says which key squares or which reply the grader reads, so one demonstration in 48 is a right
+answer, and the warm-started model answers right in a few percent of episodes; RL finds the rest
+from the reward, and only by reading the calculator's feedback.
 """
 
 from __future__ import annotations
 
 import random
-import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat, play_episode
@@ -38,30 +39,26 @@ if TYPE_CHECKING:
     from areal.core.episode import Episode
 
 NAME = "calculator"
-DESCRIPTION = "Answer squares right through a calculator whose syntax must be found by trial."
+DESCRIPTION = "Square a digit with a calculator whose keys must be found by trial."
 
-# What a warm-started model tries; only the first request style is the calculator's.
-REQUEST_STYLES = (
-    "square {n}",
-    "pow {n} 2",
-    "{n}^2",
-    "calc {n}*{n}",
-    "compute {n} times {n}",
-    "multiply {n} {n}",
-    "{n} squared",
-    "eval {n}**2",
-)
+# The calculator's keys; what a warm-started model tries. Only ``square`` answers the question.
+KEYS: dict[str, Callable[[int], int]] = {
+    "square": lambda n: n * n,
+    "double": lambda n: 2 * n,
+    "cube": lambda n: n**3,
+    "increment": lambda n: n + 1,
+    "decrement": lambda n: n - 1,
+    "negate": lambda n: -n,
+    "tenfold": lambda n: 10 * n,
+    "triangle": lambda n: n * (n + 1) // 2,
+}
 REPLY_STYLES = ("{r}", "It is {r}.", "The answer is {r}", "{r}!", "Result: {r}", "= {r}")
-REQUEST_MAX_TOKENS = 10
+REQUEST_MAX_TOKENS = 8  # the longest key is 6 tokens
 REPLY_MAX_TOKENS = 8
-SMALLEST = 2  # 0 and 1 are their own squares: a misread request would answer them right
+SMALLEST = 3  # from 3 on, no key but square gives the square (2 doubled is 2 squared)
 RIGHT_ANSWER = 1.0  # the reward: the reply is the right number, bare; nothing else earns
 SUCCESS_REWARD = RIGHT_ANSWER
-UNKNOWN = "error: unknown command"
-
-_REQUEST = re.compile(r"\s*square (\d+)\s*")
-_INTEGER = re.compile(r"\s*(-?\d+)\s*")
-_FIRST_NUMBER = re.compile(r"-?\d+")
+UNKNOWN = "error: no such key"
 
 
 def task(index: int, seed: int) -> dict[str, Any]:
@@ -76,48 +73,32 @@ def task(index: int, seed: int) -> dict[str, Any]:
 
 
 def demonstration(index: int, seed: int) -> dict[str, Any]:
-    """A format-only episode: the question, a request about its number in a random style, the
-    calculator's true answer to it, and a reply in a random style repeating that answer (a
-    random number when the calculator did not understand)."""
+    """A format-only episode: the question, a key chosen at random, the calculator's true
+    result, and a reply in a random style repeating it."""
     rng = random.Random(f"{NAME}-demo:{seed}:{index}")
     question = task(index, seed)
-    request = rng.choice(REQUEST_STYLES).format(n=question["n"])
-    answer = calculate(request)
-    result = answer.removeprefix("= ") if answer != UNKNOWN else str(rng.randint(0, 81))
+    key = rng.choice(list(KEYS))
+    display = calculate(key, question["n"])
     messages = [
         {"role": "user", "content": question["question"]},
-        {"role": "assistant", "content": request},
-        {"role": "user", "content": answer},
-        {"role": "assistant", "content": rng.choice(REPLY_STYLES).format(r=result)},
+        {"role": "assistant", "content": key},
+        {"role": "user", "content": display},
+        {"role": "assistant", "content": rng.choice(REPLY_STYLES).format(r=display[2:])},
     ]
     return {"messages": messages, "tools": []}
 
 
-def parse_request(text: str) -> int | None:
-    match = _REQUEST.fullmatch(text or "")
-    return int(match.group(1)) if match else None
-
-
-def calculate(text: str) -> str:
-    """The environment: ``square N`` -> ``= N*N``. A request it does not understand it reads as
-    the first number in it (``pow 7 2`` -> ``= 7``), the way a calculator ignores keys it has
-    no use for; with no number at all it answers ``error: unknown command``."""
-    n = parse_request(text)
-    if n is not None:
-        return f"= {n * n}"
-    number = _FIRST_NUMBER.search(text or "")
-    return UNKNOWN if number is None else f"= {int(number.group())}"
+def calculate(request: str, n: int) -> str:
+    """The environment: press the key ``request`` names with ``n`` on the display."""
+    key = KEYS.get((request or "").strip())
+    return UNKNOWN if key is None else f"= {key(n)}"
 
 
 def score(task: Mapping[str, Any], request: str, reply: str | None) -> Score:
     """``answer``: the reply is the right number and nothing else. Nothing short of the right
-    answer earns anything: partial credit (for a request the calculator understood, for a bare
-    number) reinforced whatever styles co-occurred with it, and runs collapsed onto them."""
-    parts: dict[str, float] = {}
-    match = _INTEGER.fullmatch(reply or "")
-    if match and match.group(1) == task["answer"]:
-        parts["answer"] = RIGHT_ANSWER
-    return Score(**parts)
+    answer earns anything (the module's docstring says why)."""
+    text = (reply or "").strip()
+    return Score(answer=RIGHT_ANSWER if text == task["answer"] else 0.0)
 
 
 async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int = 2) -> Outcome:
@@ -130,7 +111,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     if max_calls < 2:
         outcome.score = score(task, request, None)
         return outcome
-    messages.append({"role": "user", "content": calculate(request)})
+    messages.append({"role": "user", "content": calculate(request, task["n"])})
     reply = str((await chat(client, model, messages, REPLY_MAX_TOKENS, outcome)).content or "")
     messages.append({"role": "assistant", "content": reply})
     outcome.score = score(task, request, reply)
