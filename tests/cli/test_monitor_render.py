@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 
-from areal.cli.monitor.render import header, render, sparkline
+from areal.cli.monitor.render import curves_panel, header, render, sparkline
 from areal.cli.monitor.source import read_records
 from areal.cli.monitor.state import MonitorState
 from areal.core import hookspecs
@@ -108,6 +108,15 @@ def test_the_header_names_the_loss_when_the_run_event_has_one() -> None:
     assert "loss" not in header(state).plain  # a run recorded before the event named it
     state.feed({"event": "run", "step": 0, "time": 101.0, "max_steps": 10, "loss": "sapo"})
     assert "  loss sapo  " in header(state).plain
+
+
+def test_task_success_is_a_curve_when_the_run_reports_it() -> None:
+    state = MonitorState()
+    state.feed({"event": "train", "step": 1, "time": 1.0, "reward": 0.5, "loss": 0.1})
+    assert "task success" not in text_of(curves_panel(state))  # no success rule: no row
+    state.feed({"event": "train", "step": 2, "time": 2.0, "reward": 0.5, "success": 0.25})
+    row = next(line for line in text_of(curves_panel(state)).splitlines() if "task success" in line)
+    assert "0.250" in row
 
 
 def test_rates_eta_and_series_come_from_event_times() -> None:

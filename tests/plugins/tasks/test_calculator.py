@@ -21,62 +21,64 @@ def test_tasks_are_deterministic_and_registered() -> None:
     t = calc.task(3, 0)
     assert t["question"] == f"What is {t['n']} squared?" and t["answer"] == str(t["n"] ** 2)
     assert {calc.task(i, 0)["n"] for i in range(200)} == set(range(calc.SMALLEST, 10))
-    assert task_set("calculator").agent == "areal.plugins.tasks.calculator:agent"
+    found = task_set("calculator")
+    assert found.agent == "areal.plugins.tasks.calculator:agent"
+    assert found.success_reward == calc.SUCCESS_REWARD == 1.0
 
 
 @pytest.mark.parametrize(
     ("request_text", "expected"),
     [
-        ("square 7", "= 49"),
-        (" square 12 ", "= 144"),
-        ("7^2", "= 7"),  # not understood: read as its first number
-        ("compute 3 times 3", "= 3"),
-        ("square", calc.UNKNOWN),
-        ("hello", calc.UNKNOWN),
+        ("square", "= 49"),
+        (" square ", "= 49"),
+        ("double", "= 14"),
+        ("cube", "= 343"),
+        ("negate", "= -7"),
+        ("triangle", "= 28"),
+        ("square 7", calc.UNKNOWN),
+        ("", calc.UNKNOWN),
     ],
 )
-def test_the_calculator_squares_only_on_square(request_text: str, expected: str) -> None:
-    assert calc.calculate(request_text) == expected
+def test_the_calculator_presses_the_named_key(request_text: str, expected: str) -> None:
+    assert calc.calculate(request_text, 7) == expected
+
+
+def test_only_square_gives_the_square_of_any_question() -> None:
+    """So a wrong key always means a wrong answer: no key answers right by coincidence."""
+    for n in range(calc.SMALLEST, 10):
+        displays = [calc.calculate(key, n) for key in calc.KEYS]
+        assert displays.count(f"= {n * n}") == 1, (n, displays)
 
 
 @pytest.mark.parametrize(
-    ("request_text", "reply", "expected"),
+    ("reply", "expected"),
     [
-        ("square 3", "9", 1.0),  # the right number, bare
-        ("square 3", " 9 ", 1.0),
-        ("square 3", "It is 9.", 0.0),  # right, but not what the grader reads
-        ("square 4", "16", 0.0),  # the calculator's answer to the wrong question
-        ("pow 3 2", "3", 0.0),  # the calculator's misreading, copied
-        ("pow 3 2", "9", 1.0),  # right without the calculator is still right
-        ("square 3", None, 0.0),
+        ("49", 1.0),  # the right number, bare
+        (" 49 ", 1.0),
+        ("It is 49.", 0.0),  # right, but not what the grader reads
+        ("14", 0.0),  # the display after the wrong key, repeated
+        ("7", 0.0),
+        (None, 0.0),
     ],
 )
-def test_only_the_right_answer_earns(request_text: str, reply: str | None, expected: float) -> None:
-    task = {**calc.task(0, 0), "n": 3, "answer": "9"}
-    assert calc.score(task, request_text, reply).total == pytest.approx(expected)
-    assert (expected >= calc.SUCCESS_REWARD) == (expected == 1.0)
-    assert task_set("calculator").success_reward == calc.SUCCESS_REWARD
+def test_only_the_right_answer_earns(reply: str | None, expected: float) -> None:
+    task = {**calc.task(0, 0), "n": 7, "answer": "49"}
+    assert calc.score(task, "square", reply).total == pytest.approx(expected)
 
 
 def test_demonstrations_show_the_format_but_rarely_a_graded_answer() -> None:
-    """Every style appears, each request is about the question's number, the calculator's true
-    answer follows and the reply repeats it; only the styles that happen to be the calculator's
-    and the grader's make an episode a right one (about 1 in 48)."""
+    """Every key and reply style appears; the calculator's true display follows each key and the
+    reply repeats it; only the key that squares with the bare style makes a right answer, about
+    one demonstration in 48."""
     tasks = [calc.task(i, 0) for i in range(960)]
     demos = [calc.demonstration(i, 0)["messages"] for i in range(960)]
-    for style in calc.REQUEST_STYLES:
-        assert any(_matches(style, m[1]["content"]) for m in demos), style
+    assert {m[1]["content"] for m in demos} == set(calc.KEYS)
     for t, m in zip(tasks, demos, strict=True):
         assert m[0]["content"] == t["question"]
-        assert any(style.format(n=t["n"]) == m[1]["content"] for style in calc.REQUEST_STYLES)
-        assert m[2]["content"] == calc.calculate(m[1]["content"])  # the environment's answer
-        assert m[2]["content"].removeprefix("= ") in m[3]["content"]  # repeated in the reply
+        assert m[2]["content"] == calc.calculate(m[1]["content"], t["n"])
+        assert m[3]["content"] in {s.format(r=m[2]["content"][2:]) for s in calc.REPLY_STYLES}
     right = sum(calc.score(t, m[1]["content"], m[3]["content"]).total for t, m in zip(tasks, demos))
     assert 960 / 48 / 2 < right < 960 / 48 * 2
-
-
-def _matches(style: str, text: str) -> bool:
-    return any(style.format(n=n) == text for n in range(10))
 
 
 def test_the_agent_plays_two_calls_through_the_gateway(

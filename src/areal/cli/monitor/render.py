@@ -187,10 +187,13 @@ def curves_panel(state: MonitorState) -> Panel:
     table = _Rows()
     for label, event, key in (
         ("reward", "train", "reward"),
+        ("task success", "train", "success"),
         ("rollout reward", "rollout", "reward"),
         ("loss", "train", "loss"),
     ):
         values = state.series(event, key)
+        if key == "success" and not values:
+            continue  # the run has no success rule (dataset.success_reward)
         last = f"{values[-1]:.3f}" if values else "-"
         table.add_row(label, sparkline(values[-30:]), last)
     return Panel(table, title="reward and loss")
