@@ -3,6 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_STAMP := $(VENV)/.installed-demo
 DEMO_DIR ?= runs/quickstart
 CLAUDE_CODE_VERSION := 2.1.332
 # OpenClaw needs Node >= 24.16, which npm installs next to it (tests/adapters/test_openclaw_adapter.py).
@@ -13,9 +14,15 @@ OPENCLAW_NODE_VERSION := 24.22.3
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml constraints-cpu.txt
+# What `make demo` needs: areal and its runtime dependencies, nothing for the tests.
+$(DEMO_STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e .
+	touch $(DEMO_STAMP)
+
+# Everything: the test tools and the real CLIs the adapter tests drive.
+$(STAMP): $(DEMO_STAMP)
 	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev]'
 	@# The Claude Code CLI for tests/gateway/test_claude_code.py (the test skips without npm).
 	@if command -v npm >/dev/null 2>&1; then \
@@ -31,7 +38,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	else echo "npm not found: the Claude Code and OpenClaw tests will skip"; fi
 	touch $(STAMP)
 
-demo: $(STAMP)
+demo: $(DEMO_STAMP)
 	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
 
 lint: $(STAMP)
