@@ -38,3 +38,19 @@ def test_first_and_last_fifth_of_the_steps() -> None:
 
     assert first_and_last([0.0] * 6 + [0.5] * 18 + [1.0] * 6) == (0.0, 1.0)
     assert first_and_last([0.2, 0.8]) == (0.2, 0.8)  # at least one step each
+
+
+def test_a_run_that_learned_and_then_lost_it_is_named_so() -> None:
+    """Measured under load: success 0.91 by step 13, 0.02 at step 16, never back."""
+    rates = [0.0, 0.0, 0.03, 0.16, 0.19, 0.48, 0.59, 0.57, 0.65, 0.57, 0.73, 0.73, 0.91, 0.86]
+    rates += [0.73, 0.02, 0.22, 0.19, 0.01, 0.19, 0.12, 0.19, 0.12, 0.31, 0.06, 0.06, 0.09]
+    rates += [0.06, 0.10, 0.25]
+    history = [
+        {**step(n, 8), "success": r, "behave_approx_kl": -0.74 if n == 15 else -0.05}
+        for n, r in enumerate(rates, start=1)
+    ]
+    message = diagnose(history)
+    assert message.startswith("success reached 83% around step 13, then fell to 2% at step 16")
+    assert "0.74" in message and "learning_rate" in message
+    rising = [{**step(n, 4), "success": n / 30} for n in range(1, 31)]
+    assert not diagnose(rising).startswith("success reached")

@@ -121,7 +121,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def diagnose(history: list[dict[str, float]]) -> str:
-    """Why the reward did not rise enough, in a line or two, from the steps' statistics."""
+    """Why task success did not rise enough, in a line or two, from the steps' statistics."""
+    fell = collapse(history)
+    if fell:
+        return fell
     flat_from = None
     for h in history:
         all_flat = h.get("groups", 0) > 0 and h.get("flat_groups", 0) >= h["groups"]
@@ -143,6 +146,30 @@ def diagnose(history: list[dict[str, float]]) -> str:
     return (
         "the groups did differ, so the policy learned, but not enough in this many steps; try "
         "--set train.max_steps=60"
+    )
+
+
+def collapse(history: list[dict[str, float]]) -> str | None:
+    """The run learned, then lost it: success at its peak (over 3 steps) well above the last
+    20 % of steps. Named with the step it fell at and that step's policy drift."""
+    key = "success" if all("success" in h for h in history) else "reward"
+    values = [h[key] for h in history]
+    if len(values) < 5:
+        return None
+    smooth = [sum(values[i : i + 3]) / 3 for i in range(len(values) - 2)]
+    peak = max(range(len(smooth)), key=smooth.__getitem__)
+    _, last = first_and_last(values)
+    if smooth[peak] - last < TARGET_GAIN:
+        return None
+    fell = next((i for i in range(peak, len(values)) if values[i] < smooth[peak] / 2), None)
+    if fell is None:
+        return None
+    kl = max((abs(h.get("behave_approx_kl", 0.0)) for h in history[peak : fell + 1]), default=0)
+    return (
+        f"{key} reached {smooth[peak]:.0%} around step {int(history[peak + 1]['step'])}, then "
+        f"fell to {values[fell]:.0%} at step {int(history[fell]['step'])} (largest "
+        f"|behave_approx_kl| on the way {kl:.2f}): an update threw the policy off what it had "
+        "learned. Try --set train.learning_rate=5e-4"
     )
 
 
