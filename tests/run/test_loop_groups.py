@@ -167,6 +167,10 @@ def test_an_incomplete_group_survives_a_checkpoint(model_dir: str, tmp_path: Pat
     assert resumed.counters() == loop.counters()
     resumed.add(member("a", 3))  # the fourth accounted member completes it
     assert sessions(resumed._take_batch()) == [["a-0", "a-2", "a-3"]]
+    # A resumed run with a new gateway: the missing member will never come, so no waiting.
+    fresh_gateway = make_loop(engine, trigger_batch_size=2)
+    fresh_gateway.restore(state, pending, more_members=False)
+    assert sessions(fresh_gateway._take_batch(now=0.0)) == [["a-0", "a-2"]]
 
 
 def test_the_step_reports_the_share_of_episodes_that_solved_their_task(model_dir: str) -> None:

@@ -322,8 +322,14 @@ class TrainerLoop:
             "groups_split": self._groups_split,
         }
 
-    def restore(self, state: dict[str, int], pending: list[Trajectory]) -> None:
-        """Continue from :meth:`state_dict` and :meth:`pending` of an earlier loop."""
+    def restore(
+        self, state: dict[str, int], pending: list[Trajectory], *, more_members: bool = True
+    ) -> None:
+        """Continue from :meth:`state_dict` and :meth:`pending` of an earlier loop.
+
+        ``more_members=False``: the missing members of the restored groups will never arrive
+        (their sessions ended with the earlier run's gateway, without tombstones), so those
+        groups are trained as they are, first, instead of after ``group_wait_s``."""
         self.version = int(state["version"])
         self._steps = int(state["steps"])
         self._trajectories = int(state["trajectories"])
@@ -348,6 +354,9 @@ class TrainerLoop:
             group.accounted = max(group.accounted, group.trajectories + 1)
             if t.samples:
                 group.entries.append(_Entry(list(t.samples), t.session_id, meta, t.reward))
+        if not more_members:
+            for group in self._groups.values():
+                group.expected = min(group.expected, group.accounted)
 
     # --- the loop --------------------------------------------------------------------------------
 

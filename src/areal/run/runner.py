@@ -240,7 +240,8 @@ class _Run:
             success_reward=success_reward(config),
         )
         if checkpoint:
-            loop.restore(checkpoint.state["loop"], checkpoint.pending)
+            # This run's gateway is new: the earlier run's open sessions end with no tombstone.
+            loop.restore(checkpoint.state["loop"], checkpoint.pending, more_members=False)
         self._loop, self._queue = loop, source
         self.last_saved = loop.state_dict()["steps"]
         return _Parts(engine, source, sync, supervisor, gateway, metrics, observed, loop)
