@@ -131,12 +131,11 @@ class Score:
     call: float = 0.0  # a valid call of add
     a: float = 0.0  # its first argument is the question's first number
     b: float = 0.0
-    answer: float = 0.0  # the final answer is the true sum
-    format: float = 0.0  # the answer is in the grader's format (a task set that grades it)
+    answer: float = 0.0  # the final answer is the true sum (calculator: the right bare number)
 
     @property
     def total(self) -> float:
-        return round(self.call + self.a + self.b + self.answer + self.format, 6)
+        return round(self.call + self.a + self.b + self.answer, 6)
 
 
 def score(task: Mapping[str, Any], call: tuple[str, str] | None, answer: str | None) -> Score:
