@@ -80,6 +80,9 @@ def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     lines = read_log(tmp_path)
     assert sum(line.startswith("[train] step=") for line in lines) == 3
     assert any(line.startswith("[rollout] step=1 generated=") for line in lines)
+    # The task set's success rule (full marks) reaches every step and its [train] line.
+    assert all(0.0 <= h["success"] <= 1.0 for h in summary.history)
+    assert all(" success=" in line for line in lines if line.startswith("[train] step="))
     assert (tmp_path / "logs" / "metrics.jsonl").is_file()
     checkpoint = latest_checkpoint(tmp_path / "out")
     assert checkpoint is not None and checkpoint.name == "step-000003"

@@ -399,6 +399,7 @@ class TrainerLoop:
         reward = sum(s.reward for s in samples) / len(samples)
         flat = sum(1 for group in batch if _flat(group))
         success = self._success_rate(batch)
+        solved = {} if success is None else {"success": success}  # a task set's rule only
         started = time.perf_counter()
         stats = await asyncio.to_thread(
             self.engine.step, samples, group_ids=group_ids, current_version=self.version
@@ -418,7 +419,7 @@ class TrainerLoop:
             "reward": reward,
             "groups": float(len(batch)),
             "flat_groups": float(flat),
-            **({} if success is None else {"success": success}),
+            **solved,
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
             "train_seconds": train_s,
             "sync_seconds": sync_s,
@@ -428,7 +429,7 @@ class TrainerLoop:
                 "updated": len(samples),
                 "loss": stats["loss"],
                 "reward": reward,
-                **({} if success is None else {"success": success}),
+                **solved,
                 "version": self.version,
                 "max_staleness": result["max_staleness"],
                 "grad_norm": stats["grad_norm"],
