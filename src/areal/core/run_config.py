@@ -316,7 +316,19 @@ class InferenceConfig(_Section):
         default=None,
         gt=0,
         lt=1,
-        description="sglang: GPU memory fraction for weights and KV cache.",
+        description="sglang, vllm: GPU memory fraction for weights and KV cache.",
+    )
+    tp_size: int = Field(
+        default=1, ge=1, description="sglang, vllm: GPUs each engine shards the model over."
+    )
+    vllm_python: str | None = Field(
+        default=None,
+        description="vllm: the Python that has vLLM installed (default: the venv `make setup` "
+        "makes at .venv/vllm, else this interpreter).",
+    )
+    sglang_python: str | None = Field(
+        default=None,
+        description="sglang: the Python that has SGLang installed (default: this interpreter).",
     )
     cpu_affinity: list[int] | None = Field(
         default=None, description="CPU cores the engine processes run on (default: any)."
@@ -330,7 +342,7 @@ class InferenceConfig(_Section):
     weight_sync: Literal["disk", "collective"] = Field(
         default="disk",
         description="How new weights reach the engines: safetensors on a shared disk, or a "
-        "collective broadcast (gloo to the embedded engine, NCCL to SGLang).",
+        "collective broadcast (gloo to the embedded engine, NCCL to SGLang and vLLM).",
     )
     weight_sync_bucket_mb: int = Field(
         default=64, ge=1, description="collective: the most MB broadcast per bucket."

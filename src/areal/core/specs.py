@@ -31,19 +31,45 @@ class ModelFamily:
 
 @dataclass(frozen=True)
 class InferenceBackend:
-    """An inference server the run can start and talk to over the SGLang native HTTP API.
+    """An inference server the run can start, and the client that talks to it.
 
-    ``launcher`` is a ``"module:attr"`` path to a callable building the server's command line.
+    ``launcher`` is a ``"module:attr"`` path to a callable that turns the run's backend-neutral
+    engine options (:data:`ENGINE_OPTIONS`) into the server's command line; ``client`` one to the
+    :class:`~areal.core.engine_client.EngineClient` class speaking its HTTP API; ``env`` what the
+    server process needs in its environment; ``collective`` the ``torch.distributed`` backend
+    its weight-update group uses.
     """
 
     name: str
     launcher: str
     description: str = ""
     needs_gpu: bool = False
+    client: str = "areal.core.inference_client:InferenceClient"
+    env: dict[str, str] = field(default_factory=dict)
+    collective: str = "gloo"
     extras: dict[str, Any] = field(default_factory=dict)
 
     def load_launcher(self) -> Any:
         return load_object(self.launcher)
+
+    def load_client(self) -> Any:
+        return load_object(self.client)
+
+
+# What the run hands every backend's launcher (``InferenceBackend.launcher``): a launcher maps
+# these onto its server's own flags and may ignore what its server has no use for.
+ENGINE_OPTIONS = (
+    "model_path",  # a local checkpoint directory
+    "port",
+    "max_running_requests",
+    "weight_version",  # the version the weights in model_path are
+    "seed",
+    "log_level",
+    "tp_size",
+    "max_total_tokens",  # optional: KV-cache tokens
+    "mem_fraction_static",  # optional: GPU memory share
+    "python_executable",  # optional: the interpreter that has the engine installed
+)
 
 
 @dataclass(frozen=True)

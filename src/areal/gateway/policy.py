@@ -16,7 +16,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.inference_client import GenerateOutput, InferenceClient, InferenceError
+from areal.core.engine_client import engine_client
+from areal.core.inference_client import GenerateOutput, InferenceError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
 from areal.core.types import sampling_record, version_number
@@ -86,6 +87,7 @@ class PolicyService:
         context_length: int | None = None,
         aliases: Sequence[str] = DEFAULT_ALIASES,
         tool_parser: str | None = None,
+        engine_backend: str | None = None,
     ) -> None:
         if not engines:
             raise ValueError(
@@ -93,7 +95,7 @@ class PolicyService:
             )
         self.route = route
         self.engine_urls = list(engines)
-        self.clients = [InferenceClient(url) for url in self.engine_urls]
+        self.clients = [engine_client(engine_backend, url) for url in self.engine_urls]
         self.tokenizer_path = tokenizer_path
         self.context_length = context_length
         self.aliases = tuple(aliases)

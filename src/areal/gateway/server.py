@@ -62,11 +62,14 @@ def build_state(
     budget: StalenessBudget | None = None,
     session_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
     episode_journal: str | Path | None = None,
+    engine_backend: str | None = None,
 ) -> GatewayState:
     """Everything the app needs. Finished RL episodes go to the ``sink`` trajectory queue plugin;
     the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink). RL
     sessions idle for ``session_idle_timeout`` seconds are discarded (``None`` or 0: never)."""
-    policy = PolicyService(engines, config.policy, tokenizer_path=tokenizer)
+    policy = PolicyService(
+        engines, config.policy, tokenizer_path=tokenizer, engine_backend=engine_backend
+    )
     upstream = None
     if config.api_gateway is not None:
         from areal.gateway.upstream import UpstreamChannel
@@ -147,6 +150,7 @@ def serve(
     log_dir: str | None = None,
     log_level: str = "info",
     training: TrainingFlags | None = None,
+    engine_backend: str | None = None,
 ) -> None:
     training = (training or TrainingFlags()).check()
     logging.basicConfig(
@@ -156,6 +160,11 @@ def serve(
     if not engines and not model:
         raise SystemExit(
             "error: say where the policy runs: --engine URL (repeatable) or --model DIR"
+        )
+    if model and engine_backend not in (None, "embedded"):
+        raise SystemExit(
+            f"error: --model starts an embedded engine, but --engine-backend is {engine_backend}; "
+            "start that engine yourself and pass its --engine URL"
         )
     key, generated = gateway_key_from(api_key)
     admin = os.environ.get("AREAL_ADMIN_TOKEN") or None
@@ -177,6 +186,7 @@ def serve(
             budget=training.budget(),
             session_idle_timeout=training.idle_timeout(),
             episode_journal=training.episode_journal,
+            engine_backend=engine_backend,
         )
         if generated:
             print(
@@ -214,6 +224,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--engine", action="append", default=[], help="inference engine URL (repeatable)"
     )
+    parser.add_argument(
+        "--engine-backend",
+        default="embedded",
+        help="the inference backend the --engine URLs run (embedded, sglang, vllm, ...)",
+    )
     parser.add_argument("--model", help="start an embedded engine on this model dir")
     parser.add_argument("--tokenizer", help="tokenizer dir (default: the engine's)")
     parser.add_argument(
@@ -229,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             engines=args.engine,
+            engine_backend=args.engine_backend,
             model=args.model,
             tokenizer=args.tokenizer,
             api_key=args.api_key,

@@ -46,10 +46,14 @@ def engine_child(
 ) -> Child:
     """Inference engine ``index`` on a port of its own (kept across restarts)."""
     port = pick_free_port()
-    launcher = registry("inference_backends").get(config.inference.backend).load_launcher()
+    backend = registry("inference_backends").get(config.inference.backend)
+    launcher = backend.load_launcher()
     total_concurrency = config.async_.rollout_workers * config.agent.concurrency
+    inference = config.inference
+    python = {"vllm": inference.vllm_python, "sglang": inference.sglang_python}.get(backend.name)
 
     def command() -> list[str]:
+        # The backend-neutral options (areal.core.specs.ENGINE_OPTIONS); the launcher maps them.
         options: dict[str, Any] = {
             "model_path": model_dir(),
             "port": port,
@@ -57,18 +61,24 @@ def engine_child(
             "weight_version": str(version()),
             "seed": config.train.seed + index,
             "log_level": "warning",
+            "tp_size": inference.tp_size,
         }
-        if config.inference.max_total_tokens is not None:
-            options["max_total_tokens"] = config.inference.max_total_tokens
-        if config.inference.mem_fraction_static is not None:
-            options["mem_fraction_static"] = config.inference.mem_fraction_static
+        optional = {
+            "max_total_tokens": inference.max_total_tokens,
+            "mem_fraction_static": inference.mem_fraction_static,
+            "python_executable": python,
+        }
+        options.update({key: value for key, value in optional.items() if value is not None})
         return list(launcher(options))
 
     return Child(
         name=f"engine{index}",
         command=command,
         log_path=log_dir / f"engine{index}.log",
-        env={"OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads)},
+        env={
+            **backend.env,
+            "OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads),
+        },
         url=f"http://127.0.0.1:{port}",
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
@@ -118,6 +128,7 @@ def gateway_child(
     def command() -> list[str]:
         cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
         cmd += ["--port", str(port), "--log-dir", str(log_dir), "--log-level", "warning"]
+        cmd += ["--engine-backend", config.inference.backend]
         received, dropped = consumed()
         flags = gateway_training_flags(
             config, queue_address, version(), consumed=received, dropped=dropped, journal=journal

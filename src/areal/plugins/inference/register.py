@@ -12,7 +12,7 @@ def areal_register_inference_backends(register: Register) -> None:
         "embedded",
         InferenceBackend(
             name="embedded",
-            launcher="areal.plugins.inference.embedded.launcher:build_command",
+            launcher="areal.plugins.inference.embedded.launcher:engine_command",
             description="areal's torch engine: SGLang native HTTP API, runs on CPU",
         ),
     )
@@ -20,8 +20,9 @@ def areal_register_inference_backends(register: Register) -> None:
         "sglang",
         InferenceBackend(
             name="sglang",
-            launcher="areal.plugins.inference.sglang_backend:build_command",
+            launcher="areal.plugins.inference.sglang_backend:engine_command",
             description="SGLang launch_server (GPU)",
             needs_gpu=True,
+            collective="nccl",
         ),
     )

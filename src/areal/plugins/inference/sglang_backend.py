@@ -41,6 +41,9 @@ class SGLangServerConfig(BaseModel):
     tp_size: int = Field(default=1, ge=1)
     dp_size: int = Field(default=1, ge=1)
     mem_fraction_static: float | None = Field(default=None, gt=0.0, lt=1.0)
+    max_running_requests: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
+    random_seed: int | None = None
     dtype: DType = "bfloat16"
     context_length: int | None = Field(default=None, ge=1)
     served_model_name: str | None = None
@@ -88,6 +91,9 @@ _FLAG_KEYS = (
     "dp_size",
     "dtype",
     "mem_fraction_static",
+    "max_running_requests",
+    "max_total_tokens",
+    "random_seed",
     "context_length",
     "served_model_name",
     "weight_version",
@@ -122,6 +128,9 @@ def _flag_values(config: SGLangServerConfig) -> dict[str, str | None]:
     }
     optional = {
         "--mem-fraction-static": config.mem_fraction_static,
+        "--max-running-requests": config.max_running_requests,
+        "--max-total-tokens": config.max_total_tokens,
+        "--random-seed": config.random_seed,
         "--context-length": config.context_length,
         "--served-model-name": config.served_model_name,
         "--weight-version": config.weight_version,
@@ -153,6 +162,15 @@ def build_command(config: SGLangServerConfig | Mapping[str, Any]) -> list[str]:
             command.append(value)
     command.extend(cfg.extra_args)
     return command
+
+
+def engine_command(options: Mapping[str, Any]) -> list[str]:
+    """The run's backend-neutral engine options (``areal.core.specs.ENGINE_OPTIONS``) as an
+    SGLang command line: the run's ``seed`` is SGLang's ``random_seed``."""
+    fields = dict(options)
+    if "seed" in fields:
+        fields["random_seed"] = fields.pop("seed")
+    return build_command(fields)
 
 
 def check_sglang_importable(python: str, env: Mapping[str, str] | None = None) -> None:

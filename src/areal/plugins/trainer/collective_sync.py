@@ -36,7 +36,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from areal.core.inference_client import InferenceClient, PauseMode
+from areal.core.engine_client import EngineClient
+from areal.core.inference_client import PauseMode
 from areal.core.process import pick_free_port
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import to_checkpoint
@@ -102,6 +103,7 @@ class CollectiveWeightSync(EngineCalls):
         update_timeout: float = 300.0,
         continue_timeout: float = 60.0,
         pause_mode: PauseMode = "retract",
+        engine_backend: str | None = None,
     ) -> None:
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl; got {backend!r}")
@@ -114,7 +116,9 @@ class CollectiveWeightSync(EngineCalls):
             "update": update_timeout,
             "continue": continue_timeout,
         }
-        super().__init__(engine_urls, timeouts=timeouts, pause_mode=pause_mode)
+        super().__init__(
+            engine_urls, timeouts=timeouts, pause_mode=pause_mode, engine_backend=engine_backend
+        )
         self.backend = backend
         self.master_address = master_address
         self.bucket_bytes = bucket_bytes
@@ -185,7 +189,7 @@ class CollectiveWeightSync(EngineCalls):
         name = f"areal-weights-{secrets.token_hex(4)}"
         world = len(urls) + 1
 
-        def join(rank: int) -> Callable[[InferenceClient], Awaitable[dict[str, Any]]]:
+        def join(rank: int) -> Callable[[EngineClient], Awaitable[dict[str, Any]]]:
             return lambda c: c.init_weights_update_group(
                 master_address=self.master_address,
                 master_port=port,

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from areal.core.engine_client import collective_backend
 from areal.core.train_engine import EngineError, EngineSetup, WeightSync, launched
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -298,21 +299,24 @@ def prepare_policy(setup: EngineSetup) -> Path:
 
 def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
     """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
-    embedded engine on CPU, NCCL to SGLang on GPUs)."""
+    embedded engine on CPU, NCCL to SGLang and vLLM on GPUs)."""
     inference = setup.inference
     if inference.weight_sync == "collective":
         from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
-        backend = "nccl" if inference.backend == "sglang" else "gloo"
+        backend = collective_backend(inference.backend)
         return CollectiveWeightSync(
             [],
             backend=backend,
             bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
             pause_mode=inference.pause_mode,
+            engine_backend=inference.backend,
         )
     from areal.plugins.trainer.weight_sync import DiskWeightSync
 
-    return DiskWeightSync([], weights_dir, pause_mode=inference.pause_mode)
+    return DiskWeightSync(
+        [], weights_dir, pause_mode=inference.pause_mode, engine_backend=inference.backend
+    )
 
 
 def _check_resumable(found: Path, *, several: bool) -> None:

@@ -34,7 +34,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.core.inference_client import InferenceClient, InferenceError, PauseMode
+from areal.core.engine_client import EngineClient, engine_client
+from areal.core.inference_client import InferenceError, PauseMode
 from areal.core.train_engine import WeightSyncError
 from areal.core.types import version_number
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -63,19 +64,21 @@ class EngineCalls:
         *,
         timeouts: dict[str, float],
         pause_mode: PauseMode = "retract",
+        engine_backend: str | None = None,
     ) -> None:
         self.engine_urls = [u.rstrip("/") for u in engine_urls]
         if pause_mode not in ("retract", "in_place"):
             raise ValueError(f"pause_mode must be retract or in_place; got {pause_mode!r}")
         self.pause_mode: PauseMode = pause_mode
         self.timeouts = dict(timeouts)
-        self._clients: dict[str, InferenceClient] = {}
+        self.engine_backend = engine_backend  # the registered backend whose client to use
+        self._clients: dict[str, EngineClient] = {}
         # Seconds of each phase of the last publish, for the live monitor.
         self.last_phases: dict[str, float] = {}
 
-    def _client(self, url: str) -> InferenceClient:
+    def _client(self, url: str) -> EngineClient:
         if url not in self._clients:
-            self._clients[url] = InferenceClient(url, timeout=None)
+            self._clients[url] = engine_client(self.engine_backend, url, timeout=None)
         return self._clients[url]
 
     async def close(self) -> None:
@@ -90,7 +93,7 @@ class EngineCalls:
         await self._on_all("continue", lambda c: c.continue_generation())
 
     async def _on_all(
-        self, phase: str, call: Callable[[InferenceClient], Awaitable[dict[str, Any]]]
+        self, phase: str, call: Callable[[EngineClient], Awaitable[dict[str, Any]]]
     ) -> None:
         """Run ``call`` on every engine at once; the first failure (in URL order) is raised."""
         results = await asyncio.gather(
@@ -101,7 +104,7 @@ class EngineCalls:
                 raise result
 
     async def _one(
-        self, phase: str, url: str, call: Callable[[InferenceClient], Awaitable[dict[str, Any]]]
+        self, phase: str, url: str, call: Callable[[EngineClient], Awaitable[dict[str, Any]]]
     ) -> None:
         timeout = self.timeouts[phase]
         try:
@@ -136,6 +139,7 @@ class DiskWeightSync(EngineCalls):
         update_timeout: float = 300.0,
         continue_timeout: float = 60.0,
         pause_mode: PauseMode = "retract",
+        engine_backend: str | None = None,
     ) -> None:
         if keep < 1:
             raise ValueError(f"keep must be >= 1; got {keep}")
@@ -145,7 +149,9 @@ class DiskWeightSync(EngineCalls):
             "update": update_timeout,
             "continue": continue_timeout,
         }
-        super().__init__(engine_urls, timeouts=timeouts, pause_mode=pause_mode)
+        super().__init__(
+            engine_urls, timeouts=timeouts, pause_mode=pause_mode, engine_backend=engine_backend
+        )
         self.out_dir = Path(out_dir)
         self.keep = keep
 
@@ -157,10 +163,13 @@ class DiskWeightSync(EngineCalls):
         latest = self.version_dir(version)
         if version == 0 or not latest.is_dir():
             return
-        async with InferenceClient(url, timeout=self.timeouts["update"]) as client:
+        client = engine_client(self.engine_backend, url, timeout=self.timeouts["update"])
+        try:
             info = await client.model_info()
             if version_number(info.get("weight_version")) < version:
                 await client.update_weights_from_disk(str(latest), weight_version=str(version))
+        finally:
+            await client.aclose()
 
     async def publish(self, model: DecoderForCausalLM, version: int) -> float:
         """Save, pause, update, continue (module docstring); the seconds the whole sync took."""

@@ -43,3 +43,17 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
     if config.weight_version is not None:
         cmd += ["--weight-version", config.weight_version]
     return cmd + list(config.extra_args)
+
+
+def engine_command(options: Mapping[str, Any]) -> list[str]:
+    """The run's backend-neutral engine options (``areal.core.specs.ENGINE_OPTIONS``) as a
+    command line: this engine is one process on one device, so it serves ``tp_size`` 1 only."""
+    fields = dict(options)
+    fields.pop("python_executable", None)  # the engine runs in areal's own interpreter
+    tp_size = int(fields.pop("tp_size", 1))
+    if tp_size != 1:
+        raise ValueError(
+            f"inference.tp_size: the embedded engine runs on one device (got {tp_size}); "
+            "set it to 1, or use inference.backend: vllm or sglang to shard a model"
+        )
+    return build_command(fields)
