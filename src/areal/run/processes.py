@@ -8,6 +8,7 @@ gateway key) travel in the children's environment only, never in files or comman
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -76,7 +77,7 @@ def engine_child(
         command=command,
         log_path=log_dir / f"engine{index}.log",
         env={
-            **backend.env,
+            **{key: value for key, value in backend.env.items() if key not in os.environ},
             "OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads),
         },
         url=f"http://127.0.0.1:{port}",

