@@ -41,6 +41,7 @@ import asyncio
 import dataclasses
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol
 
@@ -396,6 +397,7 @@ class TrainerLoop:
                 samples.extend(entry.samples)
                 group_ids.extend([gid] * len(entry.samples))
         min_versions = [v for v in (s.min_version for s in samples) if v >= 0]
+        tokens = token_staleness(samples, self.version)
         reward = sum(s.reward for s in samples) / len(samples)
         flat = sum(1 for group in batch if _flat(group))
         success = self._success_rate(batch)
@@ -421,6 +423,7 @@ class TrainerLoop:
             "flat_groups": float(flat),
             **solved,
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
+            **tokens,
             "train_seconds": train_s,
             "sync_seconds": sync_s,
         }
@@ -432,6 +435,7 @@ class TrainerLoop:
                 **solved,
                 "version": self.version,
                 "max_staleness": result["max_staleness"],
+                **tokens,
                 "grad_norm": stats["grad_norm"],
                 "clip_fraction": stats["clip_fraction"],
                 "behave_approx_kl": stats.get("behave_approx_kl", 0.0),
@@ -452,6 +456,27 @@ class TrainerLoop:
         if self.success_reward is None or not rewards:
             return None
         return sum(r >= self.success_reward - 1e-9 for r in rewards) / len(rewards)
+
+
+def token_staleness(samples: list[Sample], version: int) -> dict[str, float]:
+    """Per generated token, how many versions its policy was behind the one this step trains
+    (``version``): the mean, and the share of samples whose tokens came from more than one
+    version (an update landed mid-generation: what the decoupled loss's per-token proximal
+    log-probs are for)."""
+    lags: Counter[int] = Counter()
+    mixed = 0
+    for sample in samples:
+        counts = Counter(sample.versions)  # C speed on long samples; -1 marks prompt tokens
+        counts.pop(-1, None)
+        mixed += len(counts) > 1
+        for v, n in counts.items():
+            lags[max(0, version - v)] += n
+    total = sum(lags.values())
+    mean = sum(lag * n for lag, n in lags.items()) / total if total else 0.0
+    return {
+        "token_staleness": mean,
+        "mixed_version_samples": mixed / len(samples) if samples else 0.0,
+    }
 
 
 def _flat(group: list[_Entry]) -> bool:

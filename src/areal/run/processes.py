@@ -77,7 +77,7 @@ def engine_child(
         command=command,
         log_path=log_dir / f"engine{index}.log",
         env={
-            **{key: value for key, value in backend.env.items() if key not in os.environ},
+            **server_env(backend.env),
             "OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads),
         },
         url=f"http://127.0.0.1:{port}",
@@ -85,6 +85,19 @@ def engine_child(
         after_start=after_start,
         cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
     )
+
+
+def server_env(wanted: dict[str, str]) -> dict[str, str]:
+    """A backend's environment for its server: a value the user set wins, except a path list
+    (``PYTHONPATH``), which gets the backend's entries in front of the user's."""
+    env = {}
+    for key, value in wanted.items():
+        have = os.environ.get(key)
+        if key == "PYTHONPATH" and have:
+            env[key] = os.pathsep.join([value, have])
+        elif have is None:
+            env[key] = value
+    return env
 
 
 def router_config(config: RunConfig, out: Path) -> Path:

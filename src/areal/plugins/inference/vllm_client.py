@@ -417,13 +417,14 @@ class VLLMClient(InferenceClient):
         abort_all_requests: bool = False,
         load_format: str | None = None,
     ) -> dict[str, Any]:
-        """vLLM's ``reload_weights`` on every worker (``/collective_rpc``), then the prefix cache
-        is dropped and the new version set."""
+        """vLLM's ``reload_weights`` on every worker (``/collective_rpc``, through areal's worker
+        extension, which keeps tied weights tied), then the prefix cache is dropped and the new
+        version set."""
         if load_format is not None:
             raise ValueError("vLLM reloads the checkpoint's own format; load_format is SGLang's")
         if abort_all_requests:
             await self.abort_request(abort_all=True)
-        rpc = {"method": "reload_weights", "kwargs": {"weights_path": model_path}}
+        rpc = {"method": "areal_reload_weights", "kwargs": {"weights_path": model_path}}
         await self._post_json("/collective_rpc", rpc)
         await self.flush_cache()  # refused while frozen requests hold blocks: they keep theirs
         if weight_version is not None:

