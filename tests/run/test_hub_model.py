@@ -12,6 +12,7 @@ import pytest
 
 from areal.core.run_config import RunConfig, run_config_from_dict
 from areal.run.checkpoint import latest_checkpoint
+from areal.run.machine import check_machine
 from areal.run.train import run
 
 
@@ -58,3 +59,15 @@ def test_an_uncached_hub_id_stops_the_run_before_anything_starts(
     assert error.startswith("error: model.path: areal-test/absent is not a local directory")
     assert "HF_HUB_OFFLINE is set" in error and "`hf download areal-test/absent`" in error
     assert not out.exists()  # no process, no output directory
+
+
+def test_the_machine_check_warns_only_about_an_uncached_hub_id(hub_model, tmp_path: Path) -> None:
+    def model_warnings(path: str) -> list[str]:
+        found = check_machine(hub_config(tmp_path, path), gpus=0)
+        return [w for w in found if w.startswith("model.path")]
+
+    assert model_warnings(hub_model.repo_id) == []
+    assert model_warnings(f"{hub_model.repo_id}@v1") == []
+    (warning,) = model_warnings("Qwen/Qwen3-0.6B")
+    assert f"not in the Hugging Face cache {hub_model.cache}" in warning
+    assert "`hf download Qwen/Qwen3-0.6B`" in warning
