@@ -28,7 +28,7 @@ class HubModel:
 
 
 @pytest.fixture(scope="session")
-def nano_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def hub_source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from areal.plugins.models.tiny import init_tiny
 
     path = tmp_path_factory.mktemp("nano") / "model"
@@ -52,14 +52,14 @@ def _snapshot(repo: Path, commit: str, files: Path) -> Path:
 
 
 @pytest.fixture
-def hub_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, nano_model_dir: Path) -> HubModel:
+def hub_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_source_dir: Path) -> HubModel:
     """``areal-test/nano`` in a fresh ``HF_HOME`` (``refs/main`` and a ``v1`` tag on another
     commit), with ``HF_HUB_OFFLINE=1``: what a machine that downloaded it before has."""
     home = tmp_path / "hf-home"
     repo = home / "hub" / "models--areal-test--nano"
     main, tagged = (hashlib.sha1(name.encode()).hexdigest() for name in ("main", "v1"))
-    main_dir = _snapshot(repo, main, nano_model_dir)
-    tagged_dir = _snapshot(repo, tagged, nano_model_dir)
+    main_dir = _snapshot(repo, main, hub_source_dir)
+    tagged_dir = _snapshot(repo, tagged, hub_source_dir)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text(main)
     (repo / "refs" / "v1").write_text(tagged)
