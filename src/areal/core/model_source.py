@@ -110,7 +110,8 @@ def resolve_model(spec: str, *, key: str = "model.path") -> str:
     if ident is None:
         raise ModelSourceError(
             f"{key}: {spec!r} is neither a local directory nor a Hugging Face Hub id "
-            f"(org/name, optionally @revision); point {key} at a checkpoint directory, create "
+            f"(org/name, optionally @revision); point {key} at a checkpoint directory "
+            f"(config.json and *.safetensors, Hugging Face layout), create "
             f"one with `areal model init-tiny DIR`, or give a Hub id such as Qwen/Qwen3-0.6B"
         )
     return _snapshot(ident, key=key, spec=spec, offline=is_offline())
