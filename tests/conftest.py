@@ -1,10 +1,70 @@
-"""Suite-wide settings: offline Hugging Face, small thread pools (the CI box has 2 cores)."""
+"""Suite-wide settings: offline Hugging Face, small thread pools (the CI box has 2 cores); and a
+Hugging Face cache holding areal's nano model as a downloaded Hub model."""
 
 from __future__ import annotations
 
+import hashlib
 import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@dataclass(frozen=True)
+class HubModel:
+    """areal's nano model as the Hugging Face cache holds a downloaded Hub model."""
+
+    repo_id: str
+    cache: Path  # $HF_HOME/hub
+    main: Path  # snapshots/<commit of refs/main>
+    tagged: Path  # snapshots/<commit of refs/v1>
+    tagged_commit: str
+
+
+@pytest.fixture(scope="session")
+def hub_source_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from areal.plugins.models.tiny import init_tiny
+
+    path = tmp_path_factory.mktemp("nano") / "model"
+    init_tiny(path, size="nano", seed=0)
+    return path
+
+
+def _snapshot(repo: Path, commit: str, files: Path) -> Path:
+    """snapshots/<commit>/<file> as relative symlinks into blobs/<sha256>, as hf_hub writes."""
+    snapshot = repo / "snapshots" / commit
+    for item in sorted(p for p in files.rglob("*") if p.is_file()):
+        data = item.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.parent.mkdir(parents=True, exist_ok=True)
+        blob.write_bytes(data)
+        link = snapshot / item.relative_to(files)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        depth = len(item.relative_to(files).parts) + 1  # snapshots/<commit>/<file>
+        link.symlink_to(Path("../" * depth) / "blobs" / blob.name)
+    return snapshot
+
+
+@pytest.fixture
+def hub_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_source_dir: Path) -> HubModel:
+    """``areal-test/nano`` in a fresh ``HF_HOME`` (``refs/main`` and a ``v1`` tag on another
+    commit), with ``HF_HUB_OFFLINE=1``: what a machine that downloaded it before has."""
+    home = tmp_path / "hf-home"
+    repo = home / "hub" / "models--areal-test--nano"
+    main, tagged = (hashlib.sha1(name.encode()).hexdigest() for name in ("main", "v1"))
+    main_dir = _snapshot(repo, main, hub_source_dir)
+    tagged_dir = _snapshot(repo, tagged, hub_source_dir)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(main)
+    (repo / "refs" / "v1").write_text(tagged)
+    for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HF_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return HubModel("areal-test/nano", home / "hub", main_dir, tagged_dir, tagged)

@@ -25,7 +25,9 @@ SEED_WARNINGS = [
     "embedded to generate on CPU",
     "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
     "(inference.engines) need 8 GPUs; this machine has 0",
-    "model.path: Qwen/Qwen2.5-7B-Instruct is not a local directory and HF_HUB_OFFLINE is set",
+    "model.path: Qwen/Qwen2.5-7B-Instruct is not a local directory and HF_HUB_OFFLINE is set, "
+    "and it is not in the Hugging Face cache hf-home/hub; download it with `hf download "
+    "Qwen/Qwen2.5-7B-Instruct` on a machine with internet, or unset HF_HUB_OFFLINE",
     "dataset.path: data/agent_tasks.jsonl is not a file; write the tasks there (JSONL) or use a "
     "built-in task set with dataset.name",
     "agent.gateway_config: configs/taotoken_router.yaml: api_gateway.api_key: environment "
@@ -45,7 +47,8 @@ def _no_gpu_in_a_fresh_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    for name in ("TAOTOKEN_API_KEY", "AREAL_MODEL_PATH", "AREAL_DATASET"):
+    monkeypatch.setenv("HF_HOME", "hf-home")  # an empty Hugging Face cache in tmp_path
+    for name in ("TAOTOKEN_API_KEY", "AREAL_MODEL_PATH", "AREAL_DATASET", "HF_HUB_CACHE"):
         monkeypatch.delenv(name, raising=False)
 
 

@@ -140,6 +140,14 @@ def test_a_template_that_strips_earlier_reasoning_is_caught_where_it_breaks(
     assert f"changes token {expected} of" in check["why"]
 
 
+def test_a_config_naming_a_cached_hub_id_gets_its_template_checked(
+    hub_model, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = _config(tmp_path, Path(hub_model.repo_id), staleness_threshold=2, queue_max_size=16)
+    _code, report = _doctor(capsys, str(config))
+    assert _check(report, "chat template")["status"] == "ok"  # the snapshot's tokenizer
+
+
 # --- run configs that defeat asynchrony --------------------------------------------------------
 
 

@@ -114,13 +114,17 @@ def _get(data: dict[str, Any] | None, section: str, key: str) -> Any:
 
 
 def _tokenizer(option: Path | None, data: dict[str, Any] | None) -> tuple[str | None, str]:
-    """The policy tokenizer to check, and where that answer came from."""
+    """The policy tokenizer to check, and where that answer came from (a Hub id already in the
+    Hugging Face cache is its snapshot; nothing is downloaded)."""
+    from areal.core.model_source import cached_model
+
     if option is not None:
         return str(option), "--tokenizer"
     for key in ("tokenizer", "path"):
         value = _get(data, "model", key)
         if isinstance(value, str) and value:
-            return value, f"model.{key}"
+            local = value if Path(value).exists() else cached_model(value)
+            return local or value, f"model.{key}"
     return None, ""
 
 

@@ -19,7 +19,9 @@ app = typer.Typer(
 
 @app.command("inference")
 def inference_command(
-    model: Path = typer.Option(..., "--model", help="Hugging Face style checkpoint directory."),
+    model: str = typer.Option(
+        ..., "--model", help="Checkpoint directory or Hugging Face Hub id (org/name[@revision])."
+    ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
     port: int = typer.Option(30000, "--port", help="Port to listen on."),
     max_total_tokens: int | None = typer.Option(
@@ -44,10 +46,11 @@ def inference_command(
 
     Example: [bold]areal serve inference --model ./tiny --max-running-requests 16[/bold]
     """
+    model_path = _local_model(model, "--model")
     from areal.plugins.inference.embedded.server import serve
 
     serve(
-        model_path=str(model),
+        model_path=model_path,
         host=host,
         port=port,
         max_total_tokens=max_total_tokens,
@@ -58,6 +61,18 @@ def inference_command(
         log_level=log_level,
         served_model_name=served_model_name,
     )
+
+
+def _local_model(spec: str, option: str) -> str:
+    """A directory as it is, a Hub id as its snapshot in the Hugging Face cache (downloaded
+    unless ``HF_HUB_OFFLINE``), as ``areal train`` resolves ``model.path``."""
+    from areal.cli.errors import CLIError
+    from areal.core.model_source import ModelSourceError, resolve_model
+
+    try:
+        return resolve_model(spec, key=option)
+    except ModelSourceError as err:
+        raise CLIError(str(err)) from None
 
 
 def _training_option(name: str, **extra: Any) -> Any:
@@ -84,11 +99,11 @@ def gateway_command(
         "--engine-backend",
         help="The inference backend the --engine URLs run (embedded, sglang, vllm, a plugin's).",
     ),
-    model: Path | None = typer.Option(
-        None, "--model", help="Start an embedded engine on this checkpoint directory."
+    model: str | None = typer.Option(
+        None, "--model", help="Start an embedded engine on this checkpoint directory or Hub id."
     ),
-    tokenizer: Path | None = typer.Option(
-        None, "--tokenizer", help="Tokenizer directory (default: the engine's)."
+    tokenizer: str | None = typer.Option(
+        None, "--tokenizer", help="Tokenizer directory or Hub id (default: the engine's)."
     ),
     api_key: str | None = typer.Option(
         None,
@@ -150,8 +165,8 @@ def gateway_command(
             port=port,
             engines=engine,
             engine_backend=engine_backend,
-            model=str(model) if model else None,
-            tokenizer=str(tokenizer) if tokenizer else None,
+            model=model,
+            tokenizer=tokenizer,
             api_key=api_key,
             log_dir=str(log_dir) if log_dir else None,
             log_level=log_level,

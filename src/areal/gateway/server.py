@@ -21,6 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from areal.core.episode_journal import EpisodeJournal
+from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
@@ -166,6 +167,9 @@ def serve(
             f"error: --model starts an embedded engine, but --engine-backend is {engine_backend}; "
             "start that engine yourself and pass its --engine URL"
         )
+    # Hub ids become their snapshots in the Hugging Face cache (ModelSourceError otherwise).
+    model = resolve_model(model, key="--model") if model else None
+    tokenizer = resolve_model(tokenizer, key="--tokenizer") if tokenizer else None
     key, generated = gateway_key_from(api_key)
     admin = os.environ.get("AREAL_ADMIN_TOKEN") or None
     logs = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="areal-gateway-"))
@@ -229,8 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         default="embedded",
         help="the inference backend the --engine URLs run (embedded, sglang, vllm, ...)",
     )
-    parser.add_argument("--model", help="start an embedded engine on this model dir")
-    parser.add_argument("--tokenizer", help="tokenizer dir (default: the engine's)")
+    parser.add_argument("--model", help="start an embedded engine on this model dir or Hub id")
+    parser.add_argument("--tokenizer", help="tokenizer dir or Hub id (default: the engine's)")
     parser.add_argument(
         "--api-key", help="key for plain calls (default: $AREAL_GATEWAY_KEY, else random)"
     )

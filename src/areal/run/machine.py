@@ -7,7 +7,6 @@ config written for an 8-GPU cluster is still a valid config on a laptop.
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -43,9 +42,6 @@ def gpu_count() -> int:
     if not ids or ids[0].strip() == "-1":
         return 0
     return min(physical, len(ids))
-
-
-_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
@@ -93,20 +89,25 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
 
 
 def _missing_model(path: str, key: str) -> list[str]:
+    """A model the run cannot read: no such directory, and no Hub id this machine can get (an
+    uncached one with ``HF_HUB_OFFLINE`` set). The cache is only looked at, nothing downloaded."""
+    from areal.core.model_source import cached_model, hub_cache_dir, hub_id, is_offline
+
     if Path(path).exists():
         return []
-    if _HUB_ID.match(path):
-        if _offline():
-            return [f"{key}: {path} is not a local directory and HF_HUB_OFFLINE is set"]
+    ident = hub_id(path)
+    if ident is not None:
+        if is_offline() and cached_model(path) is None:
+            return [
+                f"{key}: {path} is not a local directory and HF_HUB_OFFLINE is set, and it is not "
+                f"in the Hugging Face cache {hub_cache_dir()}; download it with `hf download "
+                f"{ident.repo_id}` on a machine with internet, or unset HF_HUB_OFFLINE"
+            ]
         return []
     return [
         f"{key}: {path} does not exist; create a tiny model there with "
         f"`areal model init-tiny {path}` or point it at a checkpoint"
     ]
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def cpu_backends() -> list[str]:

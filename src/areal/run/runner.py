@@ -2,6 +2,9 @@
 
 The story of :func:`train`, top to bottom (:meth:`_Run.main`: build → start → loop → stop):
 
+0. **The model** (:func:`~areal.core.model_source.resolve_models`): a Hugging Face Hub id in
+   ``model.path`` becomes its snapshot in the local cache (downloaded once unless
+   ``HF_HUB_OFFLINE``), so the trainer and every engine start from the same directory.
 1. **Build** (:meth:`_Run.build`): the training engine ``train.engine`` names (registered
    through ``areal_register_engines``; the built-in ``fsdp``), handed the config sections it
    owns; it prepares the policy (areal's tiny model if asked, the cached format warm start) and,
@@ -42,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
+from areal.core.model_source import ModelSourceError, resolve_models
 from areal.core.plugins import registry
 from areal.core.queue import make_source
 from areal.core.registry import RegistryError
@@ -93,7 +97,14 @@ class RunSummary:
 
 
 def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) -> RunSummary:
-    """Run ``config`` to ``train.max_steps`` (see the module docstring); blocks until done."""
+    """Run ``config`` to ``train.max_steps`` (see the module docstring); blocks until done.
+
+    A Hub id in ``model.path`` becomes its local snapshot first (a no-op when the entry point
+    resolved it already), so the trainer and every engine start from one directory."""
+    try:
+        config = resolve_models(config)
+    except ModelSourceError as err:
+        raise RunError(str(err)) from err
     return asyncio.run(_Run(config, Path(output_dir), resume).main())
 
 

@@ -57,8 +57,16 @@ def run(
 
     With ``async.train_workers > 1`` the first call starts the trainer's ranks under torchrun
     (``torchrun``: extra flags for it, e.g. ``--nnodes``), which run this again: rank 0 runs the
-    whole run, the other ranks follow it.
+    whole run, the other ranks follow it. A Hub id in ``model.path`` is resolved here, once,
+    before anything starts: every rank and engine reads the same local snapshot.
     """
+    from areal.core.model_source import ModelSourceError, resolve_models
+
+    try:
+        config = resolve_models(config)
+    except ModelSourceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if config.async_.train_workers > 1:
         from areal.run import launch
 
