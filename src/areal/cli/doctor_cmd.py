@@ -20,12 +20,12 @@ from areal.cli.doctor_checks import (
     DEFAULT_PORTS,
     Check,
     Status,
+    check_backends,
     check_chat_template,
     check_claude_code,
     check_openclaw,
     check_port,
     check_python,
-    check_sglang,
     check_torch,
 )
 from areal.core.config import ConfigError, load_yaml
@@ -61,10 +61,11 @@ def doctor_command(
     checks = [
         check_python(),
         check_torch(),
-        check_sglang(required=_get(data, "inference", "backend") == "sglang"),
         check_claude_code(required=framework == "claude_code"),
         check_openclaw(required=framework == "openclaw"),
     ]
+    backend = (_get(data, "inference", "backend") or "embedded") if data is not None else None
+    checks += check_backends(backend, _get(data, "inference", f"{backend}_python"))
     checks += [check_port(port, why, required=False) for port, why in DEFAULT_PORTS.items()]
     checks += [
         check_port(port, "asked for with --port", required=True)

@@ -114,5 +114,11 @@ def collective_backend(backend: str | None) -> str:
     """The ``torch.distributed`` backend of ``backend``'s weight-update group."""
     from areal.core.plugins import registry
 
-    spec = registry("inference_backends").get(backend or DEFAULT_BACKEND, key="inference.backend")
+    name = backend or DEFAULT_BACKEND
+    spec = registry("inference_backends").get(name, key="inference.backend")
+    if not spec.collective:
+        raise ValueError(
+            f"inference.weight_sync: collective is not available with inference.backend {name} "
+            "yet; set inference.weight_sync: disk"
+        )
     return str(spec.collective)

@@ -348,6 +348,10 @@ class InferenceConfig(_Section):
         default=64, ge=1, description="collective: the most MB broadcast per bucket."
     )
 
+    def engine_python(self) -> str | None:
+        """The interpreter the config names for its backend's server (``None``: the default)."""
+        return {"vllm": self.vllm_python, "sglang": self.sglang_python}.get(self.backend)
+
 
 # --- the whole run -----------------------------------------------------------------------------
 

