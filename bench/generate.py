@@ -1,9 +1,11 @@
-"""Embedded engine vs transformers' generate() on the same ~9M-param model, on this CPU.
+"""Embedded engine and vLLM-CPU vs transformers' generate() on the same ~9M-param model, on this CPU.
 
-Run: ``.venv/bin/python bench/generate.py`` (add ``--json`` for machine-readable output).
+Run: ``.venv/bin/python bench/generate.py`` (add ``--json`` for machine-readable output; ``--no-vllm``
+without the vLLM venv ``make setup`` builds).
 
 Measures decode throughput (new tokens per second of wall time) at batch 1 and with 16 concurrent
-requests of 128 new tokens each. The engine runs as a real server process and is measured over
+requests of 128 new tokens each. vLLM (vllm-cpu, its own venv) serves the same checkpoint and the
+same prompts through its token route, as areal's vLLM backend drives it. The engine runs as a real server process and is measured over
 HTTP, so its figures include the HTTP layer; transformers runs in this process. For 16 concurrent
 requests the baseline is transformers' best case, one left-padded batch of 16 prompts (a server
 built on generate() would run them one after the other, which is also printed). The engine's
@@ -29,6 +31,7 @@ import torch
 
 from areal.core.process import ServerProcess, pick_free_port
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
+from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.models.tiny import init_tiny
 
 NEW_TOKENS = 128
@@ -91,6 +94,54 @@ def engine_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float
     return len(batch) * NEW_TOKENS / statistics.median(times)
 
 
+def vllm_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float:
+    """The same requests on vLLM's ``/inference/v1/generate`` (token ids in, ids and log-probs
+    out, as areal's client asks)."""
+
+    def one(prompt: list[int]) -> int:
+        body = {
+            "token_ids": prompt,
+            "sampling_params": {
+                "max_tokens": NEW_TOKENS,
+                "temperature": 1.0,
+                "ignore_eos": True,
+                "logprobs": 0,
+            },
+            "output_mode": "text",
+            "return_token_ids": True,
+        }
+        resp = httpx.post(f"{url}/inference/v1/generate", json=body, timeout=600)
+        resp.raise_for_status()
+        return len(resp.json()["choices"][0]["token_ids"])
+
+    one(batch[0][:8])  # warm-up
+    times = []
+    with ThreadPoolExecutor(len(batch)) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            produced = sum(pool.map(one, batch))
+            times.append(time.perf_counter() - t0)
+            assert produced == len(batch) * NEW_TOKENS
+    return len(batch) * NEW_TOKENS / statistics.median(times)
+
+
+def start_vllm(model_dir: Path, log_path: Path) -> tuple[ServerProcess, str]:
+    port = pick_free_port()
+    options = {
+        "model_path": str(model_dir),
+        "port": port,
+        "max_running_requests": 64,
+        "log_level": "warning",
+        "max_total_tokens": 32768,
+    }
+    server = ServerProcess(
+        engine_command(options), log_path=log_path, env={**SERVER_ENV}, name="vllm"
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    server.wait_healthy(url, timeout=600)
+    return server, url
+
+
 def sustained_rss(url: str, pid: int, waves: int) -> list[float]:
     """Resident MiB of the engine after each wave of 32 concurrent requests."""
     proc = psutil.Process(pid)
@@ -118,7 +169,10 @@ def main() -> int:
         "--waves", type=int, default=4, help="sustained-load waves for the memory check"
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU column")
     args = parser.parse_args()
+    if not args.no_vllm and not Path(default_python()).is_relative_to(Path(sys.prefix) / "vllm"):
+        parser.error("no vLLM venv at .venv/vllm: run `make setup`, or pass --no-vllm")
 
     tmp = tempfile.TemporaryDirectory()
     model_dir = args.model or Path(tmp.name) / "small"
@@ -135,20 +189,31 @@ def main() -> int:
         model_path=str(model_dir), port=port, max_total_tokens=32768, log_level="warning"
     )
     log_path = Path(tmp.name) / "engine.log"
+    vllm = None if args.no_vllm else start_vllm(model_dir, Path(tmp.name) / "vllm.log")
     with ServerProcess(build_command(config), log_path=log_path, env={**os.environ}) as server:
         url = f"http://127.0.0.1:{port}"
         server.wait_healthy(url, timeout=120)
-        # Rounds alternate baseline and engine so machine noise hits both alike; medians reported.
-        runs: dict[str, list[float]] = {"hf_1": [], "ours_1": [], "hf_16": [], "ours_16": []}
+        # Rounds alternate baseline and engines so machine noise hits all alike; medians reported.
+        runs: dict[str, list[float]] = {k: [] for k in ("hf_1", "ours_1", "hf_16", "ours_16")}
+        runs.update(vllm_1=[], vllm_16=[])
         for _ in range(args.repeats):
             runs["hf_1"].append(hf_tokens_per_s(hf_model, batch16[:1], 1))
             runs["ours_1"].append(engine_tokens_per_s(url, batch16[:1], 1))
+            if vllm is not None:
+                runs["vllm_1"].append(vllm_tokens_per_s(vllm[1], batch16[:1], 1))
             runs["hf_16"].append(hf_tokens_per_s(hf_model, batch16, 1))
             runs["ours_16"].append(engine_tokens_per_s(url, batch16, 1))
+            if vllm is not None:
+                runs["vllm_16"].append(vllm_tokens_per_s(vllm[1], batch16, 1))
         hf_1, ours_1, hf_16, ours_16 = (
             statistics.median(runs[k]) for k in ("hf_1", "ours_1", "hf_16", "ours_16")
         )
+        vllm_1, vllm_16 = (
+            statistics.median(runs[k]) if runs[k] else 0.0 for k in ("vllm_1", "vllm_16")
+        )
         rss = sustained_rss(url, server.pid or 0, args.waves)
+    if vllm is not None:
+        vllm[0].stop()
 
     params = sum(
         p.numel()
@@ -170,19 +235,33 @@ def main() -> int:
         "ratio_16_vs_sequential": round(ours_16 / hf_1, 2),
         "engine_rss_mib_per_wave": [round(r, 1) for r in rss],
     }
+    if vllm is not None:
+        result.update(
+            vllm_batch1_tok_s=round(vllm_1, 1),
+            vllm_ratio_batch1=round(vllm_1 / hf_1, 2),
+            vllm_16_concurrent_tok_s=round(vllm_16, 1),
+            vllm_ratio_16_vs_padded_batch=round(vllm_16 / hf_16, 2),
+            vllm_ratio_16_vs_sequential=round(vllm_16 / hf_1, 2),
+        )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(
             f"model: {params / 1e6:.1f}M params, fp32, {threads} torch threads, {NEW_TOKENS} new tokens/request"
         )
-        print(f"{'case':<34}{'transformers':>14}{'engine':>10}{'ratio':>8}")
-        print(f"{'batch 1':<34}{hf_1:>14.1f}{ours_1:>10.1f}{ours_1 / hf_1:>8.2f}")
+        v1 = f"{vllm_1:>10.1f}{vllm_1 / hf_1:>8.2f}" if vllm else ""
+        v16 = f"{vllm_16:>10.1f}{vllm_16 / hf_16:>8.2f}" if vllm else ""
+        v16s = f"{vllm_16:>10.1f}{vllm_16 / hf_1:>8.2f}" if vllm else ""
+        head = f"{'vLLM-CPU':>10}{'ratio':>8}" if vllm else ""
+        print(f"{'case':<34}{'transformers':>14}{'engine':>10}{'ratio':>8}{head}")
+        print(f"{'batch 1':<34}{hf_1:>14.1f}{ours_1:>10.1f}{ours_1 / hf_1:>8.2f}{v1}")
         print(
-            f"{'16 concurrent vs padded batch':<34}{hf_16:>14.1f}{ours_16:>10.1f}{ours_16 / hf_16:>8.2f}"
+            f"{'16 concurrent vs padded batch':<34}{hf_16:>14.1f}{ours_16:>10.1f}"
+            f"{ours_16 / hf_16:>8.2f}{v16}"
         )
         print(
-            f"{'16 concurrent vs one-by-one':<34}{hf_1:>14.1f}{ours_16:>10.1f}{ours_16 / hf_1:>8.2f}"
+            f"{'16 concurrent vs one-by-one':<34}{hf_1:>14.1f}{ours_16:>10.1f}"
+            f"{ours_16 / hf_1:>8.2f}{v16s}"
         )
         print("engine RSS MiB after each wave of 32 requests:", ", ".join(f"{r:.0f}" for r in rss))
     return 0

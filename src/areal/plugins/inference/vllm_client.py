@@ -184,6 +184,10 @@ class _Answer:
             "cached_tokens": self.cached_tokens,
             "weight_version": self.version,
             "weight_versions": [vars(s) for s in self.spans],
+            # SGLang's shape, for code that reads meta_info: (log-prob, token id, text)
+            "output_token_logprobs": [
+                [lp, t, None] for lp, t in zip(self.logprobs, self.ids, strict=False)
+            ],
         }
         return GenerateOutput(
             output_ids=list(self.ids),
