@@ -51,6 +51,7 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
     and, with a GPU backend (one whose registration says ``needs_gpu``), one GPU per inference
     engine.
     """
+    probed = gpus is None  # an override describes another machine: its installs are unknown too
     gpus = gpu_count() if gpus is None else gpus
     found = []
     needs_gpu_backend = backend_needs_gpu(config.inference.backend)
@@ -61,7 +62,7 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
             f"inference.backend: {config.inference.backend} needs GPUs and this machine has "
             f"none{fix}"
         )
-    elif (reason := backend_problem(config)) is not None:
+    elif probed and (reason := backend_problem(config)) is not None:
         found.append(f"inference.backend: {config.inference.backend} cannot run here: {reason}")
     on_gpu = config.train.device == "cuda" or (config.train.device == "auto" and needs_gpu_backend)
     if on_gpu:
