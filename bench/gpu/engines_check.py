@@ -96,12 +96,11 @@ def main() -> int:
         try:
             await run_checks(client, args.model, checks)  # type: ignore[arg-type]
             for i, mode in enumerate(("in_place", "retract"), start=1):
-                await checks.run(
-                    f"versions_across_update_{mode}",
-                    lambda m=mode, v=f"areal-v{i}": versions_across_update(
-                        client, trainer, args.model, m, v
-                    ),
-                )
+
+                async def across(mode: str = mode, version: str = f"areal-v{i}") -> str:
+                    return await versions_across_update(client, trainer, args.model, mode, version)
+
+                await checks.run(f"versions_across_update_{mode}", across)
         finally:
             await client.aclose()
             await trainer.aclose()

