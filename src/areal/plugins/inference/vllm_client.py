@@ -11,13 +11,15 @@ modes map onto vLLM's ``/pause``:
 
 - ``in_place`` is ``mode=keep``: in-flight requests freeze with their KV cache and go on with the
   new weights; their spans show the switch.
-- ``retract`` is ``mode=abort``, and this client resubmits: a request that ends ``abort`` while the
-  engine is paused is sent again with its prompt plus the tokens it had, for the tokens it has
+- ``retract`` is ``mode=abort``, and this client resubmits: a request that ends ``abort`` without
+  its caller asking is sent again with its prompt plus the tokens it had, for the tokens it has
   left (vLLM queues it until ``/resume``), so it is prefilled on the new weights and the caller
   gets one answer with spans from both pieces. This is the retract-and-resubmit of AReaL's vLLM
-  client.
-- ``abort`` is ``mode=abort`` too; the engine cannot tell it from ``retract``, so the trainer only
-  uses the other two.
+  client. (The engine is not asked whether it is paused: a weight update can be over, and
+  ``/resume`` sent, before the aborted answer arrives.)
+- ``abort`` is ``mode=abort`` too, and the engine cannot tell it from ``retract``: requests of the
+  client that paused with ``abort`` end ``abort``; another client's are resubmitted, as after a
+  retract (the trainer pauses with ``retract`` or ``in_place`` only).
 
 A request this client was asked to abort (``abort_request``) is never resubmitted.
 """
@@ -52,6 +54,7 @@ from areal.core.inference_client import (
 
 ROUTE = "/inference/v1/generate"
 RID_PREFIX = "generate-tokens-"  # what vLLM puts before a request id it was given
+MAX_PIECES = 64  # a request cut by more retracts than this ends ``abort``: something is wrong
 
 # SGLang sampling param -> vLLM SamplingParams field, for the ones that only change name.
 _RENAMED = {
@@ -149,6 +152,7 @@ class _Answer:
     cached_tokens: int = 0
     version: str = "default"
     retracted: bool = False  # the current piece ended in a pause that retracted it
+    pieces: int = 1
 
     def add(self, piece: _Piece) -> None:
         self.ids += piece.ids
@@ -174,6 +178,7 @@ class _Answer:
         self.piece_start = len(self.ids)
         self.finish = None
         self.retracted = False
+        self.pieces += 1
 
     def output(self, delta: _Piece | None = None) -> GenerateOutput:
         meta: dict[str, Any] = {
@@ -230,6 +235,7 @@ class VLLMClient(InferenceClient):
     def __init__(self, base_url: str, **kwargs: Any) -> None:
         super().__init__(base_url, **kwargs)
         self._caller_aborts: set[str] = set()
+        self._abort_paused = False  # this client paused with mode abort: nothing is resubmitted
 
     def __repr__(self) -> str:
         return f"VLLMClient({self.base_url!r})"
@@ -364,15 +370,15 @@ class VLLMClient(InferenceClient):
         return body
 
     async def _retracted(self, answer: _Answer, params: dict[str, Any]) -> bool:
-        """Asked once per piece: an ``abort`` while the engine is paused is a retract, unless the
-        caller asked for it or nothing is left to generate."""
+        """Asked once per piece: an ``abort`` this client did not ask for is a retract (a pause
+        for a weight update; asking the engine whether it is paused would race with a fast
+        ``/resume``), unless nothing is left to generate or the request was cut too often."""
         if answer.finish is None or answer.finish.type != "abort" or answer.retracted:
             return answer.retracted
         left = params.get("max_tokens")
-        if answer.rid in self._caller_aborts or (left is not None and int(left) <= len(answer.ids)):
-            return False
-        paused = _json(await self._request("GET", "/is_paused")).get("is_paused")
-        answer.retracted = bool(paused)
+        caller = answer.rid in self._caller_aborts or self._abort_paused
+        spent = left is not None and int(left) <= len(answer.ids)
+        answer.retracted = not (caller or spent or answer.pieces >= MAX_PIECES)
         return answer.retracted
 
     async def _resubmit(self, answer: _Answer, params: dict[str, Any]) -> bool:
@@ -391,10 +397,12 @@ class VLLMClient(InferenceClient):
         if mode not in _PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {_PAUSE_MODES}, got {mode!r}")
         query = "mode=keep" if mode == "in_place" else "mode=abort&clear_cache=true"
+        self._abort_paused = mode == "abort"
         result: dict[str, Any] = await self._post_json(f"/pause?{query}", None)
         return result
 
     async def continue_generation(self) -> dict[str, Any]:
+        self._abort_paused = False
         result: dict[str, Any] = await self._post_json("/resume", None)
         return result
 
