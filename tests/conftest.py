@@ -66,3 +66,8 @@ def sglang_probe() -> Callable[[dict[str, Any]], dict[str, Any]]:
 @pytest.fixture(scope="session")
 def sglang_venv_python() -> Path:
     return sglang_python()
+
+
+@pytest.fixture(name="sglang_env", scope="session")
+def _sglang_env() -> Callable[[], dict[str, str]]:
+    return sglang_env
