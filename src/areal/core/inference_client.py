@@ -138,12 +138,17 @@ class WeightVersionSpan:
     end: int
 
 
+class UnknownTokenVersionsError(ValueError):
+    """The server did not say which weights sampled each token (no ``weight_versions`` spans)."""
+
+
 @dataclass
 class GenerateOutput:
     """One ``/generate`` answer (or, while streaming, everything generated so far).
 
     ``delta_*`` hold what the latest stream chunk added; for a non-streamed answer they equal the
-    whole output.
+    whole output. ``spans_known`` is false when the server sent no ``weight_versions`` key
+    (SGLang before spans: only the final ``weight_version``); an empty list means no change.
     """
 
     output_ids: list[int]
@@ -161,6 +166,7 @@ class GenerateOutput:
     delta_output_ids: list[int] = field(default_factory=list)
     delta_logprobs: list[float] = field(default_factory=list)
     delta_text: str = ""
+    spans_known: bool = True
 
     @property
     def finished(self) -> bool:
@@ -175,9 +181,18 @@ class GenerateOutput:
 
         Tokens inside a ``weight_versions`` span get that span's version; the others get
         ``default``, or ``weight_version`` when ``default`` is ``None`` (no spans means the
-        weights did not change during the request).
+        weights did not change during the request). Without spans at all (``spans_known``
+        false) the final version may not be the one that sampled early tokens, so this raises
+        :class:`UnknownTokenVersionsError` rather than mislabel them; streaming derives spans.
         """
         n = len(self.output_ids)
+        if not self.spans_known and n:
+            raise UnknownTokenVersionsError(
+                "the server sent no meta_info.weight_versions, only the final weight_version "
+                f"({self.weight_version!r}), so the weights that sampled each of the {n} tokens "
+                "are unknown: stream the request (spans come from each chunk's version) or run "
+                "an SGLang that reports weight_versions"
+            )
         fallback = self.weight_version if default is None else default
         versions = [fallback] * n
         for span in self.weight_versions:
@@ -208,6 +223,7 @@ class GenerateOutput:
             ],
             prompt_token_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
             meta_info=meta,
+            spans_known="weight_versions" in meta,
             delta_output_ids=list(output_ids),
             delta_logprobs=list(logprobs),
             delta_text=text or "",
@@ -234,6 +250,7 @@ class _StreamAssembler:
         self.ids: list[int] = []
         self.triples: list[Any] = []
         self.text: str | None = None
+        self.spans: list[WeightVersionSpan] = []  # from chunk versions, when the server sends none
 
     def add(self, data: Mapping[str, Any]) -> GenerateOutput:
         meta = dict(data.get("meta_info") or {})
@@ -258,7 +275,21 @@ class _StreamAssembler:
         out.delta_output_ids = _delta(prev_ids, self.ids)
         out.delta_logprobs = _logprob_values(_delta(prev_triples, self.triples))
         out.delta_text = _delta(prev_text, self.text or "")
+        if not out.spans_known:
+            out.weight_versions, out.spans_known = self._chunk_spans(out), True
         return out
+
+    def _chunk_spans(self, out: GenerateOutput) -> list[WeightVersionSpan]:
+        """Spans from each chunk's ``weight_version``: the version its new tokens were made at."""
+        n = len(self.ids)
+        start = self.spans[-1].end if self.spans else 0
+        if n > start:
+            last = self.spans[-1] if self.spans else None
+            if last is not None and last.version == out.weight_version:
+                self.spans[-1] = WeightVersionSpan(last.version, last.start, n)
+            else:
+                self.spans.append(WeightVersionSpan(out.weight_version, start, n))
+        return list(self.spans)
 
     def _ids_mode(self, chunk: list[int], count: Any) -> str:
         if self.chunking != "auto":

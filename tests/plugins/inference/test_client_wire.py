@@ -25,6 +25,7 @@ from areal.core.inference_client import (
     InferenceClient,
     InferenceError,
     SamplingParams,
+    UnknownTokenVersionsError,
     WeightVersionSpan,
     _lines,
     _StreamAssembler,
@@ -44,6 +45,8 @@ class StandIn:
     busy: bool = False  # /flush_cache answers 400 while requests run
     api_key: str | None = None
     weight_version: str = "default"
+    old_sglang: bool = False  # True: no meta_info.weight_versions, as SGLang before spans
+    versions_by_chunk: list[str] = field(default_factory=list)  # weight_version of stream chunk i
     fail_next: tuple[int, str, str] | None = None  # (status, body, media type) for the next call
     token_delay: float = 0.0  # seconds before each stream chunk
     answer_delay: float = 0.0  # seconds before /generate answers at all
@@ -73,6 +76,8 @@ def _meta(state: StandIn, body: dict[str, Any], ids: list[int], finish: Any) -> 
             {"version": "v1", "start": 0, "end": 2},
             {"version": "v2", "start": 2, "end": len(ids)},
         ]
+    elif not state.old_sglang:  # SGLang 0.5.x: one span per version over every output token
+        meta["weight_versions"] = [{"version": state.weight_version, "start": 0, "end": len(ids)}]
     return meta
 
 
@@ -173,6 +178,8 @@ def build_app(state: StandIn) -> web.Application:
             if state.abort_event.is_set():
                 done, end_reason = True, {"type": "abort", "message": "paused", "status_code": None}
             so_far = ids[:i]
+            if state.versions_by_chunk:  # the weights changed while this request ran
+                state.weight_version = state.versions_by_chunk[i - 1]
             meta = _meta(state, body, so_far, end_reason)
             chunk: dict[str, Any] = {"text": "".join(_token_text(t) for t in so_far)}
             chunk["output_ids"] = so_far
@@ -380,6 +387,43 @@ def test_weight_version_spans_become_per_token_versions(standin: tuple[StandIn, 
     )
     assert out.weight_versions == [WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 5)]
     assert out.token_versions() == ["v1", "v1", "v2", "v2", "v2"]
+
+
+def test_an_answer_without_spans_refuses_to_label_its_tokens(standin: tuple[StandIn, str]) -> None:
+    """Old SGLang sends only the final weight_version: labelling every token with it would be
+    silently wrong when the weights changed mid-request, so token_versions raises."""
+    state, url = standin
+    state.old_sglang, state.weight_version = True, "v2"
+    out = run(url, lambda c: c.generate(input_ids=[1], sampling_params={"max_new_tokens": 3}))
+    assert not out.spans_known and out.weight_version == "v2"
+    with pytest.raises(UnknownTokenVersionsError, match=r"no meta_info\.weight_versions"):
+        out.token_versions()
+    with pytest.raises(UnknownTokenVersionsError):
+        out.token_versions(default="v2")  # the gateway's call: a default claims no more
+
+
+def test_present_but_empty_spans_mean_no_change() -> None:
+    out = GenerateOutput.from_json(
+        {"output_ids": [1, 2], "meta_info": {"weight_version": "4", "weight_versions": []}}
+    )
+    assert out.spans_known and out.token_versions() == ["4", "4"]
+
+
+@pytest.mark.parametrize("chunking", ["cumulative", "incremental"])
+def test_a_stream_without_spans_takes_each_chunks_version(
+    standin: tuple[StandIn, str], chunking: str
+) -> None:
+    state, url = standin
+    state.old_sglang, state.chunking = True, chunking
+    state.versions_by_chunk = ["v1", "v1", "v2", "v3", "v3"]
+    chunks = run(url, lambda c: collect(c, input_ids=[1], sampling_params={"max_new_tokens": 5}))
+    last = chunks[-1]
+    assert last.spans_known and last.weight_version == "v3"
+    assert last.weight_versions == [
+        WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 3), WeightVersionSpan("v3", 3, 5)
+    ]  # fmt: skip
+    assert last.token_versions() == ["v1", "v1", "v2", "v3", "v3"]
+    assert chunks[2].token_versions() == ["v1", "v1", "v2"]
 
 
 # --- streaming -------------------------------------------------------------------------------

@@ -14,15 +14,19 @@ import torch
 import torch.distributed as dist
 
 from areal.core.process import pick_free_port
+from areal.core.weight_group import new_weight_group
 from areal.plugins.models.hf_io import to_checkpoint
 
 
-def _trainer_group(port: int, world_size: int = 2) -> dist.ProcessGroup:
+def _trainer_group(port: int, group_name: str, world_size: int = 2) -> dist.ProcessGroup:
+    """Rank 0 as areal's trainer forms it: SGLang's PrefixStore scheme on a store it owns."""
     timeout = datetime.timedelta(seconds=60)
     store = dist.TCPStore(
         "127.0.0.1", port, world_size, True, timeout=timeout, wait_for_workers=False
     )
-    return dist.ProcessGroupGloo(store, 0, world_size, timeout)
+    return new_weight_group(
+        store, rank=0, world_size=world_size, group_name=group_name, backend="gloo", timeout=timeout
+    )
 
 
 def _join(srv: Any, pool: ThreadPoolExecutor, group_name: str) -> dist.ProcessGroup:
@@ -36,7 +40,7 @@ def _join(srv: Any, pool: ThreadPoolExecutor, group_name: str) -> dist.ProcessGr
         "backend": "gloo",
     }
     joined = pool.submit(httpx.post, f"{srv.url}/init_weights_update_group", json=body, timeout=60)
-    group = _trainer_group(port)
+    group = _trainer_group(port, group_name)
     resp = joined.result(timeout=60)
     assert resp.status_code == 200 and resp.json()["success"], resp.text
     return group

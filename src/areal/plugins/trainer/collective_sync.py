@@ -6,7 +6,9 @@ broadcasts the weights in buckets while each engine's HTTP call for that bucket 
 The story of one :meth:`CollectiveWeightSync.publish`:
 
 1. **join** (first publish, or after the engines changed): a fresh group — a TCPStore on a free
-   port, the trainer as rank 0, engine ``i`` as rank ``i + 1`` (``/init_weights_update_group``).
+   port, the trainer as rank 0, engine ``i``'s ``tp_size`` ranks from ``1 + i * tp_size``
+   (``/init_weights_update_group``). The store is wrapped and the group formed exactly as SGLang's
+   ``init_custom_process_group`` does (:mod:`areal.core.weight_group`), so real SGLang joins.
 2. **gather**: the model's weights as Hugging Face tensors; a sharded model's DTensors are
    gathered in full (``full_tensor()``, a collective every trainer rank joins).
 3. **pause**, as the disk sync does (``retract`` or ``in_place``).
@@ -39,6 +41,7 @@ import torch.distributed as dist
 from areal.core.engine_client import EngineClient
 from areal.core.inference_client import PauseMode
 from areal.core.process import pick_free_port
+from areal.core.weight_group import new_weight_group
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import to_checkpoint
 from areal.plugins.trainer.weight_sync import EngineCalls, WeightSyncError
@@ -104,7 +107,10 @@ class CollectiveWeightSync(EngineCalls):
         continue_timeout: float = 60.0,
         pause_mode: PauseMode = "retract",
         engine_backend: str | None = None,
+        tp_size: int = 1,
     ) -> None:
+        if tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1; got {tp_size}")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend must be gloo or nccl; got {backend!r}")
         if bucket_bytes < 1:
@@ -122,6 +128,7 @@ class CollectiveWeightSync(EngineCalls):
         self.backend = backend
         self.master_address = master_address
         self.bucket_bytes = bucket_bytes
+        self.tp_size = tp_size  # ranks per engine: SGLang joins every tensor-parallel rank
         self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
         self._group: Any = None
         self._store: Any = None
@@ -183,11 +190,12 @@ class CollectiveWeightSync(EngineCalls):
     # --- the group ----------------------------------------------------------------------------
 
     async def _join(self) -> None:
-        """A new group with every engine: rank 0 here (the store's owner), engine i as i + 1."""
+        """A new group with every engine: rank 0 here (the store's owner), engine i's ranks
+        from ``1 + i * tp_size``."""
         urls = tuple(self.engine_urls)
         port = pick_free_port(self.master_address)
         name = f"areal-weights-{secrets.token_hex(4)}"
-        world = len(urls) + 1
+        world = len(urls) * self.tp_size + 1
 
         def join(rank: int) -> Callable[[EngineClient], Awaitable[dict[str, Any]]]:
             return lambda c: c.init_weights_update_group(
@@ -201,10 +209,10 @@ class CollectiveWeightSync(EngineCalls):
 
         joins = [
             asyncio.ensure_future(self._one("join", url, join(rank)))
-            for rank, url in enumerate(urls, start=1)
+            for rank, url in zip(self._rank_offsets(len(urls)), urls, strict=True)
         ]
         try:
-            made = asyncio.to_thread(self._make_group, port, world)
+            made = asyncio.to_thread(self._make_group, port, world, name)
             self._store, self._group = await self._watch("join", made, joins, urls)
             for joined in joins:
                 await joined
@@ -214,16 +222,19 @@ class CollectiveWeightSync(EngineCalls):
             raise
         self._group_name, self._members = name, urls
 
-    def _make_group(self, port: int, world: int) -> tuple[Any, Any]:
+    def _rank_offsets(self, engines: int) -> list[int]:
+        return [1 + i * self.tp_size for i in range(engines)]
+
+    def _make_group(self, port: int, world: int, name: str) -> tuple[Any, Any]:
+        """Rank 0: the store's owner, then SGLang's group on it (NCCL checked by bench/gpu)."""
         timeout = datetime.timedelta(seconds=self.timeouts["update"])
         store = dist.TCPStore(
             self.master_address, port, world, True, timeout=timeout, wait_for_workers=True
         )
-        if self.backend == "nccl":  # GPU-only: written for SGLang, checked by bench/gpu
-            options = dist.ProcessGroupNCCL.Options()
-            options._timeout = timeout
-            return store, dist.ProcessGroupNCCL(store, 0, world, options)
-        return store, dist.ProcessGroupGloo(store, 0, world, timeout)
+        group = new_weight_group(
+            store, rank=0, world_size=world, group_name=name, backend=self.backend, timeout=timeout
+        )
+        return store, group
 
     # --- one bucket ---------------------------------------------------------------------------
 
@@ -292,8 +303,9 @@ class CollectiveWeightSync(EngineCalls):
         if not task.done():
             self._abandoned.append(task)  # its thread ends at the group's timeout; close() waits
             members = list(urls or self._members)
+            offsets = self._rank_offsets(len(members))
             waiting = [
-                f"rank {i + 1} ({members[i]})"
+                f"rank {offsets[i]} ({members[i]})"
                 for i, call in enumerate(calls or [])
                 if not call.done() and i < len(members)
             ]

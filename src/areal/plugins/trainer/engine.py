@@ -311,6 +311,8 @@ def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
             bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
             pause_mode=inference.pause_mode,
             engine_backend=inference.backend,
+            # SGLang joins every tensor-parallel rank of an engine; the embedded engine is one.
+            tp_size=1 if inference.backend == "embedded" else inference.tp_size,
         )
     from areal.plugins.trainer.weight_sync import DiskWeightSync
 

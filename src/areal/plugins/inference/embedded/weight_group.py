@@ -1,9 +1,10 @@
 """The engine's side of SGLang's collective weight sync, over gloo on CPU.
 
 ``/init_weights_update_group`` joins a process group that lives outside any torch.distributed
-default world (the trainer is rank 0 and owns the TCPStore); ``/update_weights_from_distributed``
-then receives each tensor by ``broadcast`` from rank 0 while the HTTP call is in flight, exactly as
-a trainer does with SGLang over NCCL. Receiving happens off the engine thread; only the final copy
+default world (the trainer is rank 0 and owns the TCPStore), formed as SGLang forms it
+(``PrefixStore(group_name, store)``, :mod:`areal.core.weight_group`), so one trainer serves both;
+``/update_weights_from_distributed`` then receives each tensor by ``broadcast`` from rank 0 while
+the HTTP call is in flight, exactly as a trainer does with SGLang over NCCL. Receiving happens off the engine thread; only the final copy
 into the model runs between decode steps.
 """
 
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from areal.core.weight_group import new_weight_group
 from areal.plugins.inference.embedded.requests import RequestError
 
 _DTYPES = {
@@ -61,7 +63,14 @@ class WeightUpdateGroups:
             if group_name in self._groups:
                 raise RequestError(f"weight update group {group_name!r} already exists")
         store = dist.TCPStore(master_address, master_port, world_size, False, timeout=self.timeout)
-        group = dist.ProcessGroupGloo(store, rank_offset, world_size, self.timeout)
+        group = new_weight_group(
+            store,
+            rank=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+            timeout=self.timeout,
+        )
         with self._lock:
             self._groups[group_name] = group
 
@@ -96,8 +105,9 @@ class WeightUpdateGroups:
 
     def destroy(self, group_name: str) -> None:
         with self._lock:
-            if self._groups.pop(group_name, None) is None:
-                raise RequestError(f"no weight update group named {group_name!r}")
+            group = self._groups.pop(group_name, None)
+        if group is None:
+            raise RequestError(f"no weight update group named {group_name!r}")
 
     def _get(self, group_name: str) -> Any:
         with self._lock:
