@@ -360,6 +360,7 @@ async def _update_mid_request(
         await trainer.update_weights_from_disk(model, weight_version=version)
         await trainer.continue_generation()
         out = await task
+
         try:
             assert (await trainer.model_info())["weight_version"] == version
             k = out.weight_versions[-1].start
@@ -376,6 +377,21 @@ ORIGINAL: list[str] = []  # the checkpoint the server started on, for the tests 
 @pytest.fixture
 def restore(checkpoints: dict[str, str]) -> None:
     ORIGINAL[:] = [checkpoints["a"]]
+
+
+# Runs before the retract tests: in this module, after a pause with mode abort, vLLM 0.32's
+# keep-pause let the in-flight request run to its end during the pause (one span), which a fresh
+# server never did; not understood yet.
+def test_in_place_keeps_the_request_and_labels_the_switch(
+    vllm_url: str, checkpoints: dict[str, str], restore: None
+) -> None:
+    out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
+    assert len(out.output_ids) == len(out.output_logprobs) == N
+    assert len(out.weight_versions) == 2, out.weight_versions
+    before, after = out.weight_versions
+    assert after.version == "2" and 0 < after.start == before.end < N
+    k = after.start
+    assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
@@ -396,18 +412,6 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     assert out.output_ids[k : k + 6] == on_b
     assert_greedy(checkpoints["b"], PROMPT + out.output_ids[:k], on_b)
     assert out.token_versions() == [before.version] * k + ["1"] * (N - k)
-
-
-def test_in_place_keeps_the_request_and_labels_the_switch(
-    vllm_url: str, checkpoints: dict[str, str], restore: None
-) -> None:
-    out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", False))
-    assert len(out.output_ids) == len(out.output_logprobs) == N
-    assert len(out.weight_versions) == 2, out.weight_versions
-    before, after = out.weight_versions
-    assert after.version == "2" and 0 < after.start == before.end < N
-    k = after.start
-    assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
 
 
 def test_weights_from_disk_change_what_greedy_decoding_says(
