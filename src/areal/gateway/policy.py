@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.core.engine_client import engine_client
-from areal.core.inference_client import GenerateOutput, InferenceError
+from areal.core.inference_client import GenerateOutput, InferenceError, UnknownTokenVersionsError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
 from areal.core.types import sampling_record, version_number
@@ -56,7 +56,13 @@ class Generation:
         engine: str,
         sampling: dict[str, Any] | None = None,
     ) -> Generation:
-        versions = [version_number(v) for v in out.token_versions(default=out.weight_version)]
+        try:
+            labels = out.token_versions(default=out.weight_version)
+        except UnknownTokenVersionsError as err:  # never train on guessed versions
+            raise GatewayError(
+                502, f"the inference engine at {engine} cannot be trained on: {err}"
+            ) from None
+        versions = [version_number(v) for v in labels]
         reason = out.finish_reason
         return cls(
             text=out.text or "",
