@@ -44,7 +44,11 @@ async def versions_across_update(
             await trainer.continue_generation()
     expect(last is not None and len(last.output_ids) == 512, "the request did not finish whole")
     versions = last.token_versions()
-    expect(versions[-1] == version, f"last token's version {versions[-1]!r}, wanted {version!r}")
+    spans = [(s.version, s.start, s.end) for s in last.weight_versions]
+    expect(
+        versions[-1] == version,
+        f"last token's version {versions[-1]!r}, wanted {version!r}: {spans}",
+    )
     expect(versions[0] != version, "the first tokens should carry the version before the update")
     return f"spans {[(s.version, s.start, s.end) for s in last.weight_versions]}"
 
