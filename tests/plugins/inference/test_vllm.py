@@ -379,9 +379,9 @@ def restore(checkpoints: dict[str, str]) -> None:
     ORIGINAL[:] = [checkpoints["a"]]
 
 
-# Runs before the retract tests: in this module, after a pause with mode abort, vLLM 0.32's
-# keep-pause let the in-flight request run to its end during the pause (one span), which a fresh
-# server never did; not understood yet.
+# The client pauses with keep and clear_cache=false: with the cache to clear, vLLM 0.32 holds the
+# pause until the engine is idle, so the in-flight request ran to its end on the old weights
+# (one span) instead of freezing.
 def test_in_place_keeps_the_request_and_labels_the_switch(
     vllm_url: str, checkpoints: dict[str, str], restore: None
 ) -> None:

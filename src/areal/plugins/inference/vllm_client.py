@@ -393,10 +393,14 @@ class VLLMClient(InferenceClient):
 
     async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, Any]:
         """``in_place`` keeps requests frozen; ``retract`` and ``abort`` end them (this client
-        resubmits a retracted one). The prefix cache goes too: it holds the old weights' keys."""
+        resubmits a retracted one) and drop the prefix cache, which holds the old weights' keys
+        (after an in_place update, ``update_weights_from_disk`` drops what it can)."""
         if mode not in _PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {_PAUSE_MODES}, got {mode!r}")
-        query = "mode=keep" if mode == "in_place" else "mode=abort&clear_cache=true"
+        # keep must not clear the cache: vLLM then completes the pause only once the engine is
+        # idle, i.e. it lets the frozen requests run to their end on the old weights first.
+        keep = "mode=keep&clear_cache=false"
+        query = keep if mode == "in_place" else "mode=abort&clear_cache=true"
         self._abort_paused = mode == "abort"
         result: dict[str, Any] = await self._post_json(f"/pause?{query}", None)
         return result
