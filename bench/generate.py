@@ -21,6 +21,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,22 @@ def hf_tokens_per_s(model: Any, batch: list[list[int]], repeats: int) -> float:
     return len(batch) * NEW_TOKENS / statistics.median(times)
 
 
+def concurrent_tokens_per_s(
+    one: Callable[[list[int]], int], batch: list[list[int]], repeats: int
+) -> float:
+    """``one(prompt) -> new tokens`` for every prompt of ``batch`` at once, timed ``repeats``
+    times after a warm-up: new tokens per second, the median."""
+    one(batch[0][:8])  # warm-up
+    times = []
+    with ThreadPoolExecutor(len(batch)) as pool:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            produced = sum(pool.map(one, batch))
+            times.append(time.perf_counter() - t0)
+            assert produced == len(batch) * NEW_TOKENS
+    return len(batch) * NEW_TOKENS / statistics.median(times)
+
+
 def engine_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float:
     def one(prompt: list[int]) -> int:
         body = {
@@ -83,15 +100,7 @@ def engine_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float
         resp.raise_for_status()
         return int(resp.json()["meta_info"]["completion_tokens"])
 
-    one(batch[0][:8])  # warm-up
-    times = []
-    with ThreadPoolExecutor(len(batch)) as pool:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            produced = sum(pool.map(one, batch))
-            times.append(time.perf_counter() - t0)
-            assert produced == len(batch) * NEW_TOKENS
-    return len(batch) * NEW_TOKENS / statistics.median(times)
+    return concurrent_tokens_per_s(one, batch, repeats)
 
 
 def vllm_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float:
@@ -114,15 +123,7 @@ def vllm_tokens_per_s(url: str, batch: list[list[int]], repeats: int) -> float:
         resp.raise_for_status()
         return len(resp.json()["choices"][0]["token_ids"])
 
-    one(batch[0][:8])  # warm-up
-    times = []
-    with ThreadPoolExecutor(len(batch)) as pool:
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            produced = sum(pool.map(one, batch))
-            times.append(time.perf_counter() - t0)
-            assert produced == len(batch) * NEW_TOKENS
-    return len(batch) * NEW_TOKENS / statistics.median(times)
+    return concurrent_tokens_per_s(one, batch, repeats)
 
 
 def start_vllm(model_dir: Path, log_path: Path) -> tuple[ServerProcess, str]:
