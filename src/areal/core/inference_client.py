@@ -614,8 +614,18 @@ class InferenceClient:
         """
         body = _generate_body(input_ids, text, sampling_params, return_logprob, rid, extra, True)
         assembler = _StreamAssembler(stream_chunking or self.stream_chunking)
-        url = self.base_url + "/generate"
         last: GenerateOutput | None = None
+        async for data in self._sse_events("/generate", body):
+            last = assembler.add(data)
+            yield last
+        if last is None or not last.finished:
+            url = self.base_url + "/generate"
+            raise InferenceError(None, "stream ended before the request finished", url)
+
+    async def _sse_events(self, path: str, body: Any) -> AsyncIterator[Any]:
+        """``POST path`` and yield each SSE ``data:`` chunk as JSON until ``[DONE]``; an error
+        status, an ``error`` chunk, a bad chunk or a broken connection is an InferenceError."""
+        url = self.base_url + path
         try:
             async with self._session().post(url, json=body, allow_redirects=False) as response:
                 if response.status >= 400:
@@ -634,12 +644,9 @@ class InferenceClient:
                         ) from exc
                     if isinstance(data, dict) and "error" in data:
                         raise _stream_error(data, url)
-                    last = assembler.add(data)
-                    yield last
+                    yield data
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
-        if last is None or not last.finished:
-            raise InferenceError(None, "stream ended before the request finished", url)
 
     # --- scheduling control ------------------------------------------------------------------
 

@@ -312,15 +312,18 @@ def test_a_stop_string_is_reported_as_matched(vllm_url: str) -> None:
 def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
     async def go(client: VLLMClient) -> Any:
         long = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
-        task = asyncio.create_task(
-            client.generate(input_ids=PROMPT, rid="to-abort", sampling_params=long)
-        )
-        await asyncio.sleep(0.5)
-        await client.abort_request("to-abort")
-        return await task
+        last = None
+        # Aborted once it is running: an abort that reaches vLLM before the request finds nothing.
+        async for chunk in client.generate_stream(
+            input_ids=PROMPT, rid="to-abort", sampling_params=long
+        ):
+            last = chunk
+            if len(chunk.output_ids) == 20:
+                await client.abort_request("to-abort")
+        return last
 
     out = run(_with_client(vllm_url, go))
-    assert out.aborted and 0 < len(out.output_ids) < 3000
+    assert out.aborted and 20 <= len(out.output_ids) < 3000
     assert len(out.output_logprobs) == len(out.output_ids)
 
 

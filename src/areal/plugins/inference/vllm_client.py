@@ -34,7 +34,6 @@ from typing import Any
 
 from areal.core.inference_client import (
     _PAUSE_MODES,
-    _TRANSPORT_ERRORS,
     FinishReason,
     GenerateOutput,
     InferenceClient,
@@ -43,13 +42,7 @@ from areal.core.inference_client import (
     SamplingParams,
     StreamChunking,
     WeightVersionSpan,
-    _error_from_response,
     _json,
-    _lines,
-    _read,
-    _sse_data,
-    _stream_error,
-    _transport_error,
 )
 
 ROUTE = "/inference/v1/generate"
@@ -298,26 +291,12 @@ class VLLMClient(InferenceClient):
         url = self.base_url + ROUTE
         while True:
             body = self._body(answer, params, return_logprob, extra, stream=True)
-            try:
-                async with self._session().post(url, json=body, allow_redirects=False) as response:
-                    if response.status >= 400:
-                        raise _error_from_response(await _read(response, url))
-                    async for line in _lines(response.content.iter_any()):
-                        payload = _sse_data(line)
-                        if not payload or payload == "[DONE]":
-                            continue
-                        data = json.loads(payload)
-                        if isinstance(data, dict) and "error" in data:
-                            raise _stream_error(data, url)
-                        piece = _piece(data, url)
-                        answer.add(piece)
-                        if await self._retracted(answer, params):
-                            continue  # not the end: the rest comes in the next piece
-                        yield answer.output(piece)
-            except _TRANSPORT_ERRORS as exc:
-                raise _transport_error(exc, url) from exc
-            except json.JSONDecodeError as exc:
-                raise InferenceError(200, f"bad stream chunk: {exc}", url) from exc
+            async for data in self._sse_events(ROUTE, body):
+                piece = _piece(data, url)
+                answer.add(piece)
+                if await self._retracted(answer, params):
+                    continue  # not the end: the rest comes in the next piece
+                yield answer.output(piece)
             if answer.finish is None:
                 raise InferenceError(None, "stream ended before the request finished", url)
             if not await self._resubmit(answer, params):
