@@ -139,8 +139,6 @@ def gateway_command(
     from areal.gateway.errors import GatewayError
     from areal.gateway.server import serve
 
-    if not engine and model is None:
-        raise CLIError("say where the policy runs: --engine URL (repeatable) or --model DIR")
     training = TrainingFlags(
         sink=sink,
         sink_address=sink_address,

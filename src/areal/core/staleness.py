@@ -174,6 +174,12 @@ class StalenessBudget:
             self._accepted_total = max(self._accepted_total, consumed - pending)
             self._released = max(self._released, dropped)
 
+    def carry_running(self, other: StalenessBudget) -> None:
+        """Take over ``other``'s running episodes: a budget that replaces another (a trainer
+        attaching to a gateway) must still count the episodes that will finish under it."""
+        with self._lock:
+            self._running = other.running
+
     def set_version(self, version: int) -> None:
         """The trainer's weights are now ``version`` (the clock never moves back)."""
         with self._lock:

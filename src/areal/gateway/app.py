@@ -12,12 +12,14 @@ from aiohttp import web
 
 from areal.gateway import (
     anthropic,
+    engines_api,
     models,
     openai_chat,
     openai_responses,
     rl_control,
     session_api,
     trace,
+    trainer_api,
 )
 from areal.gateway.gateway_state import STATE, GatewayState
 from areal.gateway.middleware import MAX_BODY_BYTES, RL_PREFIXES, gateway_middleware
@@ -38,6 +40,8 @@ def build_app(state: GatewayState) -> web.Application:
     session_api.add_routes(app, RL_PREFIXES, state.sessions)
     rl_control.add_routes(app, RL_PREFIXES, state.sessions)
     trace.add_routes(app, RL_PREFIXES)
+    engines_api.add_routes(app, RL_PREFIXES)
+    trainer_api.add_routes(app, RL_PREFIXES)
     reaper = rl_control.IdleReaper(state.sessions)
 
     async def on_startup(app: web.Application) -> None:

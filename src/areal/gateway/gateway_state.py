@@ -14,6 +14,7 @@ from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
 
 if TYPE_CHECKING:
+    from areal.gateway.trainer_api import TrainerSeat
     from areal.gateway.upstream import UpstreamChannel
 
 
@@ -26,6 +27,7 @@ class GatewayState:
     admin_token: str | None = field(default=None, repr=False)
     upstream: UpstreamChannel | None = None  # when api_gateway is configured
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
+    trainer: TrainerSeat | None = None  # the run attached to this gateway (/rl/trainer)
 
     async def record(self, request: web.Request, generation: Generation) -> str | None:
         """Record a finished policy completion into the caller's session, if it has one."""

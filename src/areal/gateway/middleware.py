@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 
 from areal.gateway.callers import CALLER, Caller
+from areal.gateway.engine_pool import LOST_CALLS
 from areal.gateway.errors import GatewayError, error_response
 from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.request_log import BOUND_SESSION, LOG_FIELDS
@@ -63,6 +64,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
     status = 500
     if caller.session is not None:  # a call with a session key keeps its session alive
         caller.session.busy += 1
+    lost_calls: list[str] = []
+    box = LOST_CALLS.set(lost_calls)
     try:
         if (
             request.path != "/health"
@@ -102,11 +105,14 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
             request.path, GatewayError(500, f"internal error: {type(err).__name__}")
         )
     finally:
+        LOST_CALLS.reset(box)
         if caller.session is not None:
             caller.session.busy -= 1
             caller.session.touch()
         info = request[LOG_FIELDS]
         traced = caller.session or info.pop(BOUND_SESSION, None)
+        if traced is not None and lost_calls:
+            traced.lost_calls += len(lost_calls)  # a hole in the episode: it ends discarded
         if traced is not None and not is_rl_path(request.path):
             traced.note_call(path=request.path, model=info.get("model"), status=status)
         state.access_log.write(

@@ -2,25 +2,24 @@
 
 Prompts are rendered with the policy tokenizer's chat template and tokenized here; the output
 tokens, log-probs and per-token versions are taken from the engine as generated, never
-re-tokenized. Engines are picked round-robin, or sticky per session (the same conversation keeps
-landing on the engine that holds its prefix).
+re-tokenized. The engines are those of the :class:`~areal.gateway.engine_pool.EnginePool`
+(attached at start-up or later, detached at any time), picked round-robin or sticky per session
+(the same conversation keeps landing on the engine that holds its prefix).
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
-import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.engine_client import engine_client
 from areal.core.inference_client import GenerateOutput, InferenceError, UnknownTokenVersionsError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
 from areal.core.types import sampling_record, version_number
+from areal.gateway.engine_pool import Engine, EngineLost, EnginePool, normalize_url, note_lost
 from areal.gateway.errors import GatewayError
 from areal.gateway.router_config import ModelRoute
 
@@ -94,19 +93,16 @@ class PolicyService:
         aliases: Sequence[str] = DEFAULT_ALIASES,
         tool_parser: str | None = None,
         engine_backend: str | None = None,
+        pool: EnginePool | None = None,
     ) -> None:
-        if not engines:
-            raise ValueError(
-                "the gateway needs at least one inference engine (--engine URL or --model DIR)"
-            )
         self.route = route
-        self.engine_urls = list(engines)
-        self.clients = [engine_client(engine_backend, url) for url in self.engine_urls]
+        self.pool = pool or EnginePool(engine_backend)
+        self.initial_engines = [normalize_url(url) for url in engines]
         self.tokenizer_path = tokenizer_path
         self.context_length = context_length
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
-        self._round_robin = itertools.cycle(range(len(self.clients)))
+        self.published: tuple[int, str] | None = None  # the trainer's newest (version, weights)
         self._noted: set[tuple[str, Any]] = set()  # client sampling values logged as overridden
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
@@ -117,26 +113,76 @@ class PolicyService:
     def model_id(self) -> str:
         return self.route.model_id
 
+    @property
+    def engine_urls(self) -> list[str]:
+        return self.pool.urls
+
     def serves(self, model: str | None) -> bool:
         """Is ``model`` the policy? (Clients may also say ``default``, or nothing.)"""
         return not model or model == self.model_id or model in self.aliases
 
     async def start(self) -> None:
-        """Ask the first engine for its tokenizer and context length, and load the tokenizer."""
-        info = await self._call(0, self.clients[0].model_info())
-        self.tokenizer_path = (
-            self.tokenizer_path or info.get("tokenizer_path") or info.get("model_path")
+        """Attach the engines given at start-up (each must answer), load the tokenizer (from
+        ``--tokenizer``, else from the first engine) and start the health checks."""
+        for url in self.initial_engines:
+            await self.attach(url)
+        if self.tokenizer is None and self.tokenizer_path:
+            self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.tokenizer_path)
+        self.pool.start()
+
+    async def attach(
+        self, url: str, *, backend: str | None = None, owner: str | None = None
+    ) -> Engine:
+        """Take ``url`` into service: it must answer ``/model_info``; the first engine gives the
+        tokenizer and context length when none were given; an engine behind the trainer's newest
+        published weights loads them first, so it never serves an older policy than the rest."""
+        url = normalize_url(url)
+        client = self.pool.client_for(url, backend)
+        try:
+            info = await client.model_info()
+            if self.tokenizer is None:
+                self.tokenizer_path = (
+                    self.tokenizer_path or info.get("tokenizer_path") or info.get("model_path")
+                )
+                if not self.tokenizer_path:
+                    raise GatewayError(
+                        400,
+                        f"the engine at {url} does not say where its tokenizer is: start the "
+                        "gateway with --tokenizer DIR",
+                        param="url",
+                    )
+                self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.tokenizer_path)
+            self.context_length = (
+                self.context_length or info.get("context_length") or info.get("max_context_length")
+            )
+            version = info.get("weight_version")
+            if self.published is not None and version_number(version) < self.published[0]:
+                newest, path = self.published
+                await client.update_weights_from_disk(path, weight_version=str(newest))
+                log.info("engine %s loaded the newest weights (version %d) first", url, newest)
+                version = str(newest)
+        except InferenceError as err:
+            await client.aclose()
+            raise GatewayError(
+                400 if err.status_code is None else 502,
+                f"the engine at {url} cannot be attached: {err.message}",
+                param="url",
+                code="engine_unreachable",
+            ) from None
+        except BaseException:
+            await client.aclose()
+            raise
+        engine = Engine(
+            url=url,
+            client=client,
+            backend=backend or self.pool.backend,
+            owner=owner,
+            weight_version=None if version is None else str(version),
         )
-        self.context_length = (
-            self.context_length or info.get("context_length") or info.get("max_context_length")
-        )
-        if not self.tokenizer_path:
-            raise ValueError("the engine does not say where its tokenizer is: pass --tokenizer DIR")
-        self.tokenizer = await asyncio.to_thread(_load_tokenizer, self.tokenizer_path)
+        return self.pool.add(engine)
 
     async def close(self) -> None:
-        for client in self.clients:
-            await client.aclose()
+        await self.pool.close()
 
     # --- prompts ----------------------------------------------------------------------------
 
@@ -159,6 +205,8 @@ class PolicyService:
         (an agent that edited history, a template that re-renders past turns) falls back to
         tokenizing the whole chat.
         """
+        if self.tokenizer is None:  # no engine has been attached yet
+            raise self.pool.unavailable()
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=True
@@ -245,38 +293,80 @@ class PolicyService:
 
     # --- generation -------------------------------------------------------------------------
 
-    def pick(self, sticky: str | None) -> int:
-        if sticky is None or len(self.clients) == 1:
-            return next(self._round_robin)
-        return zlib.crc32(sticky.encode()) % len(self.clients)
-
     async def generate(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, sticky: str | None = None
     ) -> Generation:
-        i = self.pick(sticky)
-        out = await self._call(
-            i, self.clients[i].generate(input_ids=prompt_ids, sampling_params=sampling)
-        )
-        return Generation.from_output(out, prompt_ids, self.engine_urls[i], sampling)
+        """One generation; a call its engine lost (detached, down) is tried on the next live
+        engine, as nothing of it reached the client."""
+        tried: set[str] = set()
+        while True:
+            engine = self._next_engine(sticky, tried)
+            try:
+                out = await self._call(
+                    engine,
+                    engine.client.generate(input_ids=prompt_ids, sampling_params=sampling),
+                )
+            except EngineLost:
+                tried.add(engine.url)
+                continue
+            return Generation.from_output(out, prompt_ids, engine.url, sampling)
 
     async def stream(
         self, prompt_ids: list[int], sampling: dict[str, Any], *, sticky: str | None = None
     ) -> AsyncIterator[Generation]:
-        """Cumulative generations as the engine produces tokens; the last one is finished."""
-        i = self.pick(sticky)
-        try:
-            async for out in self.clients[i].generate_stream(
-                input_ids=prompt_ids, sampling_params=sampling
-            ):
-                yield Generation.from_output(out, prompt_ids, self.engine_urls[i], sampling)
-        except InferenceError as err:
-            raise _engine_error(self.engine_urls[i], err) from None
+        """Cumulative generations as the engine produces tokens; the last one is finished. A
+        stream lost before its first token moves to another engine; one lost later ends with
+        :class:`EngineLost`, and its episode is marked (see :mod:`.engine_pool`)."""
+        tried: set[str] = set()
+        while True:
+            engine = self._next_engine(sticky, tried)
+            started = False
+            outputs = engine.client.generate_stream(input_ids=prompt_ids, sampling_params=sampling)
+            try:
+                async for out in self.pool.stream(engine, outputs):
+                    started = True
+                    yield Generation.from_output(out, prompt_ids, engine.url, sampling)
+                return
+            except EngineLost:
+                if started:
+                    note_lost(engine.url)
+                    raise
+                tried.add(engine.url)
+            except InferenceError as err:
+                lost = self._lost(engine, err)
+                if lost is None:
+                    raise _engine_error(engine.url, err) from None
+                if started:
+                    note_lost(engine.url)
+                    raise lost from None
+                tried.add(engine.url)
 
-    async def _call(self, i: int, coro: Any) -> Any:
+    def _next_engine(self, sticky: str | None, tried: set[str]) -> Engine:
+        """The engine for the next try; when a lost call has nowhere left to go, its episode is
+        marked (it misses an answer) and the client gets the 503."""
         try:
-            return await coro
+            return self.pool.pick(sticky, avoid=tried)
+        except GatewayError:
+            if tried:
+                note_lost(sorted(tried)[0])
+            raise
+
+    async def _call(self, engine: Engine, work: Any) -> Any:
+        """One tracked call; an engine that cannot be reached is marked down (:class:`EngineLost`)."""
+        try:
+            return await self.pool.call(engine, work)
         except InferenceError as err:
-            raise _engine_error(self.engine_urls[i], err) from None
+            lost = self._lost(engine, err)
+            if lost is not None:
+                raise lost from None
+            raise _engine_error(engine.url, err) from None
+
+    def _lost(self, engine: Engine, err: InferenceError) -> EngineLost | None:
+        """A transport failure (no HTTP answer): the engine is down, the call lost."""
+        if err.status_code is not None:
+            return None
+        self.pool.mark_down(engine, err.message)
+        return EngineLost(engine.url, "could not be reached")
 
 
 def _engine_error(url: str, err: InferenceError) -> GatewayError:

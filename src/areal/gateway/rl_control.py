@@ -9,8 +9,11 @@ Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
   the trainer has received in all of the run (across resumes and gateway restarts), ``D``
   (optional) how many of them it dropped as stale: the budget's ``accepted`` becomes at least
   ``C - D`` (``StalenessBudget.reseed``), so a restarted gateway admits the look-ahead only, and
-  re-announcing the same totals changes nothing. Answers the budget snapshot, as does
-  ``GET /rl/version``.
+  re-announcing the same totals changes nothing. ``weights`` (optional) is the directory holding
+  this version's weights: an engine attached later loads them before it takes traffic
+  (:mod:`areal.gateway.engines_api`). ``trainer_id`` (optional) must be the attached trainer's
+  (:mod:`areal.gateway.trainer_api`), whose lease the announce renews. Answers the budget
+  snapshot (with ``weights`` once known), as does ``GET /rl/version``.
 - ``POST /rl/sessions/discard`` ``{"metadata": {"worker": "3"}}``: end, as discarded, every open
   session whose metadata has all the given key/values (compared as JSON values: ``"3"`` is not
   ``3``); answers ``{"discarded": n, "session_ids": [...]}``. The run supervisor calls it when it
@@ -26,13 +29,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from typing import Any
 
 from aiohttp import web
 
 from areal.gateway.errors import GatewayError
+from areal.gateway.gateway_state import state_of
 from areal.gateway.request_body import read_json
 from areal.gateway.session_api import require_admin
 from areal.gateway.sessions import SessionManager
+from areal.gateway.trainer_api import check_trainer
 
 log = logging.getLogger("areal.gateway.sessions")
 
@@ -40,9 +46,16 @@ REAP_EVERY_S = 5.0  # at most; a short idle timeout is checked more often
 
 
 def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: SessionManager) -> None:
+    def version_answer(request: web.Request) -> dict[str, Any]:
+        answer = sessions.budget.snapshot().to_json()
+        published = state_of(request).policy.published
+        if published is not None:
+            answer["weights"] = {"version": published[0], "path": published[1]}
+        return answer
+
     async def get_version(request: web.Request) -> web.Response:
         require_admin(sessions, request)
-        return web.json_response(sessions.budget.snapshot().to_json())
+        return web.json_response(version_answer(request))
 
     async def set_version(request: web.Request) -> web.Response:
         require_admin(sessions, request)
@@ -58,10 +71,19 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                     code=f"bad_{name}",
                 )
         assert isinstance(version, int) and isinstance(dropped, int) and isinstance(consumed, int)
+        weights = body.get("weights")
+        if weights is not None and (not isinstance(weights, str) or not weights):
+            raise GatewayError(
+                400, "weights must be the directory of this version's weights", param="weights"
+            )
+        state = state_of(request)
+        check_trainer(state, body.get("trainer_id"))
         sessions.budget.set_version(version)
         sessions.budget.reseed(consumed=consumed, dropped=dropped, pending=sessions.delivering)
         sessions.capacity_changed()
-        return web.json_response(sessions.budget.snapshot().to_json())
+        if weights is not None and (state.policy.published or (-1, ""))[0] <= version:
+            state.policy.published = (version, weights)
+        return web.json_response(version_answer(request))
 
     async def discard(request: web.Request) -> web.Response:
         require_admin(sessions, request)

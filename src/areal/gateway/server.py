@@ -158,10 +158,6 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = RouterConfig.load(config_path) if config_path else RouterConfig()
-    if not engines and not model:
-        raise SystemExit(
-            "error: say where the policy runs: --engine URL (repeatable) or --model DIR"
-        )
     if model and engine_backend not in (None, "embedded"):
         raise SystemExit(
             f"error: --model starts an embedded engine, but --engine-backend is {engine_backend}; "
@@ -199,7 +195,9 @@ def serve(
                 flush=True,
             )
         if admin is None:
-            log.info("AREAL_ADMIN_TOKEN is not set: the session API (/rl/sessions) is off")
+            log.info(
+                "AREAL_ADMIN_TOKEN is not set: the session and engine APIs (/rl/...) are off"
+            )
         else:
             where = {
                 "jsonl": training.sink_address or logs / TRAJECTORIES_FILE,
@@ -212,9 +210,16 @@ def serve(
                 state.sessions.budget.snapshot().to_json(),
                 f"{training.idle_timeout():g} s" if training.idle_timeout() else "off",
             )
-        log.info(
-            "policy %s on %s; log %s", config.policy.model_id, ", ".join(urls), logs / "gateway.log"
-        )
+        if urls:
+            where = ", ".join(urls)
+        elif admin is None:
+            where = (
+                "no engine; none can attach without AREAL_ADMIN_TOKEN (the engine API, "
+                "/rl/engines, is off), so policy calls answer 503"
+            )
+        else:
+            where = "no engine yet (policy calls answer 503 until one attaches: POST /rl/engines)"
+        log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
         web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
 
 

@@ -80,6 +80,7 @@ class Session:
     last_active: float = field(default_factory=time.monotonic, repr=False)
     busy: int = field(default=0, repr=False)  # calls with this session's key still running
     oldest_version: int | None = None  # of its generated tokens (the staleness that counts)
+    lost_calls: int = 0  # calls whose engine left half-way (engine_pool): the episode is not trained
     calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
 
     def note_call(self, **call: Any) -> None:
@@ -333,6 +334,13 @@ class SessionManager:
         if not session.is_open:
             raise GatewayError(409, f"session {session.session_id} has ended", code="session_ended")
         self._retire(session)  # from here on, late records and rewards are refused
+        if session.lost_calls and not discard:
+            log.info(
+                "session %s lost %d call(s) with an engine that left: discarded, not trained",
+                session.session_id,
+                session.lost_calls,
+            )
+            discard = True
         trajectory = build_trajectory(
             session.session_id,
             session.completions,
@@ -368,6 +376,8 @@ class SessionManager:
             "reward": session.reward,
             "sent": send,
         }
+        if session.lost_calls:
+            session.summary["lost_calls"] = session.lost_calls
         session.completions = []  # the trajectory has them now; keep the status small
         return {"session_id": session.session_id, **session.summary}
 

@@ -1,0 +1,318 @@
+"""The policy's engines as the gateway holds them: attached and detached while it runs,
+health-checked, and every call tracked, so a call on an engine that leaves ends as *lost*.
+
+A gateway can start with no engine at all (a long-lived service: engines come and go, a trainer
+attaches its own); until one is attached, the policy answers ``503`` with ``Retry-After``. Calls
+go round-robin (or sticky per conversation) over the *live* engines: attached, healthy, not
+draining. An engine stops being live when
+
+- it is detached (``DELETE /rl/engines``): with ``drain``, its running calls finish first (up to a
+  timeout); without, they are cancelled at once;
+- it fails ``DOWN_AFTER`` health checks in a row, or a call cannot reach it: its running calls are
+  cancelled, and it takes traffic again as soon as it answers a health check (a supervisor that
+  restarted it at the same URL needs nothing more).
+
+A cancelled call raises :class:`EngineLost` (a 503 with ``Retry-After``). The policy retries a
+lost call that produced nothing yet on another live engine; a call lost half-way is noted in the
+request's :data:`LOST_CALLS` box, and the middleware marks the episode it belonged to, which then
+ends discarded: a trajectory with a hole in it is never trained on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import itertools
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator, Awaitable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from areal.core.engine_client import EngineClient, engine_client
+from areal.gateway.errors import GatewayError
+
+log = logging.getLogger("areal.gateway.engines")
+
+T = TypeVar("T")
+
+RETRY_AFTER_S = 5  # what a 503 for "no engine" tells clients to wait
+HEALTH_EVERY_S = 5.0
+HEALTH_TIMEOUT_S = 10.0
+DOWN_AFTER = 3  # failed health checks in a row before an engine takes no traffic
+
+# One box per request (the middleware sets it): the engines whose calls this request lost.
+# A list, not a value, so the tasks a handler starts (n > 1 choices) add to the same box.
+LOST_CALLS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
+    "areal_lost_calls", default=None
+)
+
+
+class EngineLost(GatewayError):
+    """A call whose engine was detached or went down while it ran."""
+
+    def __init__(self, url: str, why: str) -> None:
+        super().__init__(
+            503,
+            f"the inference engine at {url} {why} while serving this call; retry",
+            code="engine_lost",
+            headers={"Retry-After": "1"},
+        )
+        self.url = url
+
+
+@dataclass(eq=False)
+class Engine:
+    """One attached engine and the calls running on it."""
+
+    url: str
+    client: EngineClient = field(repr=False)
+    backend: str
+    owner: str | None = None  # who attached it (a trainer's id), for GET /rl/engines
+    weight_version: str | None = None
+    healthy: bool = True
+    draining: bool = False
+    detached: bool = False
+    failures: int = 0  # failed health checks in a row
+    served: int = 0
+    attached_at: float = field(default_factory=time.time)
+    calls: set[asyncio.Future[Any]] = field(default_factory=set, repr=False)
+    lost_why: str = ""
+
+    @property
+    def live(self) -> bool:
+        return self.healthy and not self.draining and not self.detached
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "backend": self.backend,
+            "owner": self.owner,
+            "healthy": self.healthy,
+            "draining": self.draining,
+            "running": len(self.calls),
+            "served": self.served,
+            "weight_version": self.weight_version,
+            "attached_s": round(time.time() - self.attached_at, 1),
+        }
+
+    def cancel_calls(self, why: str) -> int:
+        self.lost_why = why
+        running = [c for c in self.calls if not c.done()]
+        for call in running:
+            call.cancel()
+        return len(running)
+
+
+class EnginePool:
+    """The attached engines; ``pick`` chooses one for a call, ``call``/``stream`` track it."""
+
+    def __init__(
+        self,
+        backend: str | None = None,
+        *,
+        health_every: float = HEALTH_EVERY_S,
+        health_timeout: float = HEALTH_TIMEOUT_S,
+        down_after: int = DOWN_AFTER,
+    ) -> None:
+        self.backend = backend or "embedded"
+        self.health_every = health_every
+        self.health_timeout = health_timeout
+        self.down_after = down_after
+        self.engines: dict[str, Engine] = {}
+        self._turn = itertools.count()
+        self._health: asyncio.Task[None] | None = None
+
+    # --- membership --------------------------------------------------------------------------
+
+    def client_for(self, url: str, backend: str | None = None) -> EngineClient:
+        return engine_client(backend or self.backend, url)
+
+    def add(self, engine: Engine) -> Engine:
+        """Attach ``engine`` (one already attached at that URL is replaced by it)."""
+        old = self.engines.pop(engine.url, None)
+        if old is not None:
+            old.detached = True
+            old.cancel_calls("was attached again")
+        self.engines[engine.url] = engine
+        log.info("engine %s attached (%s); %d attached", engine.url, engine.backend, len(self))
+        return engine
+
+    def get(self, url: str) -> Engine | None:
+        return self.engines.get(normalize_url(url))
+
+    async def detach(self, url: str, *, drain: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+        """Take the engine out: no new calls; with ``drain`` its running calls may finish for
+        up to ``timeout`` seconds, the rest (or all, without ``drain``) are cancelled."""
+        engine = self.engines.get(normalize_url(url))
+        if engine is None:
+            raise GatewayError(
+                404,
+                f"no engine is attached at {url}; GET /rl/engines lists them",
+                param="url",
+                code="engine_not_found",
+            )
+        engine.draining = True
+        running = [c for c in engine.calls if not c.done()]
+        finished = 0
+        if drain and running:
+            done, _ = await asyncio.wait(running, timeout=timeout)
+            finished = len(done)
+        del self.engines[engine.url]
+        engine.detached = True
+        aborted = engine.cancel_calls("was detached")
+        await engine.client.aclose()
+        log.info(
+            "engine %s detached: %d calls finished, %d aborted; %d attached",
+            engine.url,
+            finished,
+            aborted,
+            len(self),
+        )
+        return {"detached": engine.url, "finished": finished, "aborted": aborted}
+
+    def __len__(self) -> int:
+        return len(self.engines)
+
+    @property
+    def urls(self) -> list[str]:
+        return list(self.engines)
+
+    def live(self) -> list[Engine]:
+        return [e for e in self.engines.values() if e.live]
+
+    def describe(self) -> list[dict[str, Any]]:
+        return [e.describe() for e in self.engines.values()]
+
+    # --- choosing and tracking calls ----------------------------------------------------------
+
+    def pick(self, sticky: str | None = None, *, avoid: set[str] | None = None) -> Engine:
+        """A live engine: the same one for the same ``sticky`` key while the pool is unchanged
+        (a conversation keeps its KV-cached prefix), else the next in turn."""
+        live = [e for e in self.live() if not avoid or e.url not in avoid]
+        if not live:
+            raise self.unavailable(tried=bool(avoid))
+        if sticky is not None and len(live) > 1:
+            return live[zlib.crc32(sticky.encode()) % len(live)]
+        return live[next(self._turn) % len(live)]
+
+    def unavailable(self, *, tried: bool = False) -> GatewayError:
+        headers = {"Retry-After": str(RETRY_AFTER_S)}
+        if not self.engines:
+            return GatewayError(
+                503,
+                "no policy engine is attached to this gateway yet: attach one with POST "
+                '/rl/engines {"url": ...} (admin token), or start `areal serve inference '
+                f"--model DIR --attach GATEWAY_URL`; retry after {RETRY_AFTER_S}s",
+                code="no_engine",
+                headers=headers,
+            )
+        what = "answering" if not tried else "left to retry this call on"
+        return GatewayError(
+            503,
+            f"no policy engine is {what} ({len(self)} attached: "
+            f"{', '.join(self._states())}); retry after {RETRY_AFTER_S}s",
+            code="no_engine",
+            headers=headers,
+        )
+
+    def _states(self) -> list[str]:
+        return [
+            f"{e.url} {'draining' if e.draining else 'down' if not e.healthy else 'busy'}"
+            for e in self.engines.values()
+        ]
+
+    async def call(self, engine: Engine, work: Awaitable[T]) -> T:
+        """Run ``work`` on ``engine``, tracked: if the engine leaves meanwhile, :class:`EngineLost`."""
+        future = asyncio.ensure_future(work)
+        engine.calls.add(future)
+        try:
+            result = await future
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if future.cancelled() and not (current and current.cancelling()):
+                raise EngineLost(engine.url, engine.lost_why or "went away") from None
+            raise
+        finally:
+            engine.calls.discard(future)
+        engine.served += 1
+        return result
+
+    async def stream(self, engine: Engine, items: AsyncIterator[T]) -> AsyncIterator[T]:
+        """``items`` (an engine's stream), each step tracked as :meth:`call` tracks a call."""
+        iterator = aiter(items)
+        try:
+            while True:
+                try:
+                    item = await self.call(engine, anext(iterator))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            closer = getattr(iterator, "aclose", None)
+            if closer is not None:
+                with contextlib.suppress(Exception):
+                    await closer()
+
+    def mark_down(self, engine: Engine, why: str) -> None:
+        """No traffic to ``engine`` until it answers a health check again; its calls are lost."""
+        if engine.healthy:
+            log.warning("engine %s is down (%s): no traffic until it answers again", engine.url, why)
+        engine.healthy = False
+        engine.failures = max(engine.failures, self.down_after)
+        engine.cancel_calls("went down")
+
+    # --- health ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._health is None and self.health_every > 0:
+            self._health = asyncio.create_task(self._watch(), name="areal-engine-health")
+
+    async def close(self) -> None:
+        if self._health is not None:
+            self._health.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._health
+            self._health = None
+        for engine in list(self.engines.values()):
+            await engine.client.aclose()
+
+    async def check_health(self) -> None:
+        """One round of health checks over every attached engine."""
+        engines = list(self.engines.values())
+        answers = await asyncio.gather(
+            *(e.client.health(timeout=self.health_timeout) for e in engines),
+            return_exceptions=True,
+        )
+        for engine, ok in zip(engines, answers, strict=True):
+            if engine.detached:
+                continue
+            if ok is True:
+                if not engine.healthy:
+                    log.info("engine %s answers again: back in service", engine.url)
+                engine.healthy, engine.failures = True, 0
+                continue
+            engine.failures += 1
+            if engine.failures >= self.down_after and engine.healthy:
+                self.mark_down(engine, f"{engine.failures} failed health checks")
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_every)
+            try:
+                await self.check_health()
+            except Exception:  # keep watching: one bad round must not stop the checks
+                log.exception("the engine health check failed; it goes on")
+
+
+def normalize_url(url: str) -> str:
+    return url.strip().rstrip("/")
+
+
+def note_lost(url: str) -> None:
+    """Remember, for the request being served, that it lost a call half-way on ``url``."""
+    box = LOST_CALLS.get()
+    if box is not None:
+        box.append(url)
