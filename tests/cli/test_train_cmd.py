@@ -50,12 +50,21 @@ def test_agent_config_keys_become_run_config_keys(tmp_path: Path) -> None:
         "'model_name': 'gpt-x', 'max_turns': 3, 'entrypoint': 'my_agent:run'}\n"
     )
     assert entry.agent_config_overrides(agent) == [
+        "agent.gateway_url=http://elsewhere/v1",
         "agent.max_turns=3",
         "agent.entrypoint=my_agent:run",
     ]
     config = entry.load("configs/quickstart.yaml", ["agent.max_turns=5"], str(agent))
-    # --set wins over the agent config; the URL, key and model name are per-episode, not kept.
+    # --set wins over the agent config; the key and model name are per-episode, not kept; the
+    # base URL names the gateway the run attaches to (its own URL, without /v1).
     assert (config.agent.max_turns, config.agent.entrypoint) == (5, "my_agent:run")
+    assert config.agent.gateway_url == "http://elsewhere"
+    seed = entry.load(
+        "configs/quickstart.yaml", ["agent.gateway_url=http://localhost:9000/gateway/v1/"]
+    )
+    assert seed.agent.gateway_url == "http://localhost:9000"
+    with pytest.raises(ConfigError, match=r"agent\.gateway_url"):
+        entry.load("configs/quickstart.yaml", ["agent.gateway_url=localhost:9000"])
     (tmp_path / "bad.py").write_text("X = 1\n")
     with pytest.raises(ConfigError, match="must define AGENT_CONFIG"):
         entry.agent_config_overrides(tmp_path / "bad.py")

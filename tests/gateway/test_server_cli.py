@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from areal.core.process import ServerProcess, pick_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
@@ -99,11 +100,47 @@ def one_line_error(command: list[str]) -> str:
     return lines[0]
 
 
+def seed_model_ids() -> list[str]:
+    routing = yaml.safe_load(Path(SEED_ROUTER).read_text())["model_routing"]
+    return [entry["model_id"] for entry in routing.values()]
+
+
 @pytest.mark.usefixtures("clean_env")
-def test_missing_engine_is_one_clear_line() -> None:
-    for command in ([*SERVER, "--config", ROUTER], [*CLI, "--config", ROUTER]):
-        line = one_line_error(command)
-        assert "--engine" in line and "--model" in line
+def test_seed_command_starts_with_no_engine(
+    engine: tuple[str, InferenceServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The article's first step as written: the gateway comes up with no engine, lists the routed
+    models, answers the policy with 503 in schema until an engine is attached, then serves it."""
+    monkeypatch.setenv("AREAL_GATEWAY_KEY", "seed-gateway-key-0123456789")
+    monkeypatch.setenv("AREAL_ADMIN_TOKEN", "seed-admin-token-0123456789")
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-unused-upstream-key")
+    port = pick_free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [*SERVER, "--config", SEED_ROUTER, "--port", str(port), "--log-level", "info"]
+    auth = {"Authorization": "Bearer seed-gateway-key-0123456789"}
+    admin = {"Authorization": "Bearer seed-admin-token-0123456789"}
+    policy, *_ = ids = seed_model_ids()
+    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
+        proc.wait_healthy(url, timeout=120)
+        listed = httpx.get(f"{url}/gateway/v1/models", headers=auth, timeout=10).json()["data"]
+        assert sorted(m["id"] for m in listed) == sorted(ids)
+        chat = {"model": policy, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        before = httpx.post(
+            f"{url}/gateway/v1/chat/completions", json=chat, headers=auth, timeout=10
+        )
+        assert before.status_code == 503 and before.headers["Retry-After"]
+        error = before.json()["error"]
+        assert error["code"] == "no_engine" and "POST /rl/engines" in error["message"]
+        attached = httpx.post(
+            f"{url}/rl/engines", json={"url": engine[0]}, headers=admin, timeout=60
+        )
+        assert attached.status_code == 201, attached.text
+        after = httpx.post(
+            f"{url}/gateway/v1/chat/completions", json=chat, headers=auth, timeout=60
+        )
+        assert after.status_code == 200, after.text
+        assert after.json()["usage"]["completion_tokens"] >= 1
+        assert "no engine yet" in proc.log_tail(200)
 
 
 @pytest.mark.usefixtures("clean_env")

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from areal.core.config import ConfigError, load_yaml
 
@@ -150,6 +150,12 @@ class AgentConfig(_Section):
     gateway_config: str | None = Field(
         default=None, description="Router config (api_gateway + model_routing) for the gateway."
     )
+    gateway_url: str | None = Field(
+        default=None,
+        description="A gateway that runs on its own (e.g. http://localhost:9000/gateway/v1): the "
+        "run attaches to it (AREAL_ADMIN_TOKEN: its admin token) and leaves it running; "
+        "default: the run starts its own.",
+    )
     framework: str = Field(
         default="openai_sdk",
         description=_registered("Adapter for the agent's client library, or a harness", "adapters"),
@@ -170,6 +176,23 @@ class AgentConfig(_Section):
     concurrency: int = Field(
         default=16, ge=1, description="Episodes in flight per rollout worker at most."
     )
+
+    @field_validator("gateway_url")
+    @classmethod
+    def _gateway_root(cls, url: str | None) -> str | None:
+        return None if url is None else gateway_root(url)
+
+
+def gateway_root(url: str) -> str:
+    """A gateway's own URL from any URL its clients use: without the ``/gateway/v1`` or ``/v1``
+    an agent's base URL ends with."""
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"must be an http(s) URL such as http://localhost:9000, got {url!r}")
+    root = url.rstrip("/")
+    for suffix in ("/gateway/v1", "/v1", "/gateway"):
+        if root.endswith(suffix):
+            return root.removesuffix(suffix)
+    return root
 
 
 class LoggingConfig(_Section):

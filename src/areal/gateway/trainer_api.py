@@ -11,8 +11,11 @@ Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
 
 - ``POST /rl/trainer`` ``{"trainer_id", "sink": "zmq", "sink_address", "staleness_threshold",
   "trigger_batch_size", "max_concurrent", "version", "consumed", "dropped", "discount",
-  "lease_s"}`` (the names of the gateway's training flags): take the seat. Episodes open at that
-  moment are discarded (their tokens belong to no run, or to another run). The same
+  "lease_s", "sampling", "episode_journal"}`` (the names of the gateway's training flags;
+  ``sampling``: the run's temperature, top_p, max_tokens and override_client_sampling for the
+  policy while it holds the seat, the router file's again after; ``episode_journal``: the run's
+  episode books, a file the gateway appends to while the seat is held): take the seat. Episodes
+  open at that moment are discarded (their tokens belong to no run, or to another run). The same
   ``trainer_id`` again renews the lease and changes nothing else.
 - ``DELETE /rl/trainer`` ``{"trainer_id"}``: leave. The run's engines are detached, open episodes
   are discarded, the sink is closed and the budget is unbounded again; the gateway serves on.
@@ -31,14 +34,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+from pydantic import ValidationError
 
+from areal.core.episode_journal import EpisodeJournal
 from areal.core.queue import make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.request_body import optional_json, read_json
+from areal.gateway.router_config import ModelRoute
 from areal.gateway.session_api import require_admin
-from areal.gateway.training_flags import TrainingFlags
+from areal.gateway.training_flags import SEAT_KEYS, TrainingFlags
 
 log = logging.getLogger("areal.gateway.trainer")
 
@@ -51,6 +57,8 @@ class TrainerSeat:
 
     trainer_id: str
     lease_s: float = DEFAULT_LEASE_S
+    route_before: ModelRoute | None = None  # the policy's sampling before the run set its own
+    journal_before: EpisodeJournal | None = None  # the gateway's own journal, while the run's runs
     since: float = field(default_factory=time.time)
     heard: float = field(default_factory=time.monotonic)
 
@@ -109,16 +117,24 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
             )
         flags = _flags(body)
         lease = _lease(body.get("lease_s", DEFAULT_LEASE_S))
+        route = _sampling(state.policy.route, body.get("sampling"))
+        journal = _journal(flags.episode_journal)
         if seat is not None:
-            log.warning("trainer %s stopped announcing; %s takes its seat", seat.trainer_id, trainer_id)
+            log.warning(
+                "trainer %s stopped announcing; %s takes its seat", seat.trainer_id, trainer_id
+            )
             await _release(state, seat)
         discarded = await _discard_open(state)
         old_sink = state.sessions.sink
         try:
             sink = make_sink(flags.sink, flags.sink_options()) if flags.sink_name() else None
         except (OSError, ValueError) as err:
+            if journal is not None:
+                journal.close()
             raise GatewayError(
-                400, f"the trajectory sink {flags.sink} cannot be opened: {err}", param="sink_address"
+                400,
+                f"the trajectory sink {flags.sink} cannot be opened: {err}",
+                param="sink_address",
             ) from None
         state.sessions.sink = sink
         budget = flags.budget()
@@ -126,9 +142,12 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
         state.sessions.budget = budget
         state.sessions.discount = flags.discount
         state.sessions.capacity_changed()
-        if old_sink is not None:
-            await old_sink.close()
+        await _close_quietly(old_sink)
         state.trainer = TrainerSeat(trainer_id, lease_s=lease)
+        if route is not None:
+            state.trainer.route_before, state.policy.route = state.policy.route, route
+        if journal is not None:
+            state.trainer.journal_before, state.sessions.journal = state.sessions.journal, journal
         log.info(
             "trainer %s attached: episodes to %s, budget %s (%d open episodes discarded)",
             trainer_id,
@@ -171,18 +190,34 @@ async def _release(state: GatewayState, seat: TrainerSeat) -> int:
     """The seat is free again: the run's engines go, its open episodes are discarded, its sink
     closes, and the budget admits everything (a gateway without a trainer)."""
     state.trainer = None
+    if seat.route_before is not None:
+        state.policy.route = seat.route_before
     owned = [e.url for e in state.policy.pool.engines.values() if e.owner == seat.trainer_id]
     for url in owned:
         await state.policy.pool.detach(url)
-    await _discard_open(state)
+    # The sink first: the run's queue may be closed already (or its process gone), and a
+    # discarded episode's tombstone sent there would wait for an answer that never comes.
     sink, state.sessions.sink = state.sessions.sink, None
-    if sink is not None:
-        await sink.close()
+    await _close_quietly(sink)
+    await _discard_open(state)
+    if seat.journal_before is not None:
+        state.sessions.journal.close()
+        state.sessions.journal = seat.journal_before
     budget = StalenessBudget()
     budget.carry_running(state.sessions.budget)
     state.sessions.budget = budget
     state.sessions.capacity_changed()
     return len(owned)
+
+
+async def _close_quietly(sink: Any) -> None:
+    """Close a run's sink; one whose trainer is gone cannot acknowledge, which is logged."""
+    if sink is None:
+        return
+    try:
+        await sink.close()
+    except Exception as err:  # a QueueError naming the unacknowledged trajectories
+        log.warning("the previous run's trajectory sink closed uncleanly: %s", err)
 
 
 async def _discard_open(state: GatewayState) -> int:
@@ -211,36 +246,60 @@ def _trainer_id(body: dict[str, Any]) -> str:
     return value
 
 
-FLAG_KEYS = {
-    "sink": "sink",
-    "sink_address": "sink_address",
-    "staleness_threshold": "staleness_threshold",
-    "trigger_batch_size": "trigger_batch_size",
-    "max_concurrent": "max_concurrent",
-    "version": "start_version",
-    "consumed": "start_consumed",
-    "dropped": "start_dropped",
-    "discount": "discount",
-}
+TEXT_FLAGS = ("sink", "sink_address", "episode_journal")
 
 
 def _flags(body: dict[str, Any]) -> TrainingFlags:
     """The run's settings, checked by the same rules as the gateway's command-line flags."""
     values: dict[str, Any] = {"sink": "zmq"}
-    for key, name in FLAG_KEYS.items():
+    for key, name in SEAT_KEYS.items():
         if key in body and body[key] is not None:
             value = body[key]
-            kind: tuple[type, ...] = (str,) if name in ("sink", "sink_address") else (int,)
+            kind: tuple[type, ...] = (str,) if name in TEXT_FLAGS else (int,)
             if name == "discount":
                 kind = (int, float)
             if isinstance(value, bool) or not isinstance(value, kind):
-                what = "a string" if kind == (str,) else "an integer" if kind == (int,) else "a number"
+                what = (
+                    "a string" if kind == (str,) else "an integer" if kind == (int,) else "a number"
+                )
                 raise GatewayError(400, f"{key} must be {what}, got {value!r}", param=key)
             values[name] = value
     try:
         return TrainingFlags(**values).check()
     except (TypeError, ValueError) as err:
         raise GatewayError(400, str(err)) from None
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "override_client_sampling")
+
+
+def _sampling(route: ModelRoute, value: Any) -> ModelRoute | None:
+    """The run's sampling for the policy while it holds the seat (its ``sampling.*``), checked
+    by the router's own rules; ``None``: keep the router file's."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - set(SAMPLING_KEYS):
+        raise GatewayError(
+            400, f"sampling must be an object with some of {', '.join(SAMPLING_KEYS)}",
+            param="sampling",
+        )  # fmt: skip
+    try:
+        return ModelRoute.model_validate({**route.model_dump(), **value})
+    except ValidationError as err:
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise GatewayError(400, f"sampling.{where}: {first['msg']}", param="sampling") from None
+
+
+def _journal(path: str | None) -> EpisodeJournal | None:
+    if path is None:
+        return None
+    try:
+        return EpisodeJournal(path)
+    except OSError as err:
+        raise GatewayError(
+            400, f"episode_journal cannot be opened: {err}", param="episode_journal"
+        ) from None
 
 
 def _lease(value: Any) -> float:

@@ -73,6 +73,20 @@ FLAGS: dict[str, Flag] = {
 }
 OPTION: dict[str, str] = {name: flag.option for name, flag in FLAGS.items()}
 
+# ``POST /rl/trainer``'s keys for the flags a run sets when it attaches to a running gateway.
+SEAT_KEYS: dict[str, str] = {
+    "sink": "sink",
+    "sink_address": "sink_address",
+    "staleness_threshold": "staleness_threshold",
+    "trigger_batch_size": "trigger_batch_size",
+    "max_concurrent": "max_concurrent",
+    "version": "start_version",
+    "consumed": "start_consumed",
+    "dropped": "start_dropped",
+    "discount": "discount",
+    "episode_journal": "episode_journal",
+}
+
 
 @dataclass(frozen=True)
 class TrainingFlags:
@@ -147,6 +161,12 @@ class TrainingFlags:
             consumed=self.start_consumed,
             dropped=self.start_dropped,
         )
+
+    def to_seat(self) -> dict[str, Any]:
+        """These flags as the body of ``POST /rl/trainer`` (a run taking a running gateway's
+        trainer seat); :data:`SEAT_KEYS` maps them back."""
+        values = ((key, getattr(self, name)) for key, name in SEAT_KEYS.items())
+        return {key: value for key, value in values if value is not None}
 
     def sink_name(self) -> str | None:
         return None if self.sink == "none" else self.sink

@@ -21,6 +21,8 @@ import aiohttp
 __all__ = [
     "Budget",
     "Discarded",
+    "EngineEntry",
+    "EnginesList",
     "GatewayAdmin",
     "GatewayAdminError",
     "GatewayBusy",
@@ -104,6 +106,24 @@ class Trace(TypedDict):
     calls: list[dict[str, Any]]
     aborted: int
     turns: list[dict[str, Any]]
+
+
+class EngineEntry(TypedDict, total=False):
+    """One attached engine (``areal.gateway.engine_pool``)."""
+
+    url: str
+    backend: str | None
+    owner: str | None
+    healthy: bool
+    draining: bool
+    running: int
+    served: int
+    weight_version: str | None
+
+
+class EnginesList(TypedDict):
+    policy: str
+    engines: list[EngineEntry]
 
 
 # --- the failures -------------------------------------------------------------------------------
@@ -288,20 +308,61 @@ class GatewayAdmin:
         return cast(Discarded, await self._call("POST", "/rl/sessions/discard", body))
 
     async def set_version(
-        self, version: int, dropped: int | None = None, consumed: int | None = None
+        self,
+        version: int,
+        dropped: int | None = None,
+        consumed: int | None = None,
+        *,
+        trainer_id: str | None = None,
+        weights: str | None = None,
     ) -> Budget:
         """The trainer's weights are now ``version``; ``consumed``: the episodes it received in
         all of the run, ``dropped``: how many of them it dropped as stale (running totals; the
-        gateway's budget continues from them, so a restarted gateway knows the run)."""
+        gateway's budget continues from them, so a restarted gateway knows the run).
+        ``trainer_id``: the attached trainer's (renews its seat); ``weights``: the directory of
+        this version's weights, which an engine attached later loads first."""
         body: dict[str, Any] = {"version": version}
-        if dropped is not None:
-            body["dropped"] = dropped
-        if consumed is not None:
-            body["consumed"] = consumed
+        optional = {"dropped": dropped, "consumed": consumed, "trainer_id": trainer_id}
+        optional["weights"] = weights
+        body.update((name, value) for name, value in optional.items() if value is not None)
         return cast(Budget, await self._call("POST", "/rl/version", body))
 
     async def version(self) -> Budget:
         return cast(Budget, await self._call("GET", "/rl/version"))
+
+    # --- a run attached to a gateway that runs on its own ------------------------------------
+
+    async def attach_trainer(self, trainer_id: str, **settings: Any) -> dict[str, Any]:
+        """Take the gateway's trainer seat (``/rl/trainer``): its finished episodes go to this
+        run's queue under this run's budget (``settings``: sink_address, staleness_threshold,
+        trigger_batch_size, max_concurrent, version, consumed, dropped, discount, sampling,
+        lease_s). Another live trainer: :class:`GatewayRefused` with status 409."""
+        body = {"trainer_id": trainer_id, **settings}
+        return await self._call("POST", "/rl/trainer", body)
+
+    async def leave_trainer(self, trainer_id: str) -> dict[str, Any]:
+        """Give the seat back; the gateway detaches the run's engines and serves on."""
+        return await self._call("DELETE", "/rl/trainer", {"trainer_id": trainer_id})
+
+    async def attach_engine(
+        self, url: str, *, backend: str | None = None, owner: str | None = None
+    ) -> EngineEntry:
+        """Put the engine at ``url`` into service (it loads the newest published weights first);
+        attaching a URL again replaces its entry."""
+        body: dict[str, Any] = {"url": url}
+        body.update((k, v) for k, v in (("backend", backend), ("owner", owner)) if v is not None)
+        return cast(EngineEntry, await self._call("POST", "/rl/engines", body))
+
+    async def detach_engine(
+        self, url: str, *, drain: bool = True, timeout: float = 30.0
+    ) -> dict[str, Any]:
+        """Take ``url`` out of service; with ``drain`` its running calls may finish first."""
+        body = {"url": url, "drain": drain, "timeout": timeout}
+        return await self._call("DELETE", "/rl/engines", body)
+
+    async def engines(self) -> EnginesList:
+        """The policy's model id and its attached engines."""
+        return cast(EnginesList, await self._call("GET", "/rl/engines"))
 
     # --- HTTP -------------------------------------------------------------------------------
 
@@ -330,7 +391,7 @@ class GatewayAdmin:
     ) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.admin_token}"}
         async with http.request(method, self.url + path, json=body, headers=headers) as resp:
-            if resp.status == 200:
+            if 200 <= resp.status < 300:
                 data: dict[str, Any] = await resp.json()
                 return data
             raise _refusal(self.url, f"{method} {path}", resp, await resp.text())

@@ -29,6 +29,7 @@ __all__ = [
     "gateway_child",
     "gateway_training_flags",
     "router_config",
+    "run_sampling",
     "worker_child",
 ]
 
@@ -44,6 +45,7 @@ def engine_child(
     log_dir: Path,
     threads: int,
     after_start: Callable[[Child], Awaitable[None]] | None = None,
+    before_restart: Callable[[Child], Awaitable[None]] | None = None,
 ) -> Child:
     """Inference engine ``index`` on a port of its own (kept across restarts)."""
     port = pick_free_port()
@@ -83,6 +85,7 @@ def engine_child(
         url=f"http://127.0.0.1:{port}",
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
+        before_restart=before_restart,
         cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
     )
 
@@ -100,6 +103,16 @@ def server_env(wanted: dict[str, str]) -> dict[str, str]:
     return env
 
 
+def run_sampling(config: RunConfig) -> dict[str, Any]:
+    """The run's sampling for the policy's route: authoritative unless ``sampling.honor_client``."""
+    return {
+        "temperature": config.sampling.temperature,
+        "top_p": config.sampling.top_p,
+        "max_tokens": config.sampling.max_new_tokens,
+        "override_client_sampling": not config.sampling.honor_client,
+    }
+
+
 def router_config(config: RunConfig, out: Path) -> Path:
     """The gateway's router config: the run's ``agent.gateway_config`` (or none) with the run's
     sampling settings for the policy (authoritative unless ``sampling.honor_client``). ``${ENV}`` placeholders are written back
@@ -109,10 +122,7 @@ def router_config(config: RunConfig, out: Path) -> Path:
         data = yaml.safe_load(Path(config.agent.gateway_config).read_text()) or {}
     routing = data.setdefault("model_routing", {})
     policy = routing.setdefault("policy_model", {"model_id": "policy"})
-    policy["temperature"] = config.sampling.temperature
-    policy["top_p"] = config.sampling.top_p
-    policy["max_tokens"] = config.sampling.max_new_tokens
-    policy["override_client_sampling"] = not config.sampling.honor_client
+    policy.update(run_sampling(config))
     path = out / "router.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     path.chmod(0o600)  # it may hold a literal upstream key copied from the user's file

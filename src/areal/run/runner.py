@@ -40,6 +40,7 @@ import os
 import secrets
 import signal
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,7 @@ from areal.core.train_engine import EngineError, EngineSetup, TrainEngine, Weigh
 from areal.core.types import Trajectory
 from areal.gateway.router_config import RouterConfig
 from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
+from areal.run.attached_gateway import AttachedGateway, AttachError
 from areal.run.checkpoint import (
     latest_checkpoint,
     load_checkpoint,
@@ -67,7 +69,9 @@ from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
     engine_child,
     gateway_child,
+    gateway_training_flags,
     router_config,
+    run_sampling,
     worker_child,
 )
 from areal.run.supervised_sync import SupervisedSync
@@ -153,6 +157,9 @@ class _Run:
         self.supervisor: Supervisor | None = None
         self.engine: TrainEngine | None = None
         self.last_saved = 0  # the step of the newest checkpoint
+        # agent.gateway_url: the gateway that runs on its own and this run attaches to.
+        self.attached: AttachedGateway | None = None
+        self.sync: WeightSync | None = None
 
     # --- the story ---------------------------------------------------------------------------
 
@@ -201,6 +208,14 @@ class _Run:
             os.sched_setaffinity(0, set(config.train.cpu_affinity))
         for d in (self.out, self.log_dir, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
+        if config.agent.gateway_url:  # before the engine's minutes: a wrong URL fails at once
+            try:
+                self.attached = AttachedGateway.from_env(
+                    config.agent.gateway_url, backend=config.inference.backend
+                )
+                await self.attached.check()
+            except AttachError as err:
+                raise RunError(str(err)) from err
         for stale in self.run_dir.glob("rollout*.progress.json"):
             stale.unlink()  # progress files only carry restarts within one run
         checkpoint = None
@@ -229,7 +244,7 @@ class _Run:
             "zmq",
             {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
         )
-        sync = engine.weight_sync(self.out / "weights")
+        sync = self.sync = engine.weight_sync(self.out / "weights")
         supervisor, gateway = self.processes(
             str(engine.weights_dir), source.address, sync, threads, checkpoint_start(checkpoint)
         )
@@ -239,7 +254,15 @@ class _Run:
         loop = TrainerLoop(
             engine,
             observed,
-            SupervisedSync(sync, supervisor, self.publish_lock),
+            SupervisedSync(
+                sync,
+                supervisor,
+                self.publish_lock,
+                # Engines others attached get the run's weights through the file system.
+                others=self.attached.other_engines
+                if self.attached and hasattr(sync, "version_dir")
+                else None,
+            ),
             trigger_batch_size=config.async_.trigger_batch_size,
             global_batch_size=config.train.global_batch_size,
             staleness_threshold=config.async_.staleness_threshold,
@@ -260,13 +283,19 @@ class _Run:
     # --- 2. start ----------------------------------------------------------------------------
 
     async def start(self, run: _Parts) -> None:
-        """Engines, then the gateway, then the rollout workers, each healthy before the next."""
+        """Engines, then the gateway, then the rollout workers, each healthy before the next.
+        Attached to a running gateway: its trainer seat first, then the engines register there."""
         config, first_step = self.config, run.loop.state_dict()["steps"]
         run.metrics.write("run", first_step, self.run_values())
+        if self.attached is not None:
+            await self.take_seat(self.attached, run.source.address)
         try:
             await run.supervisor.start_all()
         except ChildFailed as err:
             raise RunError(f"a process of the run did not start: {err}") from err
+        if self.attached is not None:
+            await self.announce(run.gateway)
+            self.attached.start_heartbeat(lambda: self.announce(run.gateway))
         log.info(
             "run started: %d engine(s), gateway %s, %d rollout worker(s); step %d -> %d",
             config.inference.engines,
@@ -323,6 +352,8 @@ class _Run:
             if child.name.startswith("rollout") and child.process is not None:
                 child.up = False
                 await asyncio.to_thread(child.process.stop, 5.0)
+        if self.attached is not None:  # while the queue still takes the gateway's last words
+            await self.attached.leave()
         run.source.close()
         while (trajectory := run.source.get(timeout=0)) is not None:
             self.observe(trajectory)
@@ -333,8 +364,11 @@ class _Run:
         return str(found) if found else None
 
     async def stop_all(self, run: _Parts, failure: str) -> None:
-        """The engine's ranks, every process, the queue and the sync; the ``end`` event last."""
+        """The engine's ranks, the gateway's seat (an attached run leaves the gateway running),
+        every process, the queue and the sync; the ``end`` event last."""
         run.engine.stop()
+        if self.attached is not None:
+            await self.attached.leave()
         await asyncio.to_thread(run.supervisor.stop_all)
         run.source.close()
         await run.sync.close()
@@ -356,15 +390,26 @@ class _Run:
         threads: int,
         data: tuple[int, list[list[int]]],
     ) -> tuple[Supervisor, GatewayAdmin]:
-        config = self.config
+        config, attached = self.config, self.attached
         supervisor = Supervisor()
-        admin_token = secrets.token_urlsafe(24)
-        gateway_key = secrets.token_urlsafe(24)
+        if attached is not None:  # the gateway's own secrets, from the environment
+            admin_token = attached.admin.admin_token
+            gateway_key: str | None = os.environ.get("AREAL_GATEWAY_KEY")
+        else:
+            admin_token = secrets.token_urlsafe(24)
+            gateway_key = secrets.token_urlsafe(24)
 
         async def catch_up(child: Child) -> None:
-            """A (re)started engine gets the trainer's newest weights if it is behind."""
+            """A (re)started engine gets the trainer's newest weights if it is behind; attached to
+            a running gateway, it then takes the gateway's traffic."""
             async with self.publish_lock:
                 await sync.catch_up(child.url or "", self.version)
+            if attached is not None:
+                await attached.register(child)
+
+        async def leave_gateway(child: Child) -> None:
+            if attached is not None:
+                await attached.unregister(child)
 
         engines = [
             supervisor.add(
@@ -376,6 +421,7 @@ class _Run:
                     log_dir=self.log_dir,
                     threads=threads,
                     after_start=catch_up,
+                    before_restart=leave_gateway,
                 )
             )
             for i in range(config.inference.engines)
@@ -385,6 +431,49 @@ class _Run:
         async def announce(child: Child) -> None:
             await self.announce(gateway)
 
+        if attached is not None:
+            gateway = attached.admin
+            model_id = attached.policy_model
+        else:
+            gateway, model_id = self.gateway(
+                supervisor, engines, queue_address, admin_token, gateway_key or "", announce
+            )
+
+        async def discard_sessions(child: Child) -> None:
+            """A crashed worker's open episodes will never end: give their slots back."""
+            worker = child.name.removeprefix("rollout")
+            await best_effort(gateway.discard(metadata={"worker": worker}))
+
+        start, skip = data
+        for i in range(config.async_.rollout_workers):
+            supervisor.add(
+                worker_child(
+                    config,
+                    i,
+                    gateway_url=gateway.url,
+                    model_id=model_id,
+                    run_dir=self.run_dir,
+                    log_dir=self.log_dir,
+                    admin_token=admin_token,
+                    gateway_key=gateway_key,
+                    start=start,
+                    skip=skip,
+                    before_restart=discard_sessions,
+                )
+            )
+        return supervisor, gateway
+
+    def gateway(
+        self,
+        supervisor: Supervisor,
+        engines: list[Child],
+        queue_address: str,
+        admin_token: str,
+        gateway_key: str,
+        announce: Callable[[Child], Awaitable[None]],
+    ) -> tuple[GatewayAdmin, str]:
+        """The run's own gateway, supervised (no ``agent.gateway_url``), and the policy's id."""
+        config = self.config
         gateway_proc, gateway = gateway_child(
             config,
             router=router_config(config, self.run_dir),
@@ -399,30 +488,25 @@ class _Run:
             journal=self.ledger.journal,
         )
         supervisor.add(gateway_proc)
+        return gateway, _policy_model_id(config)
 
-        async def discard_sessions(child: Child) -> None:
-            """A crashed worker's open episodes will never end: give their slots back."""
-            worker = child.name.removeprefix("rollout")
-            await best_effort(gateway.discard(metadata={"worker": worker}))
-
-        start, skip = data
-        for i in range(config.async_.rollout_workers):
-            supervisor.add(
-                worker_child(
-                    config,
-                    i,
-                    gateway_url=gateway.url,
-                    model_id=_policy_model_id(config),
-                    run_dir=self.run_dir,
-                    log_dir=self.log_dir,
-                    admin_token=admin_token,
-                    gateway_key=gateway_key,
-                    start=start,
-                    skip=skip,
-                    before_restart=discard_sessions,
-                )
-            )
-        return supervisor, gateway
+    async def take_seat(self, attached: AttachedGateway, queue_address: str) -> None:
+        """The running gateway's trainer seat, with the settings the run's own gateway would have
+        been started with: its queue, its staleness budget (from the run's totals on), its
+        discount, its episode journal and its sampling."""
+        received, dropped = self.consumed()
+        flags = gateway_training_flags(
+            self.config,
+            queue_address,
+            self.version,
+            consumed=received,
+            dropped=dropped,
+            journal=self.ledger.journal,
+        )
+        try:
+            await attached.take_seat(**flags.to_seat(), sampling=run_sampling(self.config))
+        except AttachError as err:
+            raise RunError(str(err)) from err
 
     # --- the trainer's side ---------------------------------------------------------------
 
@@ -437,7 +521,22 @@ class _Run:
         (re)start of the gateway, so a restarted one (or a resumed run's) admits only the
         look-ahead. Dropped episodes give their slots back; repeating totals changes nothing."""
         received, dropped = self.consumed()
+        if self.attached is not None:
+            weights = self.weights_path(self.version)
+            await self.attached.announce(
+                self.version, consumed=received, dropped=dropped, weights=weights
+            )
+            return
         await best_effort(gateway.set_version(self.version, dropped=dropped, consumed=received))
+
+    def weights_path(self, version: int) -> str | None:
+        """Where ``version``'s weights are on disk (a disk weight sync), for an engine that
+        attaches later; ``None`` when the sync keeps no such directory."""
+        version_dir = getattr(self.sync, "version_dir", None)
+        if version == 0 or version_dir is None:
+            return None
+        path = Path(version_dir(version))
+        return str(path) if path.is_dir() else None
 
     def metrics(self) -> MetricsHub:
         import importlib.util

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from areal.core.process import ServerProcess
@@ -19,28 +20,51 @@ class SupervisedSync:
     """The engine's weight sync, to the engines that are up; one that died mid-publish is skipped (its
     restart loads the newest weights), any other failure stops the run."""
 
-    def __init__(self, sync: WeightSync, supervisor: Supervisor, lock: asyncio.Lock) -> None:
+    def __init__(
+        self,
+        sync: WeightSync,
+        supervisor: Supervisor,
+        lock: asyncio.Lock,
+        *,
+        others: Callable[[], Awaitable[list[str]]] | None = None,
+    ) -> None:
         self.sync = sync
         self.supervisor = supervisor
         self.lock = lock
+        # Engines the run did not start (attached to its gateway by others), asked before every
+        # publish; one that fails is left out (the gateway's health checks take it out of
+        # service, and its next attach loads the newest weights first).
+        self.others = others
 
     async def publish(self, model: Any, version: int) -> float:
         async with self.lock:
+            left_out: set[str] = set()
             for _attempt in range(3):
                 engines = [
                     c
                     for c in self.supervisor.children
                     if c.name.startswith("engine") and c.up and c.running and c.url
                 ]
-                self.sync.engine_urls = [c.url for c in engines if c.url]
+                own = [c.url for c in engines if c.url]
+                others = [u for u in await self._others() if u not in own and u not in left_out]
+                self.sync.engine_urls = own + others
                 seen = {c.url: c.process for c in engines}
                 try:
                     return await self.sync.publish(model, version)
                 except WeightSyncError as err:
+                    if err.url in others:
+                        left_out.add(err.url or "")
+                        log.warning(
+                            "%s (attached by others) failed the weight sync: %s", err.url, err
+                        )
+                        continue
                     if not await self._died(err.url, seen.get(err.url)):
                         raise
                     log.warning("%s died during the weight sync; it will catch up", err.url)
             raise WeightSyncError("publish", None, "engines kept dying during the weight sync")
+
+    async def _others(self) -> list[str]:
+        return await self.others() if self.others is not None else []
 
     async def _died(
         self, url: str | None, process: ServerProcess | None, grace_s: float = 3.0

@@ -18,10 +18,12 @@ from areal.core.run_config import RunConfig, load_run_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # areal train's log lines
 
-# AGENT_CONFIG keys that become run config keys; model_base_url, api_key and model_name are the
-# agent's own settings, which the rollout worker overrides for every episode (the gateway's URL,
-# the episode's key, the policy's model id).
+# AGENT_CONFIG keys that become run config keys. ``model_base_url`` names the gateway the agent
+# calls (the seed article's ``http://localhost:9000/gateway/v1``): the run attaches to it. The
+# agent's api_key and model_name are its own settings, which the rollout worker overrides for
+# every episode (the episode's key, the policy's model id).
 AGENT_CONFIG_KEYS = {
+    "model_base_url": "agent.gateway_url",
     "max_turns": "agent.max_turns",
     "entrypoint": "agent.entrypoint",
     "framework": "agent.framework",

@@ -1,0 +1,160 @@
+"""``areal train`` attached to a gateway that runs on its own (the seed article's two steps):
+the run takes the gateway's trainer seat, its engine registers there, an engine someone else
+attaches mid-run takes traffic and gets the run's weights, the run's own engine is killed and
+comes back, and at the end the run leaves the gateway serving. Real gateway process, real run,
+real engines on 127.0.0.1."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from tests.run.test_runner import _children, _wait_for, make_config, trained
+
+from areal.core.process import ServerProcess, pick_free_port
+from areal.run.runner import RunError, RunSummary, train
+
+ROOT = Path(__file__).resolve().parents[2]
+ADMIN_TOKEN = "attached-admin-token-0123456789"
+GATEWAY_KEY = "attached-gateway-key-0123456789"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+STEPS = 60
+
+
+@pytest.fixture
+def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The article's first step: a gateway on its own, with no engine."""
+    monkeypatch.setenv("AREAL_ADMIN_TOKEN", ADMIN_TOKEN)
+    monkeypatch.setenv("AREAL_GATEWAY_KEY", GATEWAY_KEY)
+    port = pick_free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "areal.gateway.server", "--config"]
+    command += [str(ROOT / "configs" / "router.yaml"), "--port", str(port)]
+    command += ["--log-dir", str(tmp_path / "gateway-logs")]
+    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
+        proc.wait_healthy(url, timeout=120)
+        yield url
+
+
+def admin_get(url: str, path: str) -> Any:
+    answer = httpx.get(url + path, headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    return answer.json()
+
+
+def urls(gateway: str) -> list[str]:
+    return [e["url"] for e in admin_get(gateway, "/rl/engines")["engines"]]
+
+
+def in_thread(run: Callable[[], RunSummary]) -> tuple[threading.Thread, list[Any]]:
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(run())
+        except BaseException as err:  # handed to the test thread
+            result.append(err)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
+
+
+@pytest.mark.slow
+def test_a_run_attaches_to_a_running_gateway_and_engines_come_and_go(
+    tmp_path: Path, gateway: str, serve_embedded: Callable[..., Any]
+) -> None:
+    # Longer answers than the other runs' (32 tokens): the run outlasts its engine's restart.
+    config = make_config(
+        tmp_path,
+        train={"max_steps": STEPS},
+        sampling={"max_new_tokens": 32},
+        agent={"gateway_url": gateway + "/gateway/v1"},
+    )
+    log = tmp_path / "logs" / "train.log"
+    thread, result = in_thread(lambda: train(config, tmp_path / "out"))
+    with contextlib.ExitStack() as stack:
+        try:
+            _wait_for(lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1")
+            seat = admin_get(gateway, "/rl/trainer")["trainer"]
+            assert seat is not None and not seat["lapsed"]
+            # One policy, one trainer: a second run is refused while this one holds the seat.
+            second = httpx.post(
+                gateway + "/rl/trainer",
+                json={"trainer_id": "another-run", "sink": "none"},
+                headers=ADMIN,
+                timeout=30,
+            )
+            assert second.status_code == 409, second.text
+            assert second.json()["error"]["code"] == "trainer_attached"
+            assert seat["trainer_id"] in second.json()["error"]["message"]
+            # Someone adds an engine to the running run: it loads the newest weights first.
+            extra = stack.enter_context(serve_embedded(str(tmp_path / "model")))
+            attached = httpx.post(
+                gateway + "/rl/engines", json={"url": extra}, headers=ADMIN, timeout=120
+            )
+            assert attached.status_code == 201, attached.text
+            assert int(attached.json()["weight_version"]) >= 1
+            # The run's own engine dies; the supervisor restarts it and it registers again.
+            (engine,) = _children("serve inference")
+            own = next(e["url"] for e in admin_get(gateway, "/rl/engines")["engines"] if e["owner"])
+            engine.send_signal(signal.SIGKILL)
+            _wait_for(lambda: own not in urls(gateway), 30, "the dead engine to be taken out")
+            _wait_for(lambda: own in urls(gateway), 120, "the restarted engine to register again")
+            assert thread.is_alive(), "the run ended before its engine came back"
+        finally:
+            thread.join(timeout=300)
+        assert result, "the run did not finish"
+        summary = result[0]
+        assert isinstance(summary, RunSummary), summary
+        assert summary.steps == STEPS and summary.restarts.get("engine0") == 1
+
+        # The extra engine served episodes and was kept on the run's newest weights.
+        engines = admin_get(gateway, "/rl/engines")["engines"]
+        assert [e["url"] for e in engines] == [extra]  # the run's engine left with the run
+        assert engines[0]["served"] > 0
+        info = httpx.get(extra + "/model_info", timeout=30).json()
+        assert int(info["weight_version"]) >= summary.version - 1
+
+    # The books balance, the engine's lost calls included; nothing was trained twice.
+    acc = [e for e in _events(tmp_path) if e.get("event") == "accounting"][-1]
+    assert acc["episodes_sent"] == (
+        acc["episodes_trained"]
+        + acc["episodes_dropped"]
+        + acc["episodes_discarded"]
+        + acc["episodes_queued"]
+        + acc["episodes_running"]
+    ), acc
+    assert acc["episodes_running"] >= 0
+    ids = [r["session_id"] for r in trained(tmp_path / "out")]
+    assert len(ids) == len(set(ids)) == acc["episodes_trained"]
+    # The gateway serves on, with no trainer.
+    assert admin_get(gateway, "/rl/trainer")["trainer"] is None
+    assert httpx.get(gateway + "/health", timeout=10).status_code == 200
+
+
+def test_a_run_naming_no_running_gateway_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://127.0.0.1:{pick_free_port()}"
+    config = make_config(tmp_path, agent={"gateway_url": url + "/gateway/v1"})
+    monkeypatch.delenv("AREAL_ADMIN_TOKEN", raising=False)
+    with pytest.raises(RunError, match="AREAL_ADMIN_TOKEN"):
+        train(config, tmp_path / "out")
+    monkeypatch.setenv("AREAL_ADMIN_TOKEN", ADMIN_TOKEN)
+    with pytest.raises(RunError, match=f"no gateway answers at {url}"):
+        train(config, tmp_path / "out")
+
+
+def _events(tmp: Path) -> list[dict[str, Any]]:
+    import json
+
+    path = tmp / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()]
