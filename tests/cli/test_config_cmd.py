@@ -59,6 +59,7 @@ def test_validate_seed_config_json() -> None:
     assert result.exit_code == 0, result.output
     assert json.loads(result.stdout) == {
         "config": "configs/agent_async_train.yaml",
+        "kind": "run",
         "valid": True,
         "errors": [],
         "warnings": SEED_WARNINGS,
@@ -103,6 +104,7 @@ def test_validate_errors_json_and_one_line(capsys: pytest.CaptureFixture[str]) -
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {
         "config": "configs/quickstart.yaml",
+        "kind": "run",
         "valid": False,
         "errors": [
             "train.mini_batch_size: 6 does not divide train.global_batch_size 128; use a divisor "
@@ -135,6 +137,79 @@ def test_validate_missing_file_and_unset_variable(
         f"{path}: dataset.path: environment variable AREAL_TEST_DATA is not set "
         "(export AREAL_TEST_DATA=...)"
     ]
+
+
+ROUTER = "configs/taotoken_router.yaml"
+KEY_WARNING = (
+    "api_gateway.api_key: environment variable TAOTOKEN_API_KEY is not set "
+    "(export TAOTOKEN_API_KEY=...)"
+)
+ROUTER_SUMMARY = (
+    "upstream: https://taotoken.net/api\n"
+    "policy: your-policy-model-id (policy_model, served by areal's engines)\n"
+    "routed to the upstream: your-reward-model-id (reward_model), your-judge-model-id "
+    "(judge_model)\n"
+)
+
+
+def test_validate_router_file_says_where_each_model_goes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{ROUTER}: valid router config (1 warning)\n" + ROUTER_SUMMARY
+    assert result.stderr == f"warning: {KEY_WARNING}\n"  # unset key: a warning, not an error
+    assert main(["config", "validate", ROUTER, "--strict"]) == 1
+    assert capsys.readouterr().err == (
+        f"warning: {KEY_WARNING}\nerror: {ROUTER}: the warnings above (--strict)\n"
+    )
+
+
+def test_validate_router_file_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = {
+        "config": ROUTER,
+        "kind": "router",
+        "valid": True,
+        "errors": [],
+        "warnings": [KEY_WARNING],
+        "upstream": "https://taotoken.net/api",
+        "policy": "your-policy-model-id",
+        "routes": {
+            "policy_model": "your-policy-model-id",
+            "reward_model": "your-reward-model-id",
+            "judge_model": "your-judge-model-id",
+        },
+    }
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == expected
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-validate-0123456789")
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER, "--json", "--strict"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {**expected, "warnings": []}
+    assert "sk-validate" not in result.output
+    local = runner.invoke(make_app(), ["config", "validate", "configs/router.yaml"])
+    assert local.exit_code == 0, local.output
+    assert local.stdout.splitlines()[1:] == [
+        "upstream: none (no api_gateway: only the policy is served)",
+        "policy: areal-tiny (policy_model, served by areal's engines)",
+    ]
+
+
+def test_validate_router_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("api_gateway:\n  base_url: https://taotoken.net/api\n  retires: 3\n")
+    result = runner.invoke(make_app(), ["config", "validate", str(path), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert (report["kind"], report["valid"]) == ("router", False)
+    assert report["errors"] == [f"{path}: api_gateway.retires: unknown key (check its spelling)"]
+    assert main(["config", "validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {path}: api_gateway.retires: unknown key (check its spelling)\n"
+    )
+    assert main(["config", "validate", ROUTER, "--set", "api_gateway.timeout=5"]) == 1
+    assert "--set applies to run configs" in capsys.readouterr().err
 
 
 def test_show_prints_the_resolved_config() -> None:
@@ -183,6 +258,7 @@ for args, code in (
     (["config", "--help"], 0),
     (["config", "validate", "--help"], 0),
     (["config", "validate", "configs/agent_async_train.yaml"], 0),
+    (["config", "validate", "configs/taotoken_router.yaml"], 0),
     (["config", "show", "configs/quickstart.yaml"], 0),
     (["config", "schema"], 0),
 ):

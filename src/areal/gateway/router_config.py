@@ -142,13 +142,20 @@ class ModelRouting(BaseModel):
             self.model_extra[name] = route
         return self
 
-    def routes(self) -> dict[str, ModelRoute]:
-        """Every configured route by model id."""
+    def roles(self) -> dict[str, ModelRoute]:
+        """Every configured route by its role (``policy_model`` first)."""
         found: dict[str, ModelRoute] = {}
         for name in ("policy_model", "reward_model", "judge_model", *(self.model_extra or {})):
             value = getattr(self, name, None)
             if isinstance(value, ModelRoute):
-                found.setdefault(value.model_id, value)
+                found[name] = value
+        return found
+
+    def routes(self) -> dict[str, ModelRoute]:
+        """Every configured route by model id."""
+        found: dict[str, ModelRoute] = {}
+        for route in self.roles().values():
+            found.setdefault(route.model_id, route)
         return found
 
 
