@@ -20,18 +20,25 @@ from areal.core.run_config import RunConfig, load_run_config
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
-SEED_WARNINGS = [
-    "inference.backend: sglang needs GPUs and this machine has none; use inference.backend: "
-    "embedded or vllm to generate on CPU",
-    "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
-    "(inference.engines) need 8 GPUs; this machine has 0",
-    "model.path: Qwen/Qwen2.5-7B-Instruct is not a local directory and HF_HUB_OFFLINE is set, "
-    "and it is not in the Hugging Face cache hf-home/hub; download it with `hf download "
-    "Qwen/Qwen2.5-7B-Instruct` on a machine with internet, or unset HF_HUB_OFFLINE",
-    "dataset.path: data/agent_tasks.jsonl is not a file; write the tasks there (JSONL) or use a "
-    "built-in task set with dataset.name",
-    "agent.gateway_config: configs/taotoken_router.yaml: api_gateway.api_key: environment "
-    "variable TAOTOKEN_API_KEY is not set (export TAOTOKEN_API_KEY=...)",
+SEED = "configs/agent_async_train.yaml"
+SEED_ERRORS = [
+    "model and dataset: missing; give model.path (a checkpoint directory or Hub id) and "
+    "dataset.path (a tasks JSONL) or dataset.name (a built-in task set), or take the embedded "
+    "defaults of `areal train configs/quickstart.yaml`: --set model.path=runs/quickstart/model "
+    "--set model.init_tiny=tiny --set dataset.name=calculator",
+    "train.parallelism: dp 4 × tp 2 × pp 1 × cp 1 = 8 ranks but async.train_workers is 4: set "
+    "async.train_workers=8 or make the product 4",
+]
+# The --sets of the seed file's header comment: areal's embedded defaults, one rank, one engine.
+CPU_SETS = [
+    "model.path=runs/quickstart/model",
+    "model.init_tiny=tiny",
+    "dataset.name=calculator",
+    "train.parallelism.dp=1",
+    "train.parallelism.tp=1",
+    "async.train_workers=1",
+    "inference.backend=embedded",
+    "inference.engines=1",
 ]
 QUICKSTART_WARNING = (
     "model.path: runs/quickstart/model does not exist; create a tiny model there with "
@@ -52,22 +59,29 @@ def _no_gpu_in_a_fresh_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         monkeypatch.delenv(name, raising=False)
 
 
-def test_validate_seed_config_json() -> None:
-    result = runner.invoke(
-        make_app(), ["config", "validate", "configs/agent_async_train.yaml", "--json"]
-    )
-    assert result.exit_code == 0, result.output
+def test_validate_seed_config_says_what_it_lacks(capsys: pytest.CaptureFixture[str]) -> None:
+    result = runner.invoke(make_app(), ["config", "validate", SEED, "--json"])
+    assert result.exit_code == 1
     assert json.loads(result.stdout) == {
-        "config": "configs/agent_async_train.yaml",
-        "valid": True,
-        "errors": [],
-        "warnings": SEED_WARNINGS,
+        "config": SEED,
+        "kind": "run",
+        "valid": False,
+        "errors": SEED_ERRORS,
+        "warnings": [],
     }
-    strict = runner.invoke(
-        make_app(), ["config", "validate", "configs/agent_async_train.yaml", "--json", "--strict"]
+    assert main(["config", "validate", SEED]) == 1
+    assert capsys.readouterr().err == f"error: {SEED}: {'; '.join(SEED_ERRORS)}\n"
+
+
+def test_validate_seed_config_with_the_cpu_sets(capsys: pytest.CaptureFixture[str]) -> None:
+    sets = [arg for value in CPU_SETS for arg in ("--set", value)]
+    assert main(["config", "validate", SEED, *sets]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{SEED}: valid (1 warning about this machine)\n"
+    assert captured.err == (
+        "warning: agent.gateway_config: configs/taotoken_router.yaml: api_gateway.api_key: "
+        "environment variable TAOTOKEN_API_KEY is not set (export TAOTOKEN_API_KEY=...)\n"
     )
-    assert strict.exit_code == 1
-    assert json.loads(strict.stdout)["valid"] is True
 
 
 def test_validate_prints_warnings_on_stderr() -> None:
@@ -103,6 +117,7 @@ def test_validate_errors_json_and_one_line(capsys: pytest.CaptureFixture[str]) -
     assert result.exit_code == 1
     assert json.loads(result.stdout) == {
         "config": "configs/quickstart.yaml",
+        "kind": "run",
         "valid": False,
         "errors": [
             "train.mini_batch_size: 6 does not divide train.global_batch_size 128; use a divisor "
@@ -135,6 +150,79 @@ def test_validate_missing_file_and_unset_variable(
         f"{path}: dataset.path: environment variable AREAL_TEST_DATA is not set "
         "(export AREAL_TEST_DATA=...)"
     ]
+
+
+ROUTER = "configs/taotoken_router.yaml"
+KEY_WARNING = (
+    "api_gateway.api_key: environment variable TAOTOKEN_API_KEY is not set "
+    "(export TAOTOKEN_API_KEY=...)"
+)
+ROUTER_SUMMARY = (
+    "upstream: https://taotoken.net/api\n"
+    "policy: your-policy-model-id (policy_model, served by areal's engines)\n"
+    "routed to the upstream: your-reward-model-id (reward_model), your-judge-model-id "
+    "(judge_model)\n"
+)
+
+
+def test_validate_router_file_says_where_each_model_goes(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER])
+    assert result.exit_code == 0, result.output
+    assert result.stdout == f"{ROUTER}: valid router config (1 warning)\n" + ROUTER_SUMMARY
+    assert result.stderr == f"warning: {KEY_WARNING}\n"  # unset key: a warning, not an error
+    assert main(["config", "validate", ROUTER, "--strict"]) == 1
+    assert capsys.readouterr().err == (
+        f"warning: {KEY_WARNING}\nerror: {ROUTER}: the warnings above (--strict)\n"
+    )
+
+
+def test_validate_router_file_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = {
+        "config": ROUTER,
+        "kind": "router",
+        "valid": True,
+        "errors": [],
+        "warnings": [KEY_WARNING],
+        "upstream": "https://taotoken.net/api",
+        "policy": "your-policy-model-id",
+        "routes": {
+            "policy_model": "your-policy-model-id",
+            "reward_model": "your-reward-model-id",
+            "judge_model": "your-judge-model-id",
+        },
+    }
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == expected
+    monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-validate-0123456789")
+    result = runner.invoke(make_app(), ["config", "validate", ROUTER, "--json", "--strict"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {**expected, "warnings": []}
+    assert "sk-validate" not in result.output
+    local = runner.invoke(make_app(), ["config", "validate", "configs/router.yaml"])
+    assert local.exit_code == 0, local.output
+    assert local.stdout.splitlines()[1:] == [
+        "upstream: none (no api_gateway: only the policy is served)",
+        "policy: areal-tiny (policy_model, served by areal's engines)",
+    ]
+
+
+def test_validate_router_file_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "router.yaml"
+    path.write_text("api_gateway:\n  base_url: https://taotoken.net/api\n  retires: 3\n")
+    result = runner.invoke(make_app(), ["config", "validate", str(path), "--json"])
+    assert result.exit_code == 1
+    report = json.loads(result.stdout)
+    assert (report["kind"], report["valid"]) == ("router", False)
+    assert report["errors"] == [f"{path}: api_gateway.retires: unknown key (check its spelling)"]
+    assert main(["config", "validate", str(path)]) == 1
+    assert capsys.readouterr().err == (
+        f"error: {path}: api_gateway.retires: unknown key (check its spelling)\n"
+    )
+    assert main(["config", "validate", ROUTER, "--set", "api_gateway.timeout=5"]) == 1
+    assert "--set applies to run configs" in capsys.readouterr().err
 
 
 def test_show_prints_the_resolved_config() -> None:
@@ -182,7 +270,10 @@ runner = CliRunner()
 for args, code in (
     (["config", "--help"], 0),
     (["config", "validate", "--help"], 0),
-    (["config", "validate", "configs/agent_async_train.yaml"], 0),
+    (["config", "validate", "configs/agent_async_train.yaml"], 1),
+    (["config", "validate", "configs/agent_async_train.yaml", "--set", "model.path=m",
+      "--set", "dataset.name=calculator", "--set", "async.train_workers=8"], 0),
+    (["config", "validate", "configs/taotoken_router.yaml"], 0),
     (["config", "show", "configs/quickstart.yaml"], 0),
     (["config", "schema"], 0),
 ):

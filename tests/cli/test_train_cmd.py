@@ -14,6 +14,7 @@ from areal.core.config import ConfigError
 from areal.run import train as entry
 
 runner = CliRunner()
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
@@ -70,3 +71,16 @@ def test_agent_config_keys_become_run_config_keys(tmp_path: Path) -> None:
         entry.agent_config_overrides(tmp_path / "bad.py")
     with pytest.raises(ConfigError, match="does not exist"):
         entry.agent_config_overrides(tmp_path / "missing.py")
+
+
+def test_the_seed_agent_config_maps_only_max_turns() -> None:
+    """The repo's agent_config.py, as the article writes it: the URL, model name and key are the
+    agent's own (replaced per episode), so only max_turns reaches the run config."""
+    agent = ROOT / "agent_config.py"
+    assert entry.agent_config_overrides(agent) == ["agent.max_turns=8"]
+    sets = ["model.path=m", "dataset.name=calculator", "async.train_workers=8"]
+    config = entry.load("configs/agent_async_train.yaml", sets, str(agent))
+    assert config.agent.max_turns == 8 and config.agent.gateway_config == (
+        "configs/taotoken_router.yaml"
+    )
+    assert "sk-..." not in config.to_yaml() and "9000" not in config.to_yaml()

@@ -24,14 +24,18 @@ def test_seed_router_yaml_loads(monkeypatch: pytest.MonkeyPatch) -> None:
     config = RouterConfig.load(CONFIGS / "taotoken_router.yaml")
     gateway = config.api_gateway
     assert gateway is not None
-    assert gateway.base_url == "https://api.taotoken.net/v1" and gateway.host == "api.taotoken.net"
+    assert gateway.base_url == "https://taotoken.net/api" and gateway.host == "taotoken.net"
     assert gateway.api_key == "sk-test-0123456789"
     assert gateway.api_key_env == "TAOTOKEN_API_KEY"  # remembered for "check TAOTOKEN_API_KEY"
     assert (gateway.timeout, gateway.max_retries) == (60, 3)
-    assert config.policy.model_id == "qwen2.5-7b-agent" and config.policy.max_tokens == 4096
+    assert config.policy.model_id == "your-policy-model-id" and config.policy.max_tokens == 4096
+    assert config.policy.temperature == 0.7
     routes = config.model_routing.routes()
-    assert list(routes) == ["qwen2.5-7b-agent", "qwen2.5-72b-instruct", "deepseek-v3"]
-    assert routes["deepseek-v3"].temperature == 0.0 and routes["deepseek-v3"].max_tokens == 2048
+    assert list(routes) == ["your-policy-model-id", "your-reward-model-id", "your-judge-model-id"]
+    reward, judge = routes["your-reward-model-id"], routes["your-judge-model-id"]
+    assert (reward.temperature, reward.max_tokens) == (0.0, 1024)
+    assert (judge.temperature, judge.max_tokens) == (0.0, 2048)
+    assert config.warnings() == []
     # The key is never shown by the config's own repr (which ends up in logs and tracebacks).
     assert "sk-test" not in repr(config) and "sk-test" not in str(config)
 
@@ -41,13 +45,27 @@ def test_local_router_yaml_loads() -> None:
     assert config.api_gateway is None and config.policy.model_id == "areal-tiny"
 
 
-def test_unset_variable_names_the_variable_and_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unset_key_variable_loads_with_a_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy needs no key, so the file loads; the warning names the key and the variable."""
     monkeypatch.delenv("TAOTOKEN_API_KEY", raising=False)
+    config = RouterConfig.load(CONFIGS / "taotoken_router.yaml")
+    gateway = config.api_gateway
+    assert gateway is not None and gateway.api_key is None
+    assert gateway.unset_key_env == gateway.api_key_env == "TAOTOKEN_API_KEY"
+    assert config.warnings() == [
+        "api_gateway.api_key: environment variable TAOTOKEN_API_KEY is not set "
+        "(export TAOTOKEN_API_KEY=...)"
+    ]
+
+
+def test_other_unset_variables_are_errors(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("AREAL_TEST_UPSTREAM", raising=False)
+    path = write(tmp_path, "api_gateway:\n  base_url: ${AREAL_TEST_UPSTREAM}\n")
     with pytest.raises(ConfigError) as err:
-        RouterConfig.load(CONFIGS / "taotoken_router.yaml")
+        RouterConfig.load(path)
     message = str(err.value)
-    assert "TAOTOKEN_API_KEY" in message and "api_gateway.api_key" in message
-    assert "taotoken_router.yaml" in message and "export TAOTOKEN_API_KEY=" in message
+    assert "api_gateway.base_url" in message and "export AREAL_TEST_UPSTREAM=" in message
+    assert "router.yaml" in message
 
 
 def test_default_after_colon_dash(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -89,7 +107,7 @@ def test_bad_types_are_named(tmp_path: Path) -> None:
     path = write(tmp_path, "model_routing:\n  judge_model:\n    model_id: j\n    max_tokens: -1\n")
     with pytest.raises(ConfigError, match=r"model_routing\.judge_model\.max_tokens: .*greater"):
         RouterConfig.load(path)
-    path = write(tmp_path, "api_gateway:\n  base_url: api.taotoken.net\n")
+    path = write(tmp_path, "api_gateway:\n  base_url: taotoken.net/api\n")
     with pytest.raises(ConfigError, match=r"api_gateway\.base_url: .*not an http\(s\) URL"):
         RouterConfig.load(path)
 
@@ -126,7 +144,11 @@ def test_key_variable_is_remembered_without_a_file(monkeypatch: pytest.MonkeyPat
     )
     assert by_name.api_gateway is not None and by_name.api_gateway.api_key == "sk-plain-000000"
     monkeypatch.delenv("AREAL_TEST_KEY")
-    with pytest.raises(ValueError, match="AREAL_TEST_KEY is not set"):
-        RouterConfig.model_validate(
-            {"api_gateway": {"base_url": "http://x/v1", "api_key_env": "AREAL_TEST_KEY"}}
-        )
+    for gateway in (
+        {"base_url": "http://x/v1", "api_key_env": "AREAL_TEST_KEY"},
+        {"base_url": "http://x/v1", "api_key": "${AREAL_TEST_KEY}"},
+    ):
+        unset = RouterConfig.model_validate({"api_gateway": gateway})
+        assert unset.api_gateway is not None and unset.api_gateway.api_key is None
+        assert unset.api_gateway.unset_key_env == "AREAL_TEST_KEY"
+        assert "AREAL_TEST_KEY is not set" in unset.warnings()[0]

@@ -265,16 +265,22 @@ def test_every_registered_name_is_reachable(kind: str) -> None:
 # --- the engine end to end, through the real CLI ------------------------------------------------
 
 
-def test_plug_info_lists_the_fsdp_engine() -> None:
+def test_plug_info_lists_the_fsdp_engine_and_its_alias() -> None:
+    """``archon`` (the seed article's name) is shown as an alias of fsdp, not as a second engine."""
     args = ["plug", "info", "areal.plugins.trainer.register"]
     as_json = runner.invoke(make_app(), [*args, "--json"])
     assert as_json.exit_code == 0, as_json.output
-    assert json.loads(as_json.stdout)["registers"] == {"engines": ["fsdp"]}
+    details = json.loads(as_json.stdout)
+    assert details["registers"] == {"engines": ["fsdp"]}
+    assert details["aliases"] == {"engines": {"archon": "fsdp"}}
     table = runner.invoke(make_app(), args)
     assert table.exit_code == 0, table.output
-    assert any(
-        "registers: engines" in line and "fsdp" in line for line in table.stdout.splitlines()
-    )
+    lines = table.stdout.splitlines()
+    registers = [line for line in lines if "registers: engines" in line]
+    assert len(registers) == 1 and "fsdp" in registers[0] and "archon" not in registers[0]
+    assert any("aliases: engines" in line and "archon = fsdp" in line for line in lines)
+    models = runner.invoke(make_app(), ["plug", "info", "areal.plugins.models.register", "--json"])
+    assert json.loads(models.stdout)["aliases"] == {}  # no aliases: an empty mapping
 
 
 def test_an_unknown_engine_is_one_line_naming_the_key_and_the_engines(

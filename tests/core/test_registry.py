@@ -21,6 +21,21 @@ def test_add_and_get() -> None:
     assert reg.owners["ppo"] == "builtin"
 
 
+def test_an_alias_is_the_same_thing_under_another_name() -> None:
+    from areal.core.specs import TrainEngineSpec
+
+    fsdp = TrainEngineSpec("fsdp", "m:b", "m:f", "m:p", "m:s")
+    lookalike = TrainEngineSpec("fsdp", "n:b", "n:f", "n:p", "n:s")  # equal name, other thing
+    reg: Registry[TrainEngineSpec] = Registry("training engine")
+    reg.add("archon", fsdp, owner="builtin")  # before its target: order does not matter
+    reg.add("fsdp", fsdp, owner="builtin")
+    reg.add("other", lookalike, owner="areal-other")
+    assert reg.get("archon") is reg.get("fsdp")
+    assert reg.aliases() == {"archon": "fsdp"}
+    assert reg.implementations() == ["fsdp", "other"]
+    assert reg.names() == ["archon", "fsdp", "other"]  # every accepted name
+
+
 def test_duplicate_names_both_owners() -> None:
     reg: Registry[int] = Registry("loss")
     reg.add("ppo", 1, owner="areal.plugins.losses.register")

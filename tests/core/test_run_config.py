@@ -9,10 +9,12 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from areal.core.config import ConfigError
 from areal.core.plugins import registry
 from areal.core.run_config import (
+    EMBEDDED_DEFAULTS,
     RunConfig,
     RunConfigError,
     apply_overrides,
@@ -49,12 +51,56 @@ def errors_of(overrides: list[str], path: Path = QUICKSTART) -> list[str]:
     return err.value.errors
 
 
-def test_seed_config_loads_as_written() -> None:
-    config = load_run_config(SEED)
+# What the seed article's file lacks, borrowed from configs/quickstart.yaml, and a trainer layout
+# that matches async.train_workers: the --sets its header comment gives to run it on a CPU.
+CPU_SETS = [
+    "model.path=runs/quickstart/model",
+    "model.init_tiny=tiny",
+    "dataset.name=calculator",
+    "train.parallelism.dp=1",
+    "train.parallelism.tp=1",
+    "async.train_workers=1",
+    "inference.backend=embedded",
+    "inference.engines=1",
+]
+MISSING_MESSAGE = (
+    "model and dataset: missing; give model.path (a checkpoint directory or Hub id) and "
+    "dataset.path (a tasks JSONL) or dataset.name (a built-in task set), or take the embedded "
+    "defaults of `areal train configs/quickstart.yaml`: --set model.path=runs/quickstart/model "
+    "--set model.init_tiny=tiny --set dataset.name=calculator"
+)
+LAYOUT_MESSAGE = (
+    "train.parallelism: dp 4 × tp 2 × pp 1 × cp 1 = 8 ranks but async.train_workers is 4: set "
+    "async.train_workers=8 or make the product 4"
+)
+KEY_WARNING = (
+    "agent.gateway_config: configs/taotoken_router.yaml: api_gateway.api_key: environment "
+    "variable TAOTOKEN_API_KEY is not set (export TAOTOKEN_API_KEY=...)"
+)
+
+
+def test_seed_config_as_written_says_what_it_lacks_in_one_line_each() -> None:
+    assert errors_of([], SEED) == [MISSING_MESSAGE, LAYOUT_MESSAGE]
+    assert errors_of(["async.train_workers=8"], SEED) == [MISSING_MESSAGE]
+    fixed_model = ["model.path=m", "dataset.name=calculator"]
+    assert errors_of(fixed_model, SEED) == [LAYOUT_MESSAGE]
+
+
+def test_seed_config_keeps_the_articles_values() -> None:
+    config = load_run_config(
+        SEED, ["model.path=m", "dataset.name=calculator", "async.train_workers=8"]
+    )
     par = config.train.parallelism
-    assert (config.train.engine, par.dp, par.tp, par.pp, par.cp, par.ep) == ("fsdp", 2, 2, 1, 1, 1)
+    assert (config.train.engine, par.dp, par.tp, par.pp, par.cp, par.ep) == (
+        "archon",
+        4,
+        2,
+        1,
+        1,
+        1,
+    )
     run = config.async_
-    assert (run.enabled, run.rollout_workers, run.train_workers) == (True, 4, 4)
+    assert (run.enabled, run.rollout_workers) == (True, 4)
     assert (run.staleness_threshold, run.queue_max_size, run.trigger_batch_size) == (2, 1024, 64)
     assert config.agent.gateway_config == "configs/taotoken_router.yaml"
     assert (config.agent.framework, config.agent.max_turns, config.agent.reward_source) == (
@@ -62,37 +108,59 @@ def test_seed_config_loads_as_written() -> None:
         8,
         "rule",
     )
+    assert (config.inference.backend, config.inference.engines) == ("sglang", 4)
     assert config.logging.log_dir == "./logs"
-    assert config.model.path == "Qwen/Qwen2.5-7B-Instruct"  # ${AREAL_MODEL_PATH:-...}
     assert config.train.learning_rate == 1e-6
+    data = yaml.safe_load(SEED.read_text())
+    assert "model" not in data and "dataset" not in data
 
 
-def test_seed_config_on_a_machine_without_gpus_warns_by_key() -> None:
-    warnings = check_machine(load_run_config(SEED), gpus=0)
-    assert [w.split(":")[0] for w in warnings] == [
-        "inference.backend",
-        "async.train_workers",
-        "model.path",
-        "dataset.path",
-        "agent.gateway_config",
+def test_seed_config_with_the_cpu_sets_of_its_header_validates() -> None:
+    header = [line for line in SEED.read_text().splitlines() if line.startswith("#")]
+    assert re.findall(r"--set (\S+)", "\n".join(header)) == CPU_SETS
+    config = load_run_config(SEED, CPU_SETS)
+    assert (config.model.init_tiny, config.dataset.name) == ("tiny", "calculator")
+    assert check_machine(config, gpus=0) == [KEY_WARNING]  # init_tiny makes the model
+
+
+def test_embedded_defaults_are_the_quickstarts() -> None:
+    quickstart = yaml.safe_load(QUICKSTART.read_text())
+    for section, values in EMBEDDED_DEFAULTS.items():
+        assert {k: quickstart[section][k] for k in values} == values, section
+
+
+def test_a_missing_model_or_dataset_alone_is_named_alone(tmp_path: Path) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text("model: {path: m}\n")
+    assert errors_of([], path) == [
+        "dataset: missing; give dataset.path (a tasks JSONL) or dataset.name (a built-in task "
+        "set), or take the embedded defaults of `areal train configs/quickstart.yaml`: "
+        "--set dataset.name=calculator"
     ]
-    assert warnings[1] == (
-        "async.train_workers: 4 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
-        "(inference.engines) need 8 GPUs; this machine has 0"
-    )
-    assert "export TAOTOKEN_API_KEY=" in warnings[4]
 
 
-def test_seed_config_on_an_eight_gpu_node_with_its_files_has_no_warnings(
+def test_archon_is_the_fsdp_engine() -> None:
+    engines = registry("engines")
+    assert engines.get("archon") is engines.get("fsdp")
+    assert engines.aliases() == {"archon": "fsdp"}
+    assert engines.implementations() == ["fsdp"] and engines.names() == ["archon", "fsdp"]
+
+
+def test_seed_config_on_a_gpu_node_with_its_files_has_no_warnings(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     (tmp_path / "tasks.jsonl").write_text('{"prompt": "hi"}\n')
     (tmp_path / "model").mkdir()
     monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-test-0000000000")
-    monkeypatch.setenv("AREAL_DATASET", str(tmp_path / "tasks.jsonl"))
-    monkeypatch.setenv("AREAL_MODEL_PATH", str(tmp_path / "model"))
-    assert check_machine(load_run_config(SEED), gpus=8) == []
-    assert check_machine(load_run_config(SEED), gpus=7)[0].startswith("async.train_workers: ")
+    sets = [f"model.path={tmp_path / 'model'}", f"dataset.path={tmp_path / 'tasks.jsonl'}"]
+    config = load_run_config(SEED, [*sets, "async.train_workers=8"])
+    assert check_machine(config, gpus=12) == []  # 8 trainer ranks + 4 SGLang engines
+    assert check_machine(config, gpus=0) == [
+        "inference.backend: sglang needs GPUs and this machine has none; use inference.backend: "
+        "embedded or vllm to generate on CPU",
+        "async.train_workers: 8 trainer ranks (dp×tp×pp×cp) + 4 inference engines "
+        "(inference.engines) need 12 GPUs; this machine has 0",
+    ]
 
 
 def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> None:
@@ -127,8 +195,8 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
         ),
         (
             ["train.parallelism.dp=2", "train.parallelism.tp=2"],
-            "async.train_workers: 1 ranks, but train.parallelism needs dp×tp×pp×cp = "
-            "2×2×1×1 = 4; set async.train_workers: 4 or change the parallel sizes",
+            "train.parallelism: dp 2 × tp 2 × pp 1 × cp 1 = 4 ranks but async.train_workers is "
+            "1: set async.train_workers=4 or make the product 1",
         ),
         (
             ["train.parallelism.dp=3", "train.parallelism.ep=2", "async.train_workers=3"],
@@ -218,7 +286,8 @@ def test_a_missing_section_is_named(tmp_path: Path) -> None:
     path.write_text("dataset: {name: x}\n")
     with pytest.raises(RunConfigError) as err:
         load_run_config(path)
-    assert err.value.errors == ["model: missing; this key is required"]
+    assert err.value.errors[0].startswith("model: missing; give model.path ")
+    assert err.value.errors[1].startswith("dataset.name: unknown name 'x'")  # checked as well
 
 
 def test_unknown_names_are_listed_against_the_known_ones() -> None:

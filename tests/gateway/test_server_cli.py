@@ -144,14 +144,55 @@ def test_seed_command_starts_with_no_engine(
 
 
 @pytest.mark.usefixtures("clean_env")
-def test_unset_key_variable_is_one_clear_line() -> None:
-    for command in (
-        [*SERVER, "--config", SEED_ROUTER, "--engine", "http://127.0.0.1:9"],
-        [*CLI, "--config", SEED_ROUTER, "--engine", "http://127.0.0.1:9"],
+def test_unset_key_variable_starts_with_one_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seed router with TAOTOKEN_API_KEY unset: the gateway starts (the policy needs no key),
+    says so in one warning, and a call routed to the upstream gets an error in the protocol's
+    schema naming the variable; no secret reaches the output or gateway.log."""
+    secrets = {
+        "AREAL_GATEWAY_KEY": "gk-unset-test-0123456789",
+        "AREAL_ADMIN_TOKEN": "adm-0123456789ab",
+    }
+    for name, value in secrets.items():
+        monkeypatch.setenv(name, value)
+    for i, command in enumerate(
+        ([*SERVER, "--config", SEED_ROUTER], [*CLI, "--config", SEED_ROUTER])
     ):
-        line = one_line_error(command)
-        assert "TAOTOKEN_API_KEY" in line and "api_gateway.api_key" in line
-        assert "Traceback" not in line
+        port = pick_free_port()
+        url = f"http://127.0.0.1:{port}"
+        logs = tmp_path / f"logs{i}"
+        out = tmp_path / f"gateway{i}.out"
+        command = [*command, "--port", str(port), "--log-dir", str(logs)]
+        with ServerProcess(command, log_path=out, name="gateway") as proc:
+            proc.wait_healthy(url, timeout=60)
+            headers = {"Authorization": f"Bearer {secrets['AREAL_GATEWAY_KEY']}"}
+            judge = {
+                "model": "your-judge-model-id",
+                "messages": [{"role": "user", "content": "hi"}],
+            }
+            chat = httpx.post(f"{url}/v1/chat/completions", json=judge, headers=headers, timeout=10)
+            messages = httpx.post(
+                f"{url}/v1/messages", json={**judge, "max_tokens": 8}, headers=headers, timeout=10
+            )
+            proc.stop(timeout=20)
+        assert chat.status_code == 502, chat.text
+        error = chat.json()["error"]
+        assert error["code"] == "upstream_key_unset"
+        assert "TAOTOKEN_API_KEY" in error["message"] and "taotoken.net" in error["message"]
+        assert messages.status_code == 502 and messages.json()["type"] == "error"
+        assert "TAOTOKEN_API_KEY" in messages.json()["error"]["message"]
+        output = out.read_text()
+        warnings = [line for line in output.splitlines() if " WARNING " in line]
+        assert len(warnings) == 1, output
+        assert (
+            "api_gateway.api_key: environment variable TAOTOKEN_API_KEY is not set" in warnings[0]
+        )
+        assert "Traceback" not in output and "error:" not in output
+        gateway_log = (logs / "gateway.log").read_text()
+        assert "model=your-judge-model-id route=taotoken.net status=502" in gateway_log
+        for value in secrets.values():
+            assert value not in output and value not in gateway_log
 
 
 def test_help_is_light() -> None:

@@ -1,6 +1,6 @@
 """The unified API channel against a real HTTP upstream on 127.0.0.1.
 
-The remote API (the seed's api.taotoken.net) cannot be reached from the tests, so a stand-in
+The remote API (the seed's taotoken.net) cannot be reached from the tests, so a stand-in
 aiohttp server plays it: its behaviour is picked by the model name (answer, stream, fail N times,
 refuse the key, answer without ``choices``, hang). The channel is driven two ways: directly,
 through a small route mounted on a real gateway app (so the real middleware, error schemas and
@@ -239,16 +239,22 @@ def harness(
         ),
         config.model_routing,
     )
+    # What ``api_key: ${KEY_VAR}`` loads as when KEY_VAR is not set.
+    unkeyed = UpstreamChannel(
+        config.api_gateway.model_copy(update={"api_key": None}), config.model_routing
+    )
     state = build_state(
         config, [engine[0]], gateway_key=GATEWAY_KEY, admin_token=None, log_dir=log_dir
     )
     app = build_app(state)
-    for name, channel in (("forward", None), ("quick", quick), ("nowhere", nowhere)):
+    channels = (("forward", None), ("quick", quick), ("nowhere", nowhere), ("unkeyed", unkeyed))
+    for name, channel in channels:
         app.router.add_post(f"/test/{name}/{{path:.*}}", forwarder(channel))
 
     async def close_extra(app: web.Application) -> None:
         await quick.close()
         await nowhere.close()
+        await unkeyed.close()
 
     app.on_cleanup.append(close_extra)
     gw = ServerThread(app, "127.0.0.1", 0).start()
@@ -437,6 +443,22 @@ def test_rejected_key_says_which_variable_holds_it(harness: Harness) -> None:
     assert KEY_VAR in anthropic.json()["error"]["message"]
 
 
+def test_unset_key_variable_is_named_and_nothing_is_sent(harness: Harness) -> None:
+    resp = harness.forward("unkeyed", "/chat/completions", chat("unkeyed-call"))
+    assert resp.status_code == 502
+    error = resp.json()["error"]
+    assert error["code"] == "upstream_key_unset" and error["type"] == "server_error"
+    assert f"environment variable {KEY_VAR}, which was not set" in error["message"]
+    assert f"export {KEY_VAR}=" in error["message"] and harness.upstream_host in error["message"]
+    anthropic = harness.forward(
+        "unkeyed", "/messages", {"model": "unkeyed-call", "messages": [], "max_tokens": 8}
+    )
+    assert anthropic.status_code == 502 and anthropic.json()["type"] == "error"
+    assert KEY_VAR in anthropic.json()["error"]["message"]
+    assert harness.upstream.seen("unkeyed-call") == []  # the upstream would only refuse it
+    assert "status=502" in harness.log_lines("unkeyed-call")[-1]
+
+
 def test_answer_without_choices_quotes_the_upstream(harness: Harness) -> None:
     resp = harness.forward("forward", "/chat/completions", chat("empty"))
     assert resp.status_code == 502
@@ -504,9 +526,9 @@ def test_retry_after_forms() -> None:
 
 def test_channel_needs_no_running_loop_to_be_built() -> None:
     channel = UpstreamChannel(
-        ApiGatewayConfig(base_url="https://api.taotoken.net/v1/"), RouterConfig().model_routing
+        ApiGatewayConfig(base_url="https://taotoken.net/api/"), RouterConfig().model_routing
     )
-    assert channel.host == "api.taotoken.net" and channel.base_url == "https://api.taotoken.net/v1"
+    assert channel.host == "taotoken.net" and channel.base_url == "https://taotoken.net/api"
     asyncio.run(channel.close())
 
 

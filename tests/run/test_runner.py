@@ -260,7 +260,9 @@ def test_a_third_party_engine_replaces_the_trainer_through_the_hook(
     assert [json.loads(s)["version"] for s in steps] == [0, 1]
     assert summary.steps == 2 and summary.version == 2
     assert all(json.loads(s)["samples"] >= 4 for s in steps)
-    with pytest.raises(ValueError, match=r"train\.engine: unknown name 'recording'; known: fsdp"):
+    with pytest.raises(
+        ValueError, match=r"train\.engine: unknown name 'recording'; known: archon, fsdp"
+    ):
         make_config(tmp_path, train={"engine": "recording"})
 
 

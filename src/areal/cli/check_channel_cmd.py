@@ -50,7 +50,7 @@ def check_channel_command(
 ) -> None:
     """Send one chat call through the unified API channel and print the reply.
 
-    Example: [bold]areal check-channel --config configs/taotoken_router.yaml --model deepseek-v3[/bold]
+    Example: [bold]areal check-channel --config configs/taotoken_router.yaml --model your-judge-model-id[/bold]
 
     On failure, says which is wrong: the base URL, the key (by its environment variable, never
     shown) or the model id. Exit 0 ok, 1 channel broken, 2 usage.

@@ -2,7 +2,8 @@
 
 ``validate`` separates what is wrong with the file (errors, exit 1) from what this machine cannot
 provide (warnings, exit 0 unless ``--strict``): a config written for an 8-GPU node is still a
-correct config on a laptop. torch is never imported here.
+correct config on a laptop. It takes router files too (only ``api_gateway`` / ``model_routing``
+at the top), checked as the gateway loads them. torch is never imported here.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 import typer
 
 from areal.cli.errors import CLIError
+from areal.cli.router_validate import check_router, is_router_file
 from areal.core.config import ConfigError
 from areal.core.run_config import RunConfig, RunConfigError, load_run_config
 from areal.run.machine import check_machine
@@ -25,6 +27,9 @@ app = typer.Typer(
 )
 
 CONFIG_ARG = typer.Argument(..., help="Run config YAML (${VAR} read from the environment).")
+VALIDATE_ARG = typer.Argument(
+    ..., help="Run config or router config YAML (${VAR} read from the environment)."
+)
 SET_OPTION = typer.Option(
     [], "--set", help="Override one key, e.g. --set async.enabled=false (the value is YAML)."
 )
@@ -32,7 +37,7 @@ SET_OPTION = typer.Option(
 
 @app.command("validate")
 def validate_command(
-    config: Path = CONFIG_ARG,
+    config: Path = VALIDATE_ARG,
     overrides: list[str] = SET_OPTION,
     strict: bool = typer.Option(
         False, "--strict", help="Exit 1 also when this machine cannot run the config."
@@ -41,8 +46,13 @@ def validate_command(
 ) -> None:
     """Check a run config: keys, types, consistency, names; then warn about this machine.
 
+    A router file (api_gateway, model_routing) is checked as the gateway loads it.
+
     Example: [bold]areal config validate configs/agent_async_train.yaml --strict[/bold]
     """
+    if is_router_file(config):
+        _validate_router(config, overrides, strict, as_json)
+        return
     errors: list[str] = []
     warnings: list[str] = []
     message = ""  # the errors as one line, with the file name
@@ -54,7 +64,7 @@ def validate_command(
         errors, message = [str(err)], str(err)
     failed = bool(errors) or (strict and bool(warnings))
     if as_json:
-        report = {"config": str(config), "valid": not errors, "errors": errors}
+        report = {"config": str(config), "kind": "run", "valid": not errors, "errors": errors}
         typer.echo(json.dumps({**report, "warnings": warnings}, indent=2, ensure_ascii=False))
         if failed:
             raise typer.Exit(1)
@@ -67,6 +77,32 @@ def validate_command(
     typer.echo(f"{config}: valid{note if warnings else ''}")
     if failed:
         raise CLIError(f"{config}: this machine cannot run it (--strict)")
+
+
+def _validate_router(config: Path, overrides: list[str], strict: bool, as_json: bool) -> None:
+    if overrides:
+        raise CLIError(
+            f"{config} is a router config (api_gateway, model_routing); --set applies to run "
+            "configs: edit the file instead"
+        )
+    report = check_router(config)
+    failed = bool(report.errors) or (strict and bool(report.warnings))
+    if as_json:
+        typer.echo(json.dumps(report.to_json(), indent=2, ensure_ascii=False))
+        if failed:
+            raise typer.Exit(1)
+        return
+    if report.errors:
+        raise CLIError("; ".join(report.errors))
+    for warning in report.warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    count = len(report.warnings)
+    note = f" ({count} warning{'s' if count != 1 else ''})" if count else ""
+    typer.echo(f"{config}: valid router config{note}")
+    for line in report.summary():
+        typer.echo(line)
+    if failed:
+        raise CLIError(f"{config}: the warnings above (--strict)")
 
 
 @app.command("show")

@@ -43,7 +43,8 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
     layout = train.parallelism
     lines.append(
         f"trainer    {run.train_workers} rank(s) (dp {layout.dp} tp {layout.tp} pp {layout.pp} "
-        f"cp {layout.cp} ep {layout.ep}), {train.engine} on {device}{_cores(train.cpu_affinity)}; "
+        f"cp {layout.cp} ep {layout.ep}), {_engine(train.engine)} on {device}"
+        f"{_cores(train.cpu_affinity)}; "
         f"{gpus} GPU(s) visible"
     )
     if run.train_workers > 1:
@@ -60,6 +61,14 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         f"{logging.keep_checkpoints}); logs {logging.log_dir}"
     )
     return ["# plan (nothing is started):", *[f"#   {line}" for line in lines]]
+
+
+def _engine(name: str) -> str:
+    """``archon (alias of fsdp)``: the plan says which engine an alias runs."""
+    from areal.core.plugins import registry
+
+    target = registry("engines").aliases().get(name)
+    return f"{name} (alias of {target})" if target else name
 
 
 def _cores(affinity: list[int] | None) -> str:

@@ -32,6 +32,7 @@ from areal.core.plugins import (
     get_plugin_manager,
     list_plugins,
     normalize_name,
+    plugin_aliases,
     plugin_contributions,
     registry,
 )
@@ -70,13 +71,15 @@ def info_command(
     name: str = typer.Argument(..., help="Plugin name (as in `plug list`) or its distribution."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Show one plugin's hooks and what it registers (model families, backends, commands...).
+    """Show one plugin's hooks and what it registers (model families, backends, commands...),
+    and the aliases it gives some of them.
 
     Example: [bold]areal plug info areal.plugins.models.register[/bold]
     """
     plugin = find_plugin(name)
     details: dict[str, Any] = asdict(plugin)
     details["registers"] = plugin_contributions(plugin.name)
+    details["aliases"] = plugin_aliases(plugin.name)
     details["commands"] = _commands_of(plugin.name)
     if as_json:
         typer.echo(json.dumps(details, indent=2))
@@ -85,7 +88,8 @@ def info_command(
     for key, value in details.items():
         if isinstance(value, dict):
             for kind, names in value.items():
-                table.add_row(f"{key}: {kind}", ", ".join(names))
+                shown = (f"{a} = {n}" for a, n in names.items()) if key == "aliases" else names
+                table.add_row(f"{key}: {kind}", ", ".join(shown))
         elif isinstance(value, (list, tuple)):
             table.add_row(key, "\n".join(value) or "-")
         else:

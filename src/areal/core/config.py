@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +23,26 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file, the key and the fix."""
 
 
-def substitute_env(value: Any, where: str = "", used: dict[str, list[str]] | None = None) -> Any:
+def substitute_env(
+    value: Any,
+    where: str = "",
+    used: dict[str, list[str]] | None = None,
+    optional: Collection[str] = (),
+) -> Any:
     """Replace ``${VAR}`` (or ``${VAR:-default}``) in every string of a parsed YAML document.
 
     ``used`` collects the variable names found at each key path (``api_gateway.api_key`` ->
-    ``["TAOTOKEN_API_KEY"]``), so later errors can say which variable holds a bad value.
+    ``["TAOTOKEN_API_KEY"]``), so later errors can say which variable holds a bad value. A key
+    path in ``optional`` whose variable is unset becomes ``None`` instead of an error (its reader
+    says what that means).
     """
     if isinstance(value, dict):
         return {
-            k: substitute_env(v, f"{where}.{k}" if where else str(k), used)
+            k: substitute_env(v, f"{where}.{k}" if where else str(k), used, optional)
             for k, v in value.items()
         }
     if isinstance(value, list):
-        return [substitute_env(v, f"{where}[{i}]", used) for i, v in enumerate(value)]
+        return [substitute_env(v, f"{where}[{i}]", used, optional) for i, v in enumerate(value)]
     if not isinstance(value, str):
         return value
 
@@ -48,11 +56,21 @@ def substitute_env(value: Any, where: str = "", used: dict[str, list[str]] | Non
             return default
         raise ConfigError(f"{where}: environment variable {name} is not set (export {name}=...)")
 
-    return ENV_PATTERN.sub(replace, value)
+    try:
+        return ENV_PATTERN.sub(replace, value)
+    except ConfigError:
+        if where in optional:
+            return None
+        raise
 
 
-def load_yaml(path: str | Path, used: dict[str, list[str]] | None = None) -> dict[str, Any]:
-    """A YAML mapping with ``${ENV}`` substituted (see :func:`substitute_env` for ``used``)."""
+def load_yaml(
+    path: str | Path,
+    used: dict[str, list[str]] | None = None,
+    optional: Collection[str] = (),
+) -> dict[str, Any]:
+    """A YAML mapping with ``${ENV}`` substituted (see :func:`substitute_env` for ``used`` and
+    ``optional``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
@@ -63,7 +81,7 @@ def load_yaml(path: str | Path, used: dict[str, list[str]] | None = None) -> dic
     if not isinstance(data, dict):
         raise ConfigError(f"{path} must hold a mapping at the top level")
     try:
-        return dict(substitute_env(data, used=used))
+        return dict(substitute_env(data, used=used, optional=optional))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
 

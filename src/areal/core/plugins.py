@@ -151,6 +151,18 @@ def plugin_contributions(name: str, pm: pluggy.PluginManager | None = None) -> d
 
     Only that plugin's hooks run, so a clash between two other plugins does not hide its entries.
     """
+    return {kind: entries.implementations() for kind, entries in _own_entries(name, pm).items()}
+
+
+def plugin_aliases(name: str, pm: pluggy.PluginManager | None = None) -> dict[str, dict[str, str]]:
+    """The aliases one plugin registers, by registry kind (``{"engines": {"archon": "fsdp"}}``);
+    :func:`plugin_contributions` leaves them out, so an alias is not shown as another thing."""
+    found = {kind: entries.aliases() for kind, entries in _own_entries(name, pm).items()}
+    return {kind: aliases for kind, aliases in found.items() if aliases}
+
+
+def _own_entries(name: str, pm: pluggy.PluginManager | None) -> dict[str, Registry[Any]]:
+    """What only this plugin's register hooks give, by kind (kinds it gives nothing left out)."""
     pm = pm or get_plugin_manager()
     if pm.get_plugin(name) is None:
         raise RegistryError(f"no plugin named {name!r}")
@@ -158,7 +170,7 @@ def plugin_contributions(name: str, pm: pluggy.PluginManager | None = None) -> d
     for kind in REGISTRY_HOOKS:
         entries = collect(_registry_hook(kind, pm), REGISTRY_HOOKS[kind], _namer(pm), only=name)
         if len(entries):
-            found[kind] = entries.names()
+            found[kind] = entries
     return found
 
 

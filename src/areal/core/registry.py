@@ -47,7 +47,23 @@ class Registry(Generic[T]):
             ) from None
 
     def names(self) -> list[str]:
+        """Every accepted name, aliases included."""
         return sorted(self.entries)
+
+    def aliases(self) -> dict[str, str]:
+        """Alias -> the name it stands for: a thing registered under a name other than its own
+        ``name`` while also registered under that one (``archon`` for the ``fsdp`` engine)."""
+        found = {}
+        for name, thing in self.entries.items():
+            own = getattr(thing, "name", None)
+            if isinstance(own, str) and own != name and self.entries.get(own) is thing:
+                found[name] = own
+        return found
+
+    def implementations(self) -> list[str]:
+        """The names that are not aliases: one per distinct thing a listing should show."""
+        aliases = self.aliases()
+        return [name for name in self.names() if name not in aliases]
 
     def __contains__(self, name: object) -> bool:
         return name in self.entries

@@ -424,9 +424,9 @@ class RunConfig(_Section):
             )
         if par.world_size != run.train_workers:
             found.append(
-                f"async.train_workers: {run.train_workers} ranks, but train.parallelism needs "
-                f"dp×tp×pp×cp = {par.dp}×{par.tp}×{par.pp}×{par.cp} = {par.world_size}; set "
-                f"async.train_workers: {par.world_size} or change the parallel sizes"
+                f"train.parallelism: dp {par.dp} × tp {par.tp} × pp {par.pp} × cp {par.cp} = "
+                f"{par.world_size} ranks but async.train_workers is {run.train_workers}: set "
+                f"async.train_workers={par.world_size} or make the product {run.train_workers}"
             )
         if par.dp % par.dp_replicate:
             found.append(
@@ -525,7 +525,24 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> dict[str,
 def run_config_from_dict(
     data: dict[str, Any], *, source: str = "", check_names: bool = True
 ) -> RunConfig:
-    """Validate a parsed config; raises :class:`RunConfigError` listing every problem."""
+    """Validate a parsed config; raises :class:`RunConfigError` listing every problem.
+
+    A missing ``model`` / ``dataset`` is one problem naming both and the embedded defaults; the
+    rest of the file is checked with those defaults in their place, so its other problems show
+    in the same report instead of after the first fix.
+    """
+    missing = [key for key in EMBEDDED_DEFAULTS if data.get(key) is None]
+    if missing:
+        errors = [missing_sections(missing)]
+        try:
+            run_config_from_dict(
+                {**data, **{key: EMBEDDED_DEFAULTS[key] for key in missing}},
+                source=source,
+                check_names=check_names,
+            )
+        except RunConfigError as err:
+            errors.extend(err.errors)
+        raise RunConfigError(source, errors) from None
     try:
         config = RunConfig.model_validate(data)
     except ValidationError as err:
@@ -535,6 +552,33 @@ def run_config_from_dict(
         if unknown:
             raise RunConfigError(source, unknown)
     return config
+
+
+# configs/quickstart.yaml's policy and tasks (areal's tiny model, the calculator task set), built
+# in so a run config without its own can be tried on a CPU with these as --set overrides.
+EMBEDDED_DEFAULTS: dict[str, dict[str, str]] = {
+    "model": {"path": "runs/quickstart/model", "init_tiny": "tiny"},
+    "dataset": {"name": "calculator"},
+}
+QUICKSTART_COMMAND = "areal train configs/quickstart.yaml"
+
+
+def missing_sections(missing: Sequence[str]) -> str:
+    """One line for absent ``model`` / ``dataset`` sections: what to give, or the --sets that
+    borrow the quickstart's embedded defaults."""
+    give = {
+        "model": "model.path (a checkpoint directory or Hub id)",
+        "dataset": "dataset.path (a tasks JSONL) or dataset.name (a built-in task set)",
+    }
+    sets = " ".join(
+        f"--set {key}.{name}={value}"
+        for key in missing
+        for name, value in EMBEDDED_DEFAULTS[key].items()
+    )
+    return (
+        f"{' and '.join(missing)}: missing; give {' and '.join(give[k] for k in missing)}, or "
+        f"take the embedded defaults of `{QUICKSTART_COMMAND}`: {sets}"
+    )
 
 
 def load_run_config(

@@ -1,6 +1,6 @@
 """``gateway.log``: one line per request, secrets never included.
 
-    2026-11-29T14:23:01.221 session=s_3f2a model=qwen2.5-7b-agent route=local status=200 latency_ms=12.4 retries=0 path=/v1/chat/completions
+    2026-11-29T14:23:01.221 session=s_3f2a model=your-policy-model-id route=local status=200 latency_ms=12.4 retries=0 path=/v1/chat/completions
 
 ``route`` is ``local`` for the policy's engines, else the upstream channel's host, so
 ``grep taotoken gateway.log`` finds the calls that went through the channel.

@@ -14,6 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from areal.core.config import ENV_PATTERN, ConfigError, describe_errors, load_yaml, substitute_env
 
+KEY_PATH = "api_gateway.api_key"  # the one value that may read an unset variable
+
 
 class ApiGatewayConfig(BaseModel):
     """The upstream channel every non-policy model id is forwarded to (OpenAI-compatible).
@@ -21,6 +23,8 @@ class ApiGatewayConfig(BaseModel):
     ``api_key_env`` names the environment variable that holds the key, so an upstream that
     rejects it can be answered with "check TAOTOKEN_API_KEY" without ever showing the key. It is
     filled in from ``api_key: ${VAR}``; set it instead of ``api_key`` to read the key from there.
+    An unset variable is no error here: the policy needs no key, so the gateway still serves it,
+    and :attr:`unset_key_env` lets the channel answer its calls with what to export.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -45,13 +49,10 @@ class ApiGatewayConfig(BaseModel):
         key = data.get("api_key")
         if isinstance(key, str) and ENV_PATTERN.search(key):
             used: dict[str, list[str]] = {}
-            data["api_key"] = substitute_env(key, "api_key", used)
-            data.setdefault("api_key_env", used["api_key"][0])
+            data["api_key"] = substitute_env(key, "api_key", used, optional=("api_key",))
+            data.setdefault("api_key_env", key_variable(used["api_key"]))
         elif key is None and isinstance(data.get("api_key_env"), str):
-            name = data["api_key_env"]
-            if name not in os.environ:
-                raise ValueError(f"environment variable {name} is not set (export {name}=...)")
-            data["api_key"] = os.environ[name]
+            data["api_key"] = os.environ.get(data["api_key_env"])
         return data
 
     @field_validator("base_url")
@@ -61,9 +62,14 @@ class ApiGatewayConfig(BaseModel):
         if parsed.scheme not in ("http", "https") or not parsed.hostname:
             raise ValueError(
                 f"{value!r} is not an http(s) URL; write the upstream's OpenAI-compatible base, "
-                "e.g. https://api.taotoken.net/v1"
+                "e.g. https://taotoken.net/api"
             )
         return value.strip().rstrip("/")
+
+    @property
+    def unset_key_env(self) -> str | None:
+        """The variable ``api_key`` reads, when it was not set as the config loaded."""
+        return self.api_key_env if self.api_key is None and self.api_key_env else None
 
     @property
     def host(self) -> str:
@@ -136,13 +142,20 @@ class ModelRouting(BaseModel):
             self.model_extra[name] = route
         return self
 
-    def routes(self) -> dict[str, ModelRoute]:
-        """Every configured route by model id."""
+    def roles(self) -> dict[str, ModelRoute]:
+        """Every configured route by its role (``policy_model`` first)."""
         found: dict[str, ModelRoute] = {}
         for name in ("policy_model", "reward_model", "judge_model", *(self.model_extra or {})):
             value = getattr(self, name, None)
             if isinstance(value, ModelRoute):
-                found.setdefault(value.model_id, value)
+                found[name] = value
+        return found
+
+    def routes(self) -> dict[str, ModelRoute]:
+        """Every configured route by model id."""
+        found: dict[str, ModelRoute] = {}
+        for route in self.roles().values():
+            found.setdefault(route.model_id, route)
         return found
 
 
@@ -156,15 +169,28 @@ class RouterConfig(BaseModel):
     def policy(self) -> ModelRoute:
         return self.model_routing.policy_model
 
+    def warnings(self) -> list[str]:
+        """What loads but cannot work as the environment is: the channel's key variable unset."""
+        name = self.api_gateway.unset_key_env if self.api_gateway else None
+        if name is None:
+            return []
+        return [f"{KEY_PATH}: environment variable {name} is not set (export {name}=...)"]
+
     @classmethod
     def load(cls, path: str | Path) -> RouterConfig:
+        """Read a router file; an unset key variable is left to :meth:`warnings`."""
         used: dict[str, list[str]] = {}
-        data = load_yaml(path, used)
+        data = load_yaml(path, used, optional=(KEY_PATH,))
         gateway = data.get("api_gateway")
-        env_names = used.get("api_gateway.api_key")
+        env_names = used.get(KEY_PATH)
         if isinstance(gateway, dict) and env_names:
-            gateway.setdefault("api_key_env", env_names[0])
+            gateway.setdefault("api_key_env", key_variable(env_names))
         try:
             return cls.model_validate(data)
         except ValidationError as err:
             raise ConfigError(f"{path}: {describe_errors(err)}") from None
+
+
+def key_variable(names: list[str]) -> str:
+    """Of the variables ``api_key`` reads, the one to name: the first unset, else the first."""
+    return next((n for n in names if n not in os.environ), names[0])

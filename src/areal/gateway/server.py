@@ -158,6 +158,7 @@ def serve(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     config = RouterConfig.load(config_path) if config_path else RouterConfig()
+    _warn_about(config, config_path)
     if model and engine_backend not in (None, "embedded"):
         raise SystemExit(
             f"error: --model starts an embedded engine, but --engine-backend is {engine_backend}; "
@@ -219,6 +220,19 @@ def serve(
             where = "no engine yet (policy calls answer 503 until one attaches: POST /rl/engines)"
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
         web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
+
+
+def _warn_about(config: RouterConfig, path: str | None) -> None:
+    """An unset key variable does not stop the gateway (the policy needs none): one warning."""
+    host = config.api_gateway.host if config.api_gateway else ""
+    for warning in config.warnings():
+        log.warning(
+            "%s: %s; the gateway starts, and calls routed to the upstream channel %s answer an "
+            "error naming it until it is set and the gateway restarted",
+            path,
+            warning,
+            host,
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,7 +6,8 @@ caps what it asks for at the route's ``max_tokens`` (Claude Code asks for 32k); 
 5xx, refused connections and timeouts with exponential backoff and jitter, honouring
 ``Retry-After``, but never once a streamed answer has started to reach the client. Streams are
 relayed chunk by chunk as they arrive. Failures become errors that say what to fix; the key is
-never part of any of them.
+never part of any of them. A key variable that was unset when the gateway started is one such
+error, answered without calling the upstream.
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ class UpstreamChannel:
         fields = request.get(LOG_FIELDS)
         if fields is not None:
             fields.update(model=model, route=self.host, retries=0)
+        if self.config.unset_key_env:
+            raise self._key_unset(self.config.unset_key_env)
         url = self.base_url + "/" + path.lstrip("/")
         data = json.dumps(payload).encode()
         headers = self._headers(request, path)
@@ -326,6 +329,16 @@ class UpstreamChannel:
             f"the upstream channel {host} refused the request for model {model!r} "
             f"(HTTP {status}){said}",
             code="upstream_rejected",
+        )
+
+    def _key_unset(self, name: str) -> GatewayError:
+        """Nothing is sent without the key: the upstream would only refuse it, less clearly."""
+        return GatewayError(
+            502,
+            f"the upstream channel {self.host} has no API key: api_gateway.api_key reads the "
+            f"environment variable {name}, which was not set when the gateway started; export "
+            f"{name}=<your key> and restart the gateway",
+            code="upstream_key_unset",
         )
 
     def _key_rejected(self, status: int, said: str) -> str:

@@ -84,10 +84,13 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
             "or use a built-in task set with dataset.name"
         )
     if config.agent.gateway_config:
+        path = config.agent.gateway_config
         try:
-            RouterConfig.load(config.agent.gateway_config)
+            router = RouterConfig.load(path)
         except ConfigError as err:
             found.append(f"agent.gateway_config: {err}")
+        else:
+            found.extend(f"agent.gateway_config: {path}: {w}" for w in router.warnings())
     return found
 
 

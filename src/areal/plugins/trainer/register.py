@@ -2,7 +2,8 @@
 
 ``fsdp``: the PyTorch-native 5D engine (FSDP2/HSDP, TP+SP, PP, Ulysses CP, EP on one named
 DeviceMesh) for the decoder families of :mod:`areal.plugins.models`; one process on CPU or GPU,
-or ``async.train_workers`` ranks under torchrun.
+or ``async.train_workers`` ranks under torchrun. ``archon`` (the seed article's name for it) is an
+alias: the same spec, so ``train.engine: archon`` runs exactly this engine.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ FSDP_ENGINE = TrainEngineSpec(
 )
 
 
+ENGINE_ALIASES = ("archon",)
+
+
 @hookimpl
 def areal_register_engines(register: Register) -> None:
     register(FSDP_ENGINE.name, FSDP_ENGINE)
+    for alias in ENGINE_ALIASES:
+        register(alias, FSDP_ENGINE)  # Registry.aliases() knows it by the spec's own name
