@@ -73,13 +73,17 @@ def test_agent_config_keys_become_run_config_keys(tmp_path: Path) -> None:
         entry.agent_config_overrides(tmp_path / "missing.py")
 
 
-def test_the_seed_agent_config_maps_only_max_turns() -> None:
-    """The repo's agent_config.py, as the article writes it: the URL, model name and key are the
-    agent's own (replaced per episode), so only max_turns reaches the run config."""
+def test_the_seed_agent_config_names_the_gateway_and_max_turns() -> None:
+    """The repo's agent_config.py, as the article writes it: its base URL names the gateway the
+    run attaches to; the model name and key are the agent's own (replaced per episode)."""
     agent = ROOT / "agent_config.py"
-    assert entry.agent_config_overrides(agent) == ["agent.max_turns=8"]
+    assert entry.agent_config_overrides(agent) == [
+        "agent.gateway_url=http://localhost:9000/gateway/v1",
+        "agent.max_turns=8",
+    ]
     sets = ["model.path=m", "dataset.name=calculator", "async.train_workers=8"]
     config = entry.load("configs/agent_async_train.yaml", sets, str(agent))
+    assert config.agent.gateway_url == "http://localhost:9000"
     assert config.agent.max_turns == 8 and config.agent.gateway_config == (
         "configs/taotoken_router.yaml"
     )
