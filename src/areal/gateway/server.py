@@ -195,9 +195,7 @@ def serve(
                 flush=True,
             )
         if admin is None:
-            log.info(
-                "AREAL_ADMIN_TOKEN is not set: the session and engine APIs (/rl/...) are off"
-            )
+            log.info("AREAL_ADMIN_TOKEN is not set: the session and engine APIs (/rl/...) are off")
         else:
             where = {
                 "jsonl": training.sink_address or logs / TRAJECTORIES_FILE,

@@ -80,7 +80,9 @@ class Session:
     last_active: float = field(default_factory=time.monotonic, repr=False)
     busy: int = field(default=0, repr=False)  # calls with this session's key still running
     oldest_version: int | None = None  # of its generated tokens (the staleness that counts)
-    lost_calls: int = 0  # calls whose engine left half-way (engine_pool): the episode is not trained
+    lost_calls: int = (
+        0  # calls whose engine left half-way (engine_pool): the episode is not trained
+    )
     calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
 
     def note_call(self, **call: Any) -> None:
