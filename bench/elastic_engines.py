@@ -144,15 +144,18 @@ def start_gateway(root: Path) -> tuple[ServerProcess, str]:
     return gateway, url
 
 
-def start_engine(root: Path, model: Path, core: int, gateway_url: str) -> tuple[ServerProcess, str]:
-    """``areal serve inference --attach`` on one core, one torch thread; the process, its URL."""
+def start_engine(
+    root: Path, model: Path, core: int, gateway_url: str, tag: str = ""
+) -> tuple[ServerProcess, str]:
+    """``areal serve inference --attach`` on one core, one torch thread; the process, its URL.
+    ``tag`` names its log: one log per start, so an earlier start's lines are not read again."""
     port = pick_free_port()
     command = ["taskset", "-c", str(core), sys.executable, "-m", "areal", "serve", "inference"]
     command += ["--model", str(model), "--port", str(port), "--max-total-tokens", "16384"]
     command += ["--max-running-requests", "128", "--log-level", "warning"]
     command += ["--attach", gateway_url]
     env = {"AREAL_ADMIN_TOKEN": ADMIN_TOKEN, "OMP_NUM_THREADS": "1"}
-    log = root / f"engine-core{core}.log"
+    log = root / f"engine-core{core}{tag}.log"
     engine = ServerProcess(command, log_path=log, env=env, name=f"engine@core{core}")
     return engine.start(), f"http://127.0.0.1:{port}"
 
@@ -209,7 +212,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
         for r in range(s.rounds):
             one = window(load, monitor, "1 engine", s, gateway.pid, [url1])
             started = time.monotonic()
-            engine2, url2 = start_engine(root, model, 1, gateway_url)
+            engine2, url2 = start_engine(root, model, 1, gateway_url, tag=f"-round{r + 1}")
             try:
                 wait_attached(engine2)
                 attach_s = time.monotonic() - started
