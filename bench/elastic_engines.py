@@ -172,15 +172,28 @@ def wait_attached(engine: ServerProcess, timeout: float = 300.0) -> str:
     raise RuntimeError(f"{engine.name} did not attach:\n{engine.log_tail()}")
 
 
-def tokens_generated(engine_urls: list[str]) -> int:
-    """The engines' own count of the tokens they generated (``/server_info``)."""
-    total = 0
-    for url in engine_urls:
-        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(
-            f"{url}/server_info", timeout=30
-        ) as answer:
-            total += int(json.load(answer)["tokens_generated"])
-    return total
+def engine_counters(url: str) -> tuple[int, int, float, float]:
+    """The engine's own counters (``/server_info``): tokens generated, decode steps, their
+    milliseconds and the sequences they decoded, all since it started."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(f"{url}/server_info", timeout=30) as answer:
+        info = json.load(answer)
+    steps = int(info.get("decode_steps") or 0)
+    ms = steps * float(info.get("decode_ms_per_step") or 0.0)
+    seqs = steps * float(info.get("decode_mean_batch") or 0.0)
+    return int(info["tokens_generated"]), steps, ms, seqs
+
+
+def engine_window(
+    before: tuple[int, int, float, float], after: tuple[int, int, float, float], seconds: float
+) -> dict[str, float]:
+    """One engine over a window: tokens/s, and its decode steps' mean batch and duration."""
+    tokens, steps, ms, seqs = (a - b for a, b in zip(after, before))
+    return {
+        "tokens_per_s": tokens / seconds,
+        "decode_batch": seqs / steps if steps else 0.0,
+        "decode_ms_per_step": ms / steps if steps else 0.0,
+    }
 
 
 def cpu_seconds(pid: int) -> float:
@@ -268,12 +281,15 @@ def window(
 ) -> dict[str, Any]:
     me = os.getpid()
     cpu0 = {"gateway": cpu_seconds(gateway_pid), "driver": cpu_seconds(me)}
-    generated0 = tokens_generated(engine_urls)
+    counters0 = [engine_counters(url) for url in engine_urls]
     start = time.monotonic()
     with monitor.measuring(phase):
         time.sleep(s.seconds)
     end = time.monotonic()
-    generated = tokens_generated(engine_urls) - generated0
+    engines = [
+        engine_window(before, engine_counters(url), end - start)
+        for url, before in zip(engine_urls, counters0)
+    ]
     used = {
         "gateway": (cpu_seconds(gateway_pid) - cpu0["gateway"]) / (end - start),
         "driver": (cpu_seconds(me) - cpu0["driver"]) / (end - start),
@@ -284,7 +300,8 @@ def window(
     return {
         "samples_per_s": samples / (end - start),
         "tokens_per_s": tokens / (end - start),
-        "engine_tokens_per_s": generated / (end - start),
+        "engine_tokens_per_s": sum(e["tokens_per_s"] for e in engines),
+        "engines": engines,
         "samples": samples,
         "failed": failed,
         "gateway_cores": used["gateway"],
@@ -298,11 +315,19 @@ def window(
 
 def round_line(i: int, r: dict[str, Any]) -> str:
     one, two = r["one"], r["two"]
+    each = "; ".join(
+        f"{name} {e['tokens_per_s']:.0f} tok/s, decode batch {e['decode_batch']:.0f} "
+        f"at {e['decode_ms_per_step']:.1f} ms/step"
+        for name, e in zip(("engine 1", "engine 2"), two["engines"])
+    )
+    alone = one["engines"][0]
     return (
         f"round {i + 1}: 1 engine {one['samples_per_s']:.2f} samples/s, "
         f"2 engines {two['samples_per_s']:.2f} ({r['ratio']:.2f}x); engine 2 on cores "
         f"{r['engine2_cores']} attached in {r['attach_s']:.1f}s, left in {r['detach_s']:.1f}s "
-        f"(exit {r['exit_code']}); failed calls {one['failed']} + {two['failed']}"
+        f"(exit {r['exit_code']}); failed calls {one['failed']} + {two['failed']}\n"
+        f"  alone: {alone['tokens_per_s']:.0f} tok/s, decode batch {alone['decode_batch']:.0f} "
+        f"at {alone['decode_ms_per_step']:.1f} ms/step; together: {each}"
     )
 
 
