@@ -62,8 +62,8 @@ if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
 import longtail_agent  # noqa: E402
-import psutil  # noqa: E402
 import torch  # noqa: E402
+from load_monitor import BUSY_CORES, LoadMonitor  # noqa: E402
 
 from areal.core.queue import make_source  # noqa: E402
 from areal.core.run_config import RunConfig, run_config_from_dict  # noqa: E402
@@ -82,7 +82,6 @@ from areal.run.runner import train  # noqa: E402
 from areal.run.supervisor import Supervisor  # noqa: E402
 
 ENGINE_CORE, TRAINER_CORE = 0, 1
-BUSY_CORES = 0.25  # other load (in cores) above which a figure is flagged as disturbed
 GROUP_SIZE = 4  # samples per task (a GRPO group); each sample has a length of its own
 
 
@@ -148,60 +147,6 @@ def run_config(root: Path, name: str, s: Settings, *, enabled: bool, staleness: 
         },
     }
     return run_config_from_dict(data)
-
-
-# --- the machine's other load ------------------------------------------------------------------
-
-
-class LoadMonitor(threading.Thread):
-    """CPU used by processes outside this process tree, per phase, in cores (0 = quiet)."""
-
-    def __init__(self, interval: float = 0.5) -> None:
-        super().__init__(daemon=True)
-        self.interval = interval
-        self.phase = ""
-        self.busy: dict[str, list[float]] = defaultdict(list)
-        self._stop_event = threading.Event()
-
-    @contextmanager
-    def measuring(self, phase: str) -> Iterator[None]:
-        self.phase = phase
-        try:
-            yield
-        finally:
-            self.phase = ""
-
-    def other_cores(self, phase: str) -> float:
-        samples = self.busy.get(phase) or [0.0]
-        return statistics.mean(samples)
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-    def run(self) -> None:
-        me = psutil.Process()
-        seen: dict[int, float] = {}
-        last_busy, last_time = _busy_seconds(), time.monotonic()
-        while not self._stop_event.wait(self.interval):
-            mine = 0.0
-            for proc in [me, *me.children(recursive=True)]:
-                try:
-                    t = proc.cpu_times()
-                except psutil.Error:
-                    continue
-                total = t.user + t.system
-                mine += total - seen.get(proc.pid, 0.0)
-                seen[proc.pid] = total
-            busy, now = _busy_seconds(), time.monotonic()
-            if self.phase:
-                other = (busy - last_busy - mine) / (now - last_time)
-                self.busy[self.phase].append(max(0.0, other))
-            last_busy, last_time = busy, now
-
-
-def _busy_seconds() -> float:
-    t = psutil.cpu_times()
-    return sum(t) - t.idle - getattr(t, "iowait", 0.0)
 
 
 # --- 1. generation only ------------------------------------------------------------------------

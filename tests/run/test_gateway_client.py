@@ -144,6 +144,35 @@ def test_discarded_ends_and_the_run_routes(url: str) -> None:
     run(calls())
 
 
+def test_engines_detach_attach_and_list(url: str, engine_url: str) -> None:
+    async def calls() -> None:
+        async with GatewayAdmin(url, ADMIN) as admin:
+            listed = await admin.engines()
+            assert listed["policy"] == POLICY
+            assert [e["url"] for e in listed["engines"]] == [engine_url]
+            gone = await admin.detach_engine(engine_url, drain=True, timeout=5)
+            assert gone == {"detached": engine_url, "finished": 0, "aborted": 0}
+            assert (await admin.engines())["engines"] == []
+            with pytest.raises(GatewayRefused) as missing:
+                await admin.detach_engine(engine_url)
+            assert (missing.value.status, missing.value.code) == (404, "engine_not_found")
+            entry = await admin.attach_engine(engine_url + "/", backend="embedded", owner="t-1")
+            assert (entry["url"], entry["backend"], entry["owner"]) == (
+                engine_url,
+                "embedded",
+                "t-1",
+            )
+            assert entry["healthy"] and entry["weight_version"] is not None
+            [again] = (await admin.engines())["engines"]
+            assert again["url"] == engine_url and again["owner"] == "t-1"
+            dead = f"http://127.0.0.1:{pick_free_port()}"
+            with pytest.raises(GatewayRefused, match="cannot be attached") as refused:
+                await admin.attach_engine(dead)
+            assert refused.value.code == "engine_unreachable"
+
+    run(calls())
+
+
 def test_a_full_budget_is_a_429_with_its_retry_after(engine_url: str, tmp_path: Path) -> None:
     budget = StalenessBudget(max_concurrent=1, retry_after_s=2.5)
 

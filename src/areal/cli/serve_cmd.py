@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from areal.gateway.training_flags import DEFAULTS, FLAGS, HELP, TrainingFlags
+
+if TYPE_CHECKING:
+    from areal.run.engine_attach import GatewayAttachment
+
+DRAIN_MAX_S = 600.0  # the most the gateway lets a detach drain
 
 app = typer.Typer(
     help="Start one areal server on its own, e.g. to point agents running elsewhere at it.\n\n"
@@ -41,11 +46,31 @@ def inference_command(
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="Model name reported by /model_info (default: path)."
     ),
+    attach: str | None = typer.Option(
+        None,
+        "--attach",
+        metavar="GATEWAY_URL",
+        help="Once healthy, join the gateway (or run) at this URL as one of its policy engines "
+        "(admin token from $AREAL_ADMIN_TOKEN); on SIGTERM/SIGINT leave it, draining, then stop.",
+    ),
+    advertise_url: str | None = typer.Option(
+        None,
+        "--advertise-url",
+        help="With --attach: the URL the gateway reaches this engine at (default: "
+        "http://HOST:PORT; set it when --host is 0.0.0.0).",
+    ),
+    drain_timeout: float = typer.Option(
+        30.0, "--drain-timeout", help="With --attach: seconds running calls may take to finish."
+    ),
 ) -> None:
     """Serve a checkpoint with the embedded torch engine over the SGLang native HTTP API.
 
     Example: [bold]areal serve inference --model ./tiny --max-running-requests 16[/bold]
+
+    Add an engine to a running run: [bold]AREAL_ADMIN_TOKEN=... areal serve inference
+    --model ./tiny --port 30001 --attach http://127.0.0.1:9000[/bold]
     """
+    hooks = _attachment(attach, advertise_url, drain_timeout) if attach else None
     model_path = _local_model(model, "--model")
     from areal.plugins.inference.embedded.server import serve
 
@@ -60,6 +85,48 @@ def inference_command(
         seed=seed,
         log_level=log_level,
         served_model_name=served_model_name,
+        hooks=hooks,
+    )
+    if hooks is not None:
+        raise typer.Exit(hooks.finish())
+
+
+def _attachment(
+    gateway_url: str, advertise_url: str | None, drain_timeout: float
+) -> GatewayAttachment:
+    """The hooks that attach the engine to ``gateway_url``; checked before anything starts."""
+    import os
+
+    from areal.run.engine_attach import ADMIN_TOKEN_ENV, GatewayAttachment
+
+    token = os.environ.get(ADMIN_TOKEN_ENV)
+    if not token:
+        typer.echo(
+            f"error: --attach needs the gateway's admin token in ${ADMIN_TOKEN_ENV} "
+            "(the token the gateway was started with); it is not set",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if not gateway_url.startswith(("http://", "https://")):
+        typer.echo(
+            f"error: --attach takes the gateway's http(s) URL, e.g. http://127.0.0.1:9000; "
+            f"got {gateway_url!r}",
+            err=True,
+        )
+        raise typer.Exit(2)
+    if not 0 <= drain_timeout <= DRAIN_MAX_S:
+        typer.echo(
+            f"error: --drain-timeout must be seconds within [0, {DRAIN_MAX_S:g}], "
+            f"got {drain_timeout:g}",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return GatewayAttachment(
+        gateway_url,
+        token,
+        engine_url=advertise_url,
+        backend="embedded",
+        drain_timeout=drain_timeout,
     )
 
 

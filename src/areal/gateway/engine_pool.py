@@ -3,8 +3,8 @@ health-checked, and every call tracked, so a call on an engine that leaves ends 
 
 A gateway can start with no engine at all (a long-lived service: engines come and go, a trainer
 attaches its own); until one is attached, the policy answers ``503`` with ``Retry-After``. Calls
-go round-robin (or sticky per conversation) over the *live* engines: attached, healthy, not
-draining. An engine stops being live when
+go to the *live* engine (attached, healthy, not draining) running the fewest calls, or sticky per
+conversation. An engine stops being live when
 
 - it is detached (``DELETE /rl/engines``): with ``drain``, its running calls finish first (up to a
   timeout); without, they are cancelled at once;
@@ -192,13 +192,19 @@ class EnginePool:
 
     def pick(self, sticky: str | None = None, *, avoid: set[str] | None = None) -> Engine:
         """A live engine: the same one for the same ``sticky`` key while the pool is unchanged
-        (a conversation keeps its KV-cached prefix), else the next in turn."""
+        (a conversation keeps its KV-cached prefix), else one running the fewest calls (in turn
+        among equals). Fewest calls, not plain turns: an engine attached to a busy pool gets the
+        new calls until it carries its share, instead of the old engines' backlog taking
+        minutes to even out, and a faster engine gets more."""
         live = [e for e in self.live() if not avoid or e.url not in avoid]
         if not live:
             raise self.unavailable(tried=bool(avoid))
         if sticky is not None and len(live) > 1:
             return live[zlib.crc32(sticky.encode()) % len(live)]
-        return live[next(self._turn) % len(live)]
+        turn = next(self._turn)
+        least = min(len(e.calls) for e in live)
+        idle = [e for e in live if len(e.calls) == least]
+        return idle[turn % len(idle)]
 
     def unavailable(self, *, tried: bool = False) -> GatewayError:
         headers = {"Retry-After": str(RETRY_AFTER_S)}

@@ -1,8 +1,8 @@
 """One typed client for the gateway's admin API (``/rl/*``, the admin token).
 
 The trainer (version clock, status, discarding a crashed worker's sessions), the rollout workers
-(opening, rewarding and ending sessions) and ``areal probe`` (a session's trace) all talk to the
-same routes; this is the one place that knows their paths, bodies and answers. Every method
+(opening, rewarding and ending sessions), ``areal probe`` (a session's trace) and ``areal serve
+inference --attach`` (attaching and detaching engines) all talk to the same routes; this is the one place that knows their paths, bodies and answers. Every method
 raises a :class:`GatewayAdminError` naming the cause; callers for whom the gateway is only
 bookkeeping wrap the call in :func:`best_effort` instead (``None`` when it fails). Answers are
 typed views of the gateway's JSON (see :mod:`areal.gateway.sessions` and
@@ -20,9 +20,10 @@ import aiohttp
 
 __all__ = [
     "Budget",
+    "Detached",
     "Discarded",
     "EngineEntry",
-    "EnginesList",
+    "EngineList",
     "GatewayAdmin",
     "GatewayAdminError",
     "GatewayBusy",
@@ -41,6 +42,8 @@ __all__ = [
 log = logging.getLogger("areal.gateway_client")
 T = TypeVar("T")
 DEFAULT_TIMEOUT_S = 10.0
+# An engine behind the newest published weights loads them before the attach answers.
+ATTACH_TIMEOUT_S = 600.0
 
 
 # --- the answers --------------------------------------------------------------------------------
@@ -98,6 +101,33 @@ class Discarded(TypedDict):
     session_ids: list[str]
 
 
+class EngineEntry(TypedDict, total=False):
+    """One attached engine as ``/rl/engines`` describes it (see :mod:`areal.gateway.engine_pool`)."""
+
+    url: str
+    backend: str
+    owner: str | None
+    healthy: bool
+    draining: bool
+    running: int  # calls running on it now
+    served: int  # calls it finished
+    weight_version: str | None
+    attached_s: float
+
+
+class EngineList(TypedDict):
+    policy: str
+    engines: list[EngineEntry]
+
+
+class Detached(TypedDict):
+    """How a detach went: the calls that finished while it drained, and those cut short."""
+
+    detached: str
+    finished: int
+    aborted: int
+
+
 class Trace(TypedDict):
     """What an open session did (``areal.gateway.trace``)."""
 
@@ -106,24 +136,6 @@ class Trace(TypedDict):
     calls: list[dict[str, Any]]
     aborted: int
     turns: list[dict[str, Any]]
-
-
-class EngineEntry(TypedDict, total=False):
-    """One attached engine (``areal.gateway.engine_pool``)."""
-
-    url: str
-    backend: str | None
-    owner: str | None
-    healthy: bool
-    draining: bool
-    running: int
-    served: int
-    weight_version: str | None
-
-
-class EnginesList(TypedDict):
-    policy: str
-    engines: list[EngineEntry]
 
 
 # --- the failures -------------------------------------------------------------------------------
@@ -319,12 +331,17 @@ class GatewayAdmin:
         """The trainer's weights are now ``version``; ``consumed``: the episodes it received in
         all of the run, ``dropped``: how many of them it dropped as stale (running totals; the
         gateway's budget continues from them, so a restarted gateway knows the run).
-        ``trainer_id``: the attached trainer's (renews its seat); ``weights``: the directory of
-        this version's weights, which an engine attached later loads first."""
+        ``weights``: the directory holding this version's weights, which an engine attached
+        later loads before it takes traffic."""
         body: dict[str, Any] = {"version": version}
-        optional = {"dropped": dropped, "consumed": consumed, "trainer_id": trainer_id}
-        optional["weights"] = weights
-        body.update((name, value) for name, value in optional.items() if value is not None)
+        if dropped is not None:
+            body["dropped"] = dropped
+        if consumed is not None:
+            body["consumed"] = consumed
+        if weights is not None:
+            body["weights"] = weights
+        if trainer_id is not None:  # the attached trainer's: renews its seat
+            body["trainer_id"] = trainer_id
         return cast(Budget, await self._call("POST", "/rl/version", body))
 
     async def version(self) -> Budget:
@@ -336,7 +353,7 @@ class GatewayAdmin:
         """Take the gateway's trainer seat (``/rl/trainer``): its finished episodes go to this
         run's queue under this run's budget (``settings``: sink_address, staleness_threshold,
         trigger_batch_size, max_concurrent, version, consumed, dropped, discount, sampling,
-        lease_s). Another live trainer: :class:`GatewayRefused` with status 409."""
+        episode_journal, lease_s). Another live trainer: :class:`GatewayRefused` with 409."""
         body = {"trainer_id": trainer_id, **settings}
         return await self._call("POST", "/rl/trainer", body)
 
@@ -344,38 +361,56 @@ class GatewayAdmin:
         """Give the seat back; the gateway detaches the run's engines and serves on."""
         return await self._call("DELETE", "/rl/trainer", {"trainer_id": trainer_id})
 
+    # --- the policy's engines ---------------------------------------------------------------
+
     async def attach_engine(
-        self, url: str, *, backend: str | None = None, owner: str | None = None
+        self,
+        url: str,
+        backend: str | None = None,
+        owner: str | None = None,
+        *,
+        timeout_s: float = ATTACH_TIMEOUT_S,
     ) -> EngineEntry:
-        """Put the engine at ``url`` into service (it loads the newest published weights first);
-        attaching a URL again replaces its entry."""
+        """Put the engine at ``url`` into service. The gateway checks it answers, makes it load
+        the newest published weights if it is behind (hence the long ``timeout_s``), then routes
+        calls to it; the entry says its ``weight_version``. ``owner``: who attached it, shown
+        by :meth:`engines`."""
         body: dict[str, Any] = {"url": url}
-        body.update((k, v) for k, v in (("backend", backend), ("owner", owner)) if v is not None)
-        return cast(EngineEntry, await self._call("POST", "/rl/engines", body))
+        if backend is not None:
+            body["backend"] = backend
+        if owner is not None:
+            body["owner"] = owner
+        answer = await self._call("POST", "/rl/engines", body, timeout_s=timeout_s)
+        return cast(EngineEntry, answer)
 
-    async def detach_engine(
-        self, url: str, *, drain: bool = True, timeout: float = 30.0
-    ) -> dict[str, Any]:
-        """Take ``url`` out of service; with ``drain`` its running calls may finish first."""
+    async def detach_engine(self, url: str, drain: bool = True, timeout: float = 30.0) -> Detached:
+        """Take the engine at ``url`` out of service: no new calls; with ``drain`` its running
+        calls may finish for up to ``timeout`` seconds, the rest end as lost (their episodes
+        discarded). A URL not attached raises :class:`GatewayRefused` (404)."""
         body = {"url": url, "drain": drain, "timeout": timeout}
-        return await self._call("DELETE", "/rl/engines", body)
+        answer = await self._call("DELETE", "/rl/engines", body, timeout_s=timeout + self.timeout_s)
+        return cast(Detached, answer)
 
-    async def engines(self) -> EnginesList:
-        """The policy's model id and its attached engines."""
-        return cast(EnginesList, await self._call("GET", "/rl/engines"))
+    async def engines(self) -> EngineList:
+        """The attached engines and their state."""
+        return cast(EngineList, await self._call("GET", "/rl/engines"))
 
     # --- HTTP -------------------------------------------------------------------------------
 
     def _session(self) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
 
-    async def _call(self, method: str, path: str, body: Any = None) -> dict[str, Any]:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, timeout_s: float | None = None
+    ) -> dict[str, Any]:
+        """``timeout_s``: this call's own limit, for calls the gateway takes long to answer."""
         call = f"{method} {path}"
+        timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
         try:
             if self.http is not None:
-                return await self._send(self.http, method, path, body)
+                return await self._send(self.http, method, path, body, timeout)
             async with self._session() as http:
-                return await self._send(http, method, path, body)
+                return await self._send(http, method, path, body, timeout)
         except GatewayAdminError:
             raise
         except aiohttp.ClientConnectionError as err:  # refused, reset, socket timeouts
@@ -387,11 +422,19 @@ class GatewayAdmin:
             raise GatewayAdminError(message, url=self.url, call=call) from err
 
     async def _send(
-        self, http: aiohttp.ClientSession, method: str, path: str, body: Any
+        self,
+        http: aiohttp.ClientSession,
+        method: str,
+        path: str,
+        body: Any,
+        timeout: aiohttp.ClientTimeout | None = None,
     ) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {self.admin_token}"}
-        async with http.request(method, self.url + path, json=body, headers=headers) as resp:
-            if 200 <= resp.status < 300:
+        options: dict[str, Any] = {"json": body, "headers": headers}
+        if timeout is not None:
+            options["timeout"] = timeout
+        async with http.request(method, self.url + path, **options) as resp:
+            if 200 <= resp.status < 300:  # 201 for an attached engine
                 data: dict[str, Any] = await resp.json()
                 return data
             raise _refusal(self.url, f"{method} {path}", resp, await resp.text())

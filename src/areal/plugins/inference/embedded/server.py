@@ -22,6 +22,7 @@ from aiohttp.web import Request, Response
 from pydantic import ValidationError
 
 from areal.core.http_server import ServerThread
+from areal.core.serve_hooks import ServeHooks
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
 from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
 from areal.plugins.inference.embedded.kv_pool import bytes_per_token
@@ -483,9 +484,11 @@ def serve(
     seed: int = 0,
     log_level: str = "info",
     served_model_name: str | None = None,
+    hooks: ServeHooks | None = None,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
+    ``hooks`` hear when it serves and when a signal asks it to stop (``--attach``).
     """
     import signal
 
@@ -510,11 +513,19 @@ def serve(
             f"error: the HTTP server could not start on {host}:{port}: {err}"
         ) from None
 
-    def on_signal(signum: int, frame: Any) -> None:
+    def stop() -> None:
         server.engine.stop()  # aborts what runs, so every open request gets its answer
+
+    def on_signal(signum: int, frame: Any) -> None:
+        if hooks is None:
+            stop()
+        else:
+            hooks.signalled()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     log.info("serving on http://%s:%d", host, http.port)
+    if hooks is not None:
+        hooks.serving(f"http://{host}:{http.port}", stop)
     server.engine.run_forever()
     http.stop()

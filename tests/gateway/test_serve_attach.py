@@ -1,0 +1,212 @@
+"""``areal serve inference --attach GATEWAY_URL``: a real engine process joins a running gateway
+started with no engine, loads the weights the trainer published, serves, and on SIGTERM leaves
+(its running call drained) before it stops. Real gateway, real subprocesses, all on 127.0.0.1."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, _router
+
+from areal.cli.main import main
+from areal.core.http_server import ServerThread
+from areal.core.process import ServerProcess, pick_free_port
+from areal.gateway.app import build_app
+from areal.gateway.server import build_state
+from areal.plugins.inference.embedded.server import InferenceServer, build_server
+from areal.plugins.models.tiny import init_tiny
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+PROMPT_IDS = [5, 17, 42, 99, 7, 3, 250, 11]
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[str]:
+    """A gateway with no engine and an admin token; its URL."""
+    state = build_state(
+        _router(None), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
+    )
+    state.policy.pool.health_every = 0.2
+    http = ServerThread(build_app(state), "127.0.0.1", 0).start()
+    try:
+        yield http.url
+    finally:
+        http.stop()
+
+
+@pytest.fixture(scope="module")
+def published_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Weights a trainer published: the nano model with other random weights (seed 1)."""
+    path = tmp_path_factory.mktemp("published") / "v3"
+    init_tiny(path, size="nano", seed=1)
+    return path
+
+
+def serve_attached(
+    model: str, gateway_url: str, log: Path, token: str | None = ADMIN_TOKEN
+) -> tuple[ServerProcess, str]:
+    port = pick_free_port()
+    command = [sys.executable, "-m", "areal", "serve", "inference", "--model", model]
+    command += ["--port", str(port), "--max-total-tokens", "4096", "--log-level", "warning"]
+    command += ["--attach", gateway_url]
+    env = {"AREAL_ADMIN_TOKEN": token} if token else {}
+    return ServerProcess(command, log_path=log, env=env, name="engine").start(), (
+        f"http://127.0.0.1:{port}"
+    )
+
+
+def wait_for_line(proc: ServerProcess, text: str, timeout: float = 120.0) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [ln for ln in proc.log_path.read_text().splitlines() if text in ln]
+        if lines:
+            return lines[0]
+        if not proc.running:
+            break
+        time.sleep(0.1)
+    raise AssertionError(f"no line with {text!r}; the engine's log:\n{proc.log_tail()}")
+
+
+def engines(gateway_url: str) -> list[dict[str, Any]]:
+    answer = httpx.get(f"{gateway_url}/rl/engines", headers=ADMIN, timeout=30)
+    assert answer.status_code == 200, answer.text
+    listed: list[dict[str, Any]] = answer.json()["engines"]
+    return listed
+
+
+def chat(gateway_url: str, **options: Any) -> Any:
+    client = openai.OpenAI(base_url=gateway_url + "/v1", api_key=GATEWAY_KEY, max_retries=0)
+    return client.chat.completions.create(
+        model=POLICY, messages=[{"role": "user", "content": "hello"}], **options
+    )
+
+
+def greedy(url: str) -> list[float]:
+    """The log-probs of a greedy continuation: a fingerprint of the weights that sampled it."""
+    body = {
+        "input_ids": PROMPT_IDS,
+        "sampling_params": {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True},
+        "return_logprob": True,
+    }
+    answer = httpx.post(f"{url}/generate", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    return [float(t[0]) for t in answer.json()["meta_info"]["output_token_logprobs"]]
+
+
+@pytest.fixture(scope="module")
+def reference(published_dir: Path) -> Iterator[str]:
+    """The published weights served in this process, to compare the attached engine with."""
+    server: InferenceServer = build_server(str(published_dir), max_total_tokens=4096)
+    http = ServerThread(server.app(), "127.0.0.1", 0).start()
+    try:
+        yield http.url
+    finally:
+        server.engine.stop()
+        http.stop()
+
+
+@pytest.mark.slow
+def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sigterm(
+    gateway: str,
+    gateway_model_dir: str,
+    published_dir: Path,
+    reference: str,
+    engine: tuple[str, InferenceServer],
+    tmp_path: Path,
+) -> None:
+    published = httpx.post(
+        f"{gateway}/rl/version",
+        json={"version": 3, "weights": str(published_dir)},
+        headers=ADMIN,
+        timeout=30,
+    )
+    assert published.status_code == 200, published.text
+    proc, url = serve_attached(gateway_model_dir, gateway, tmp_path / "engine.log")
+    try:
+        line = wait_for_line(proc, "attached")
+        assert line == (f"attached {url} to the gateway at {gateway}, serving weights version 3")
+        [listed] = engines(gateway)
+        assert listed["url"] == url and listed["healthy"] and listed["weight_version"] == "3"
+        assert "areal serve inference" in listed["owner"]
+        # The engine itself says it serves version 3, and it generates as the published weights
+        # do, not as the checkpoint it was started from.
+        info = httpx.get(f"{url}/model_info", timeout=30).json()
+        assert info["weight_version"] == "3"
+        served = greedy(url)
+        assert served == pytest.approx(greedy(reference), abs=1e-3)
+        assert served != pytest.approx(greedy(engine[0]), abs=1e-3)
+
+        reply = chat(gateway, max_tokens=4)
+        assert reply.choices[0].finish_reason in ("stop", "length")
+        assert engines(gateway)[0]["served"] == 1
+
+        # A call running when SIGTERM comes finishes before the engine leaves and stops.
+        out: dict[str, Any] = {}
+        long = threading.Thread(
+            target=lambda: out.update(
+                reply=chat(gateway, max_tokens=120, extra_body={"ignore_eos": True})
+            ),
+            daemon=True,
+        )
+        long.start()
+        deadline = time.monotonic() + 30
+        while not engines(gateway)[0]["running"]:
+            assert time.monotonic() < deadline, "the long call never started"
+            time.sleep(0.02)
+    finally:
+        code = proc.stop(timeout=60)
+    assert code == 0, proc.log_tail()
+    long.join(30)
+    assert out["reply"].usage.completion_tokens == 120
+    log = proc.log_path.read_text()
+    assert f"detached {url} from the gateway at {gateway} (1 running calls finished" in log
+    assert engines(gateway) == []
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(gateway, max_tokens=4)
+    assert caught.value.status_code == 503
+
+
+def test_without_the_admin_token_it_stops_before_starting_anything(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("AREAL_ADMIN_TOKEN", raising=False)
+    # The model does not exist: the token is checked before anything is loaded.
+    argv = ["serve", "inference", "--model", "/nonexistent/model", "--attach", "http://127.0.0.1:9"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "error: --attach needs the gateway's admin token in $AREAL_ADMIN_TOKEN (the token "
+        "the gateway was started with); it is not set"
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["wrong token", "no gateway"])
+def test_a_gateway_that_refuses_or_is_not_there_stops_the_engine_with_exit_1(
+    case: str, gateway: str, gateway_model_dir: str, tmp_path: Path
+) -> None:
+    if case == "wrong token":
+        target, token = gateway, "not-the-admin-token"
+        said = "refused the admin token on POST /rl/engines (HTTP 401 invalid_api_key)"
+    else:
+        target, token = f"http://127.0.0.1:{pick_free_port()}", ADMIN_TOKEN
+        said = f"cannot reach the gateway at {target} for POST /rl/engines"
+    proc, url = serve_attached(gateway_model_dir, target, tmp_path / "engine.log", token)
+    try:
+        line = wait_for_line(proc, "error:")
+        deadline = time.monotonic() + 60
+        while proc.running and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        code = proc.stop(timeout=30)
+    assert code == 1, proc.log_tail()
+    assert line.startswith(f"error: could not attach {url}: ") and said in line
+    assert engines(gateway) == []
