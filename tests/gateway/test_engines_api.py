@@ -13,13 +13,13 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, EngineRecorder, _router
 
 from areal.core.http_server import ServerThread
 from areal.core.process import pick_free_port
 from areal.gateway.app import build_app
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import InferenceServer
-from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, EngineRecorder, _router
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 LONG = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
@@ -60,7 +60,9 @@ class Bare:
         return opened
 
     def end(self, session_id: str) -> dict[str, Any]:
-        answer = self.http.post(f"/rl/sessions/{session_id}/end", json={"reward": 1.0}, headers=ADMIN)
+        answer = self.http.post(
+            f"/rl/sessions/{session_id}/end", json={"reward": 1.0}, headers=ADMIN
+        )
         assert answer.status_code == 200, answer.text
         ended: dict[str, Any] = answer.json()
         return ended
@@ -124,12 +126,17 @@ def test_without_an_engine_the_policy_answers_503_in_each_schema(bare: Bare) -> 
 
 def test_attach_serve_list_detach(bare: Bare, engine: tuple[str, InferenceServer]) -> None:
     url = engine[0]
-    refused = bare.http.post("/rl/engines", json={"url": url}, headers={"Authorization": f"Bearer {GATEWAY_KEY}"})
+    refused = bare.http.post(
+        "/rl/engines", json={"url": url}, headers={"Authorization": f"Bearer {GATEWAY_KEY}"}
+    )
     assert refused.status_code == 403
     assert bare.attach("not-a-url").status_code == 400
     dead = f"http://127.0.0.1:{pick_free_port()}"
     unreachable = bare.attach(dead)
-    assert unreachable.status_code == 400 and unreachable.json()["error"]["code"] == "engine_unreachable"
+    assert (
+        unreachable.status_code == 400
+        and unreachable.json()["error"]["code"] == "engine_unreachable"
+    )
     attached = bare.attach(url + "/", owner="me")
     assert attached.status_code == 201, attached.text
     assert attached.json()["url"] == url and attached.json()["owner"] == "me"

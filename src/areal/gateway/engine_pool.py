@@ -143,7 +143,9 @@ class EnginePool:
     def get(self, url: str) -> Engine | None:
         return self.engines.get(normalize_url(url))
 
-    async def detach(self, url: str, *, drain: bool = False, timeout: float = 30.0) -> dict[str, Any]:
+    async def detach(
+        self, url: str, *, drain: bool = False, timeout: float = 30.0
+    ) -> dict[str, Any]:
         """Take the engine out: no new calls; with ``drain`` its running calls may finish for
         up to ``timeout`` seconds, the rest (or all, without ``drain``) are cancelled."""
         engine = self.engines.get(normalize_url(url))
@@ -259,7 +261,9 @@ class EnginePool:
     def mark_down(self, engine: Engine, why: str) -> None:
         """No traffic to ``engine`` until it answers a health check again; its calls are lost."""
         if engine.healthy:
-            log.warning("engine %s is down (%s): no traffic until it answers again", engine.url, why)
+            log.warning(
+                "engine %s is down (%s): no traffic until it answers again", engine.url, why
+            )
         engine.healthy = False
         engine.failures = max(engine.failures, self.down_after)
         engine.cancel_calls("went down")

@@ -99,6 +99,8 @@ def _timeout(value: Any) -> float:
         seconds = math.nan
     if not 0 <= seconds <= DRAIN_MAX_S:
         raise GatewayError(
-            400, f"timeout must be seconds within [0, {DRAIN_MAX_S:g}], got {value!r}", param="timeout"
+            400,
+            f"timeout must be seconds within [0, {DRAIN_MAX_S:g}], got {value!r}",
+            param="timeout",
         )
     return seconds

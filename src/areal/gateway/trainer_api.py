@@ -110,7 +110,9 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
         flags = _flags(body)
         lease = _lease(body.get("lease_s", DEFAULT_LEASE_S))
         if seat is not None:
-            log.warning("trainer %s stopped announcing; %s takes its seat", seat.trainer_id, trainer_id)
+            log.warning(
+                "trainer %s stopped announcing; %s takes its seat", seat.trainer_id, trainer_id
+            )
             await _release(state, seat)
         discarded = await _discard_open(state)
         old_sink = state.sessions.sink
@@ -118,7 +120,9 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
             sink = make_sink(flags.sink, flags.sink_options()) if flags.sink_name() else None
         except (OSError, ValueError) as err:
             raise GatewayError(
-                400, f"the trajectory sink {flags.sink} cannot be opened: {err}", param="sink_address"
+                400,
+                f"the trajectory sink {flags.sink} cannot be opened: {err}",
+                param="sink_address",
             ) from None
         state.sessions.sink = sink
         budget = flags.budget()
@@ -234,7 +238,9 @@ def _flags(body: dict[str, Any]) -> TrainingFlags:
             if name == "discount":
                 kind = (int, float)
             if isinstance(value, bool) or not isinstance(value, kind):
-                what = "a string" if kind == (str,) else "an integer" if kind == (int,) else "a number"
+                what = (
+                    "a string" if kind == (str,) else "an integer" if kind == (int,) else "a number"
+                )
                 raise GatewayError(400, f"{key} must be {what}, got {value!r}", param=key)
             values[name] = value
     try:
