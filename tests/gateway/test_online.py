@@ -14,12 +14,12 @@ import anthropic
 import httpx
 import openai
 import pytest
+from tests.gateway.conftest import RunningGateway
 
 from areal.core.staleness import StalenessBudget
 from areal.core.types import Trajectory
 from areal.gateway.server import OnlineSettings
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
-from tests.gateway.conftest import RunningGateway
 
 Start = Callable[..., AbstractContextManager[RunningGateway]]
 TOKENS = 4  # per call: small and quick
@@ -42,7 +42,11 @@ def online_gateway(
 def ask(client: openai.OpenAI, messages: list[dict[str, Any]], **extra: Any) -> Any:
     """One chat call; the raw answer (headers) and the parsed completion."""
     raw = client.chat.completions.with_raw_response.create(
-        model="areal-tiny", messages=messages, max_tokens=TOKENS, temperature=1.0, **extra  # type: ignore[arg-type]
+        model="areal-tiny",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=TOKENS,
+        temperature=1.0,
+        **extra,
     )
     return raw, raw.parse()
 
@@ -52,7 +56,9 @@ def turns(client: openai.OpenAI, conversation: str, n: int) -> list[Any]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": f"hello from {conversation}"}]
     answers = []
     for i in range(n):
-        raw, completion = ask(client, messages, extra_headers={"x-areal-conversation": conversation})
+        raw, completion = ask(
+            client, messages, extra_headers={"x-areal-conversation": conversation}
+        )
         assert raw.headers["x-areal-recorded"] == "true"
         assert raw.headers["x-areal-conversation"] == conversation
         assert raw.headers["x-areal-session"].startswith("s_")
@@ -114,7 +120,9 @@ def test_two_conversations_multi_turn_rewarded_reach_the_queue(start_gateway: St
         session_b = second[0][0].headers["x-areal-session"]
         ended_b = rl(gw, f"/conversations/{session_b}/end", {"reward": -0.5})  # by session id
         assert ended_b.json()["sent"] is True, ended_b.text
-        got = {t.metadata["conversation"]: t for t in (source.get(timeout=30) for _ in range(2)) if t}
+        got = {
+            t.metadata["conversation"]: t for t in (source.get(timeout=30) for _ in range(2)) if t
+        }
         assert rl(gw, "/conversations/conv-a/end", {"reward": 1.0}).status_code == 409
     assert set(got) == {"conv-a", "conv-b"}
     a, b = got["conv-a"], got["conv-b"]
@@ -158,7 +166,9 @@ def test_an_idle_conversation_ends_and_a_reward_by_completion_id_trains_it(
 def test_without_a_reward_in_time_the_conversation_is_discarded(start_gateway: Start) -> None:
     settings = OnlineSettings(idle_timeout=0.3, reward_wait=0.4)
     with online_gateway(start_gateway, settings) as (gw, source, client):
-        ask(client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "c"})
+        ask(
+            client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "c"}
+        )
         assert rl(gw, "/conversations", key=gw.admin).json()["budget"]["running"] == 1
         discarded = wait_for(gw, "c", "discarded")
         assert discarded["sent"] is False
@@ -177,7 +187,11 @@ def test_a_full_budget_is_a_429_in_each_schema_never_an_unrecorded_answer(
 ) -> None:
     budget = StalenessBudget(max_concurrent=1)
     with online_gateway(start_gateway, OnlineSettings(), budget=budget) as (gw, source, client):
-        ask(client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "one"})
+        ask(
+            client,
+            [{"role": "user", "content": "hi"}],
+            extra_headers={"x-areal-conversation": "one"},
+        )
         with pytest.raises(openai.RateLimitError) as full:
             ask(client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "two"})  # fmt: skip
         assert int(full.value.response.headers["Retry-After"]) >= 1
@@ -237,7 +251,9 @@ def test_conversation_routes_refuse_unknown_ids_bad_bodies_and_missing_keys(
     start_gateway: Start,
 ) -> None:
     with online_gateway(start_gateway, OnlineSettings()) as (gw, _, client):
-        ask(client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "k"})
+        ask(
+            client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "k"}
+        )
         unknown = rl(gw, "/conversations/nope/end", {"reward": 1.0})
         assert unknown.status_code == 404
         assert unknown.json()["error"]["code"] == "conversation_not_found"
@@ -249,3 +265,20 @@ def test_conversation_routes_refuse_unknown_ids_bad_bodies_and_missing_keys(
         assert rl(gw, "/conversations").status_code == 403  # the listing needs the admin token
         assert rl(gw, "/conversations/k/reward", {"reward": 0.5}).json()["status"] == "open"
         assert rl(gw, "/conversations/k/end", {"discard": True}).json()["status"] == "discarded"
+
+
+def test_a_conversation_too_stale_to_train_starts_over_under_its_key(start_gateway: Start) -> None:
+    budget = StalenessBudget(staleness_threshold=0)
+    with online_gateway(start_gateway, OnlineSettings(), budget=budget) as (gw, source, client):
+        key = {"x-areal-conversation": "long"}
+        first, _ = ask(client, [{"role": "user", "content": "hi"}], extra_headers=key)
+        moved = rl(gw, "/version", {"version": 2}, key=gw.admin)  # the trainer moved on
+        assert moved.status_code == 200, moved.text
+        second, _ = ask(client, [{"role": "user", "content": "and now?"}], extra_headers=key)
+        old, new = first.headers["x-areal-session"], second.headers["x-areal-session"]
+        assert old != new and second.headers["x-areal-recorded"] == "true"
+        stale = rl(gw, f"/conversations/{old}").json()
+        assert (stale["status"], stale["stale"], stale["sent"]) == ("discarded", True, False)
+        assert rl(gw, "/conversations/long").json()["session_id"] == new
+        time.sleep(0.2)
+        assert source.buffered == 0
