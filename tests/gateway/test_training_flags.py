@@ -28,6 +28,9 @@ CASES = [
         episode_journal="/tmp/episodes.journal",
         discount=0.1,
         session_idle_timeout=0.0,
+        online=True,
+        online_idle_timeout=2.5,
+        online_reward_wait=0.0,  # falsy, yet given
     ),
     TrainingFlags(sink="none", staleness_threshold=2, discount=0.97, session_idle_timeout=12.5),
     TrainingFlags(sink="jsonl", sink_address="/tmp/out.jsonl", max_concurrent=1),
@@ -66,7 +69,21 @@ def test_the_typer_front_end_reads_back_to_argv(
 
 def test_to_argv_spells_each_flag_once_and_leaves_out_unset_ones() -> None:
     argv = CASES[1].to_argv()
-    assert argv[::2] == [flag.option for flag in FLAGS.values()]
+    assert [a for a in argv if a.startswith("--")] == [flag.option for flag in FLAGS.values()]
     assert argv[argv.index("--staleness-threshold") + 1] == "0"
+    assert argv[argv.index("--online") + 1] == "--online-idle-timeout"  # a switch takes no value
     assert OPTION["sink_address"] not in TrainingFlags().to_argv()
+    assert OPTION["online"] not in TrainingFlags().to_argv()  # off: left out
     assert TrainingFlags().to_argv()[:2] == ["--sink", "jsonl"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "option"),
+    [
+        (TrainingFlags(online_idle_timeout=0), "--online-idle-timeout"),
+        (TrainingFlags(online_reward_wait=-1), "--online-reward-wait"),
+    ],
+)
+def test_bad_online_timeouts_are_refused_naming_the_flag(flags: TrainingFlags, option: str) -> None:
+    with pytest.raises(ValueError, match=option):
+        flags.check()

@@ -183,6 +183,9 @@ def test_both_front_ends_have_the_same_training_flags() -> None:
             "--episode-journal",
             "--discount",
             "--session-idle-timeout",
+            "--online",
+            "--online-idle-timeout",
+            "--online-reward-wait",
         }
     )
     for flag, (default, help_text) in argparse_flags.items():

@@ -192,6 +192,9 @@ def gateway_command(
     episode_journal: str | None = _training_option("episode_journal"),
     discount: float = _training_option("discount", show_default=False),
     session_idle_timeout: float = _training_option("session_idle_timeout", show_default=False),
+    online: bool = _training_option("online", show_default=False),
+    online_idle_timeout: float = _training_option("online_idle_timeout", show_default=False),
+    online_reward_wait: float = _training_option("online_reward_wait", show_default=False),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible agent gateway in front of the policy's engines.
 
@@ -200,6 +203,8 @@ def gateway_command(
     In a training run: [bold]areal serve gateway --config configs/router.yaml --engine
     http://127.0.0.1:30000 --sink zmq --sink-address tcp://127.0.0.1:5555
     --staleness-threshold 2 --trigger-batch-size 8[/bold]
+
+    For agents deployed elsewhere, calling with the plain key: [bold]--online[/bold].
     """
     from areal.cli.errors import CLIError
     from areal.core.config import ConfigError
@@ -218,6 +223,9 @@ def gateway_command(
         episode_journal=episode_journal,
         discount=discount,
         session_idle_timeout=session_idle_timeout,
+        online=online,
+        online_idle_timeout=online_idle_timeout,
+        online_reward_wait=online_reward_wait,
     )
     try:
         training.check()

@@ -107,7 +107,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
         raise GatewayError(400, "stream: must be true or false", param="stream")
-    episode = Episode.of(request, state, body)
+    episode = await Episode.of(request, state, body)
     request[LOG_FIELDS].update(model=chat.model, route="local")
 
     prompt_ids = render_prompt(state, chat, episode.history(request))
@@ -135,9 +135,11 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     reason, sequence = stop_reason(
         gen, sampling.get("stop") or [], any(b["type"] == "tool_use" for b in blocks)
     )
+    message_id = completion_id or _message_id()
+    episode.answered(request, message_id)
     return web.json_response(
         {
-            "id": completion_id or _message_id(),
+            "id": message_id,
             "type": "message",
             "role": "assistant",
             "model": chat.model,
@@ -156,7 +158,7 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
         return await _elsewhere(request, state, body, "/messages/count_tokens")
     chat = parse_request(body, state.policy.model_id, state.policy.tool_parser)
     request[LOG_FIELDS].update(model=chat.model, route="local")
-    Episode.of(request, state, body)  # for the log line
+    await Episode.of(request, state, body, admit=False)  # for the log line
     return web.json_response({"input_tokens": len(render_prompt(state, chat))})
 
 
@@ -271,7 +273,9 @@ async def _stream(
         await response.prepare(request)
         events = EventStream(response)
         try:
-            await events.send("message_start", {"message": _message_start(chat, prompt_ids)})
+            start = _message_start(chat, prompt_ids)
+            episode.answered(request, start["id"])
+            await events.send("message_start", {"message": start})
             await events.send("ping", {})
             last = await _stream_blocks(state, chat, events, _chain(first, gens), stops)
             if last is not None:

@@ -14,6 +14,7 @@ from areal.gateway import (
     anthropic,
     engines_api,
     models,
+    online_api,
     openai_chat,
     openai_responses,
     rl_control,
@@ -23,6 +24,7 @@ from areal.gateway import (
 )
 from areal.gateway.gateway_state import STATE, GatewayState
 from areal.gateway.middleware import MAX_BODY_BYTES, RL_PREFIXES, gateway_middleware
+from areal.gateway.recording import add_headers
 
 API_PREFIXES: tuple[str, ...] = ("/v1", "/gateway/v1", "")
 
@@ -42,14 +44,20 @@ def build_app(state: GatewayState) -> web.Application:
     trace.add_routes(app, RL_PREFIXES)
     engines_api.add_routes(app, RL_PREFIXES)
     trainer_api.add_routes(app, RL_PREFIXES)
+    online_api.add_routes(app, RL_PREFIXES)
+    app.on_response_prepare.append(add_headers)
     reaper = rl_control.IdleReaper(state.sessions)
 
     async def on_startup(app: web.Application) -> None:
         await state.policy.start()
         reaper.start()
+        if state.online is not None:
+            state.online.start()
 
     async def on_cleanup(app: web.Application) -> None:
         await reaper.stop()
+        if state.online is not None:
+            await state.online.stop()
         await state.sessions.close()
         await state.policy.close()
         if state.upstream is not None:

@@ -1,8 +1,10 @@
 """Which episode a call belongs to, and what an aborted generation means — shared by every protocol.
 
 A call belongs to the caller's session (session key); else to the session a driver bound to the
-client's own hint (``POST /rl/sessions {"hint": ...}``); else just to the hint, which still groups
-the calls in ``gateway.log`` and keeps a conversation on one engine's KV cache.
+client's own hint (``POST /rl/sessions {"hint": ...}``); else, with ``--online``, to the online
+conversation its ``x-areal-conversation`` header or hint names (:mod:`areal.gateway.online`); else
+just to the hint, which still groups the calls in ``gateway.log`` and keeps a conversation on one
+engine's KV cache.
 """
 
 from __future__ import annotations
@@ -16,12 +18,25 @@ from aiohttp import web
 
 from areal.gateway.callers import caller_of
 from areal.gateway.errors import GatewayError
-from areal.gateway.gateway_state import GatewayState
+from areal.gateway.gateway_state import GatewayState, state_of
+from areal.gateway.online import Conversation, OnlineConversations
 from areal.gateway.policy import Generation
+from areal.gateway.recording import CONVERSATION, RECORDING, Recording
 from areal.gateway.request_log import BOUND_SESSION, LOG_FIELDS
 from areal.gateway.sessions import Session
 
 HINT_MAX = 128
+
+
+def conversation_key(request: web.Request, hint: str | None) -> str | None:
+    """An online conversation's key: the ``x-areal-conversation`` header, else the hint."""
+    named = request.headers.get(CONVERSATION, "").strip()
+    if len(named) > HINT_MAX:
+        raise GatewayError(
+            400,
+            f"the {CONVERSATION} header must be at most {HINT_MAX} characters, got {len(named)}",
+        )
+    return named or hint
 
 
 def session_hint(request: web.Request, body: dict[str, Any]) -> str | None:
@@ -46,23 +61,61 @@ def session_hint(request: web.Request, body: dict[str, Any]) -> str | None:
 @dataclass
 class Episode:
     sticky: str | None = None
-    bound: Session | None = None  # a hinted session: recorded into although the key is plain
+    bound: Session | None = (
+        None  # a hinted or online session: recorded into although the key is plain
+    )
+    conversation: Conversation | None = None  # the online conversation, when there is one
 
     @classmethod
-    def of(cls, request: web.Request, state: GatewayState, body: dict[str, Any]) -> Episode:
+    async def of(
+        cls,
+        request: web.Request,
+        state: GatewayState,
+        body: dict[str, Any],
+        *,
+        bind_hints: bool = True,
+        admit: bool = True,
+    ) -> Episode:
+        """The episode of a policy call, and whether it is recorded (the response headers of
+        :mod:`areal.gateway.recording`). ``bind_hints``: a driver's hint-bound session may take
+        the call; ``admit``: an online conversation may (``False`` for calls that generate
+        nothing, such as counting tokens)."""
         caller = caller_of(request)
         if caller.session is not None:
+            request[RECORDING] = Recording(True)
             return cls(caller.session.session_id)
         hint = session_hint(request, body)
-        if not hint:
+        bound = state.sessions.hint(hint) if hint and bind_hints else None
+        if bound is None and admit and state.online is not None and caller.kind == "gateway":
+            key = conversation_key(request, hint)
+            if key is not None:
+                return await cls._online(request, state.online, key)
+        if admit:
+            request[RECORDING] = Recording(bound is not None)
+        if not hint or not bind_hints:
             return cls()
-        bound = state.sessions.hint(hint)
         if bound is not None:
             bound.touch()  # activity, as a call with its key would be
             request[LOG_FIELDS][BOUND_SESSION] = bound
         name = bound.session_id if bound is not None else hint
         request[LOG_FIELDS]["session"] = re.sub(r"[^A-Za-z0-9._:@-]", "_", name)
         return cls(name, bound)
+
+    @classmethod
+    async def _online(cls, request: web.Request, online: OnlineConversations, key: str) -> Episode:
+        """Join or open the conversation of ``key`` (a 429 when the budget has no room)."""
+        conversation, opened = await online.admit(key)
+        request[RECORDING] = Recording(True, conversation, opened)
+        session = conversation.session
+        request[LOG_FIELDS][BOUND_SESSION] = session
+        request[LOG_FIELDS]["session"] = session.session_id
+        return cls(session.session_id, session, conversation)
+
+    def answered(self, request: web.Request, response_id: str) -> None:
+        """The id the client gets for this call: the handle that rewards its conversation."""
+        online = state_of(request).online
+        if self.conversation is not None and online is not None:
+            online.answered(response_id, self.conversation)
 
     def history(self, request: web.Request) -> list[int] | None:
         """The tokens of this episode so far: its latest completion's prompt and output (what

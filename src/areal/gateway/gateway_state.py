@@ -1,4 +1,5 @@
-"""The state one gateway serves from (config, policy, sessions, keys), reachable from a request."""
+"""The state one gateway serves from (config, policy, sessions, keys, online conversations),
+reachable from a request."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from aiohttp import web
 
 from areal.gateway.access_log import AccessLog
 from areal.gateway.callers import caller_of
+from areal.gateway.online import OnlineConversations
 from areal.gateway.policy import Generation, PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
@@ -28,6 +30,7 @@ class GatewayState:
     upstream: UpstreamChannel | None = None  # when api_gateway is configured
     access_log: AccessLog = field(default_factory=lambda: AccessLog(None))
     trainer: TrainerSeat | None = None  # the run attached to this gateway (/rl/trainer)
+    online: OnlineConversations | None = None  # --online: plain-key conversations are recorded
 
     async def record(self, request: web.Request, generation: Generation) -> str | None:
         """Record a finished policy completion into the caller's session, if it has one."""

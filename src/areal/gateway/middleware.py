@@ -14,6 +14,7 @@ from areal.gateway.callers import CALLER, Caller
 from areal.gateway.engine_pool import LOST_CALLS
 from areal.gateway.errors import GatewayError, error_response
 from areal.gateway.gateway_state import GatewayState, state_of
+from areal.gateway.recording import RECORDING
 from areal.gateway.request_log import BOUND_SESSION, LOG_FIELDS
 
 log = logging.getLogger("areal.gateway")
@@ -106,6 +107,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
     finally:
         LOST_CALLS.reset(box)
+        recording = request.get(RECORDING)
+        if recording is not None and recording.conversation is not None and state.online:
+            await state.online.call_done(
+                recording.conversation, opened=recording.opened, failed=status >= 400
+            )
         if caller.session is not None:
             caller.session.busy -= 1
             caller.session.touch()

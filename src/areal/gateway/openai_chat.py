@@ -298,6 +298,7 @@ async def complete(
         )
     # A recorded completion's id is the handle for rewarding it (POST /rl/sessions/{id}/reward).
     completion_id = record_ids[0] if chat.n == 1 and record_ids[0] else new_call_id("chatcmpl-")
+    chat.episode.answered(request, completion_id)
     return web.json_response(
         {
             "id": completion_id,
@@ -450,8 +451,9 @@ async def _write_stream(
     choices = [ChoiceStream(i, chat.plan, parser, chat.stops, tokenizer) for i in range(chat.n)]
     finals: list[Generation | None] = [None] * chat.n
     latest: list[Generation] = list(firsts)
+    stream_id = new_call_id("chatcmpl-")
     envelope = {
-        "id": new_call_id("chatcmpl-"),
+        "id": stream_id,
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": state.policy.model_id,
@@ -459,6 +461,7 @@ async def _write_stream(
     }
     if chat.include_usage:
         envelope["usage"] = None
+    chat.episode.answered(request, stream_id)
 
     async def generations(i: int) -> AsyncIterator[tuple[int, Generation]]:
         yield i, firsts[i]
@@ -525,8 +528,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             code="model_not_found",
         )
     request[LOG_FIELDS].update(route="local")
-    episode = Episode.of(request, state, body)
-    chat = parse_request(body, state.policy.tool_parser, episode)
+    chat = parse_request(body, state.policy.tool_parser)
+    chat.episode = episode = await Episode.of(request, state, body)  # after the 400s: admits
     prompt_ids = state.policy.render(
         chat.messages, chat.plan.tools, chat.plan.prefix, history=episode.history(request)
     )

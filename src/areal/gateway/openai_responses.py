@@ -25,7 +25,6 @@ from typing import Any, cast
 from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, ToolCallStream
-from areal.gateway.callers import caller_of
 from areal.gateway.chat_messages import (
     ROLE_ALIASES,
     ToolPlan,
@@ -456,7 +455,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     request[LOG_FIELDS].update(model=state.policy.model_id, route="local")
     parser = state.policy.tool_parser
     req = parse_request(body, parser)
-    history = Episode().history(request)  # a session key's calls (responses have no hints)
+    # A session key's calls, or with --online a conversation's; a driver's hints bind no
+    # Responses call.
+    episode = await Episode.of(request, state, body, bind_hints=False)
+    history = episode.history(request)
     prompt_ids = state.policy.render(req.messages, req.plan.tools, req.plan.prefix, history=history)
     constraint = req.constraint
     sampling = state.policy.sampling(
@@ -466,15 +468,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         top_p=req.top_p,
         extra={"json_schema": constraint} if constraint else None,
     )
-    caller = caller_of(request)
-    sticky = caller.session.session_id if caller.session else req.echo["prompt_cache_key"]
+    sticky = episode.sticky or req.echo["prompt_cache_key"]
     head = ResponseHead(req, state.policy.model_id, sampling)
+    episode.answered(request, head.id)
     if req.stream:
-        return await _stream(request, state, head, prompt_ids, sticky)
+        return await _stream(request, state, head, prompt_ids, sticky, episode)
     gen = await state.policy.generate(prompt_ids, sampling, sticky=sticky)
     if gen.finish_reason == "abort":
         raise GatewayError(503, "the inference engine aborted the generation; retry the request")
-    await state.record(request, gen)
+    await episode.record(request, state, gen)
     return web.json_response(head.body(finish_status(gen), output_items(req, gen, parser), gen))
 
 
@@ -585,6 +587,7 @@ async def _stream(
     head: ResponseHead,
     prompt_ids: list[int],
     sticky: str | None,
+    episode: Episode,
 ) -> web.StreamResponse:
     """Stream the response: each text delta leaves as soon as the engine has produced it.
 
@@ -610,7 +613,7 @@ async def _stream(
             gen = await _relay(head.req, state, out, first, generations)
             status = finish_status(gen)
             await out.finish(status)
-            await state.record(request, gen)
+            await episode.record(request, state, gen)
             kind = "response.completed" if status == "completed" else "response.incomplete"
             await events.send(kind, response=head.body(status, out.items, gen))
         except GatewayError as err:

@@ -15,6 +15,7 @@ import secrets
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +28,14 @@ from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
 from areal.gateway.app import build_app
 from areal.gateway.gateway_state import GatewayState
+from areal.gateway.online import OnlineConversations
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
 from areal.gateway.training_flags import (
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_ONLINE_IDLE_S,
+    DEFAULT_ONLINE_REWARD_WAIT_S,
     TrainingFlags,
     add_training_arguments,
 )
@@ -49,6 +53,14 @@ def gateway_key_from(cli_key: str | None) -> tuple[str, bool]:
     return "areal-" + secrets.token_urlsafe(24), True
 
 
+@dataclass(frozen=True)
+class OnlineSettings:
+    """``--online``'s timeouts (seconds): a conversation's idle end, then its wait for a reward."""
+
+    idle_timeout: float = DEFAULT_ONLINE_IDLE_S
+    reward_wait: float = DEFAULT_ONLINE_REWARD_WAIT_S
+
+
 def build_state(
     config: RouterConfig,
     engines: Sequence[str],
@@ -64,10 +76,12 @@ def build_state(
     session_idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT_S,
     episode_journal: str | Path | None = None,
     engine_backend: str | None = None,
+    online: OnlineSettings | None = None,
 ) -> GatewayState:
     """Everything the app needs. Finished RL episodes go to the ``sink`` trajectory queue plugin;
     the default JSONL sink writes ``{log_dir}/trajectories.jsonl`` (no log dir: no sink). RL
-    sessions idle for ``session_idle_timeout`` seconds are discarded (``None`` or 0: never)."""
+    sessions idle for ``session_idle_timeout`` seconds are discarded (``None`` or 0: never).
+    ``online`` (``--online``): record plain-key conversations (:mod:`areal.gateway.online`)."""
     policy = PolicyService(
         engines, config.policy, tokenizer_path=tokenizer, engine_backend=engine_backend
     )
@@ -86,21 +100,28 @@ def build_state(
         if s
     )
     access_log = AccessLog(Path(log_dir) / "gateway.log" if log_dir else None, secrets_to_hide)
+    records = bool(admin_token) or online is not None  # someone opens sessions
+    sessions = SessionManager(
+        admin_token,
+        sink=_trajectory_sink(sink, sink_options, log_dir) if records else None,
+        discount=discount,
+        budget=budget,
+        idle_timeout=session_idle_timeout or None,
+        journal=EpisodeJournal(episode_journal),
+    )
     return GatewayState(
         config=config,
         policy=policy,
-        sessions=SessionManager(
-            admin_token,
-            sink=_trajectory_sink(sink, sink_options, log_dir) if admin_token else None,
-            discount=discount,
-            budget=budget,
-            idle_timeout=session_idle_timeout or None,
-            journal=EpisodeJournal(episode_journal),
-        ),
+        sessions=sessions,
         gateway_key=gateway_key,
         admin_token=admin_token,
         upstream=upstream,
         access_log=access_log,
+        online=OnlineConversations(
+            sessions, idle_timeout=online.idle_timeout, reward_wait=online.reward_wait
+        )
+        if online is not None
+        else None,
     )
 
 
@@ -188,6 +209,9 @@ def serve(
             session_idle_timeout=training.idle_timeout(),
             episode_journal=training.episode_journal,
             engine_backend=engine_backend,
+            online=OnlineSettings(training.online_idle_timeout, training.online_reward_wait)
+            if training.online
+            else None,
         )
         if generated:
             print(
@@ -208,6 +232,12 @@ def serve(
                 where,
                 state.sessions.budget.snapshot().to_json(),
                 f"{training.idle_timeout():g} s" if training.idle_timeout() else "off",
+            )
+        if training.online:
+            log.info(
+                "online: plain-key conversations are recorded (idle end %g s, reward wait %g s)",
+                training.online_idle_timeout,
+                training.online_reward_wait,
             )
         if urls:
             where = ", ".join(urls)

@@ -73,7 +73,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
     async def reward(request: web.Request) -> web.Response:
         session = session_for(sessions, request)
         body = await read_json(request)
-        value = _reward_value(body.get("reward"), required=True)
+        value = reward_value(body.get("reward"), required=True)
         assert value is not None
         completion_id = body.get("completion_id")
         if completion_id is not None and not isinstance(completion_id, str):
@@ -86,7 +86,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
     async def end(request: web.Request) -> web.Response:
         session = session_for(sessions, request)
         body = await optional_json(request)
-        value = _reward_value(body.get("reward"), required=False)
+        value = reward_value(body.get("reward"), required=False)
         discard = body.get("discard", False)
         if not isinstance(discard, bool):
             raise GatewayError(400, "discard must be true or false", param="discard")
@@ -202,7 +202,7 @@ def _fixed_key(value: Any, request: web.Request) -> str | None:
     return value
 
 
-def _reward_value(value: Any, *, required: bool) -> float | None:
+def reward_value(value: Any, *, required: bool) -> float | None:
     if value is None and not required:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):

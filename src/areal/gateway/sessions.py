@@ -84,6 +84,9 @@ class Session:
         0  # calls whose engine left half-way (engine_pool): the episode is not trained
     )
     calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
+    # Who ends it when idle instead of the session reaper: "online" conversations (areal.gateway.
+    # online) wait for their reward after the agent goes quiet, which the reaper would cut short.
+    owner: str | None = None
 
     def note_call(self, **call: Any) -> None:
         """Remember one API call made for this episode (path, model asked for, status), so a
@@ -241,13 +244,14 @@ class SessionManager:
         task_id: Any = None,
         hint: str | None = None,
         api_key: str | None = None,
+        owner: str | None = None,
     ) -> Session:
         """Start an episode if the staleness budget has room (else a 429 with Retry-After).
 
         ``api_key``: a key chosen by the driver instead of a fresh one, for agents that keep one
         key per install (OpenClaw in some setups). Each session holding it is one episode; while
         one is open, opening another with the same key answers 429, so such episodes run one at
-        a time per key.
+        a time per key. ``owner``: see :attr:`Session.owner`.
         """
         if self._closed:
             raise GatewayError(503, "the gateway is shutting down; no new sessions")
@@ -276,6 +280,7 @@ class SessionManager:
             metadata=dict(metadata or {}),
             task_id=task_id,
             hint=hint,
+            owner=owner,
         )
         self._by_id[session.session_id] = session
         self._by_key[session.api_key] = session
@@ -407,23 +412,33 @@ class SessionManager:
         self.budget.finish(accepted=accepted)
         self.journal.note(ACCEPT if accepted else REJECT)
 
-    async def refuse_if_stale(self, session: Session) -> None:
-        """Refuse a turn of an episode that is already too stale to train, and end it as
-        discarded: its oldest generated token is more than ``staleness_threshold`` versions
-        behind the trainer, so the trainer would drop it whatever comes next; ending it now
-        frees its budget slot instead of spending tokens on it."""
-        threshold, version = self.budget.staleness_threshold, self.budget.version
-        oldest = session.oldest_version
+    def too_stale(self, session: Session) -> int | None:
+        """How many versions the oldest generated token of an open ``session`` is behind the
+        clock, when that is more than ``staleness_threshold`` (the trainer would drop the episode
+        whatever comes next); ``None`` while it can still train."""
+        threshold, oldest = self.budget.staleness_threshold, session.oldest_version
         if threshold is None or oldest is None or not session.is_open:
-            return
-        behind = version - oldest
-        if behind <= threshold:
-            return
+            return None
+        behind = self.budget.version - oldest
+        return behind if behind > threshold else None
+
+    async def end_stale(self, session: Session, behind: int) -> None:
+        """End a too-stale episode as discarded, so its budget slot frees at once."""
         await self.end(session, discard=True)
         assert session.summary is not None
         session.summary["stale"] = True
         self.refused_stale += 1
         log.info("session %s is %d versions behind; discarded", session.session_id, behind)
+
+    async def refuse_if_stale(self, session: Session) -> None:
+        """Refuse a turn of an episode that is already too stale to train, and end it as
+        discarded: ending it now frees its budget slot instead of spending tokens on it."""
+        behind = self.too_stale(session)
+        if behind is None:
+            return
+        threshold, version = self.budget.staleness_threshold, self.budget.version
+        oldest = session.oldest_version
+        await self.end_stale(session, behind)
         raise GatewayError(
             410,
             f"session {session.session_id} is too stale to train: its oldest generated token is "
@@ -455,7 +470,11 @@ class SessionManager:
         if self.idle_timeout is None:
             return []
         now = time.monotonic() if now is None else now
-        stale = [s for s in self._by_id.values() if s.idle_for(now) >= self.idle_timeout]
+        stale = [
+            s
+            for s in self._by_id.values()
+            if s.owner is None and s.idle_for(now) >= self.idle_timeout
+        ]
         ended = []
         for session in stale:
             if not session.is_open:  # ended meanwhile (end() may await the sink)

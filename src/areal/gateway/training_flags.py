@@ -26,6 +26,8 @@ def sink_names() -> list[str]:
 
 
 DEFAULT_IDLE_TIMEOUT_S = 600.0
+DEFAULT_ONLINE_IDLE_S = 300.0
+DEFAULT_ONLINE_REWARD_WAIT_S = 600.0
 
 HELP: dict[str, str] = {
     "sink": "Where finished RL episodes go: jsonl (a file, to inspect them), zmq (the trainer's "
@@ -46,6 +48,14 @@ HELP: dict[str, str] = {
     "(default 1).",
     "session_idle_timeout": "End an RL session as discarded after this many seconds without a "
     "call, reward or end, so a crashed worker frees its budget slot (default 600; 0: never).",
+    "online": "Record the calls agents make with the plain gateway key: one session per "
+    "conversation (the x-areal-conversation header, else the client's session hint), admitted "
+    "by the staleness budget (429 when full); rewards via /rl/conversations (default: off, such "
+    "calls are served and not recorded).",
+    "online_idle_timeout": "--online: end a conversation after this many seconds without a call "
+    "(default 300).",
+    "online_reward_wait": "--online: how long an ended conversation waits for its reward before "
+    "it is discarded, untrained (default 600).",
 }
 
 
@@ -70,6 +80,9 @@ FLAGS: dict[str, Flag] = {
     "episode_journal": Flag("--episode-journal", str, "PATH"),
     "discount": Flag("--discount", float, "F"),
     "session_idle_timeout": Flag("--session-idle-timeout", float, "S"),
+    "online": Flag("--online", bool),  # a switch: given or not
+    "online_idle_timeout": Flag("--online-idle-timeout", float, "S"),
+    "online_reward_wait": Flag("--online-reward-wait", float, "S"),
 }
 OPTION: dict[str, str] = {name: flag.option for name, flag in FLAGS.items()}
 
@@ -103,6 +116,9 @@ class TrainingFlags:
     episode_journal: str | None = None
     discount: float = 1.0
     session_idle_timeout: float = DEFAULT_IDLE_TIMEOUT_S
+    online: bool = False
+    online_idle_timeout: float = DEFAULT_ONLINE_IDLE_S
+    online_reward_wait: float = DEFAULT_ONLINE_REWARD_WAIT_S
 
     @classmethod
     def from_values(cls, values: Any) -> TrainingFlags:
@@ -110,12 +126,14 @@ class TrainingFlags:
         return cls(**{f.name: getattr(values, f.name) for f in fields(cls)})
 
     def to_argv(self) -> list[str]:
-        """The command line that parses back into these flags (a flag left ``None`` is left
-        out: the parsers' default)."""
+        """The command line that parses back into these flags (a flag left ``None``, or a switch
+        left off, is left out: the parsers' default)."""
         argv: list[str] = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if value is not None:
+            if isinstance(value, bool):
+                argv += [OPTION[f.name]] if value else []
+            elif value is not None:
                 argv += [OPTION[f.name], str(value)]
         return argv
 
@@ -148,6 +166,14 @@ class TrainingFlags:
             raise ValueError(
                 f"{OPTION['session_idle_timeout']} must be >= 0 (0: off), "
                 f"got {self.session_idle_timeout}"
+            )
+        if self.online_idle_timeout <= 0:
+            raise ValueError(
+                f"{OPTION['online_idle_timeout']} must be > 0, got {self.online_idle_timeout}"
+            )
+        if self.online_reward_wait < 0:
+            raise ValueError(
+                f"{OPTION['online_reward_wait']} must be >= 0, got {self.online_reward_wait}"
             )
         return self
 
@@ -188,6 +214,9 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training run")
     sinks = sink_names()
     for name, flag in FLAGS.items():
+        if flag.type is bool:
+            group.add_argument(flag.option, dest=name, action="store_true", help=HELP[name])
+            continue
         group.add_argument(
             flag.option,
             dest=name,

@@ -1,0 +1,284 @@
+"""Online agents (``--online``): an agent calls with the plain gateway key and never opens a
+session; the gateway records its conversations under the staleness budget and trains on them once
+rewarded. A real gateway and embedded engine on 127.0.0.1, the real ``openai`` and ``anthropic``
+SDKs, and a real ZeroMQ trajectory queue on the trainer's side."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+from tests.gateway.conftest import RunningGateway
+
+from areal.core.staleness import StalenessBudget
+from areal.core.types import Trajectory
+from areal.gateway.server import OnlineSettings
+from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
+
+Start = Callable[..., AbstractContextManager[RunningGateway]]
+TOKENS = 4  # per call: small and quick
+
+
+@contextmanager
+def online_gateway(
+    start_gateway: Start, online: OnlineSettings | None, **options: Any
+) -> Iterator[tuple[RunningGateway, ZmqTrajectorySource, openai.OpenAI]]:
+    """A gateway whose episodes go to a real ZeroMQ queue, and an SDK client with the plain key."""
+    with ZmqTrajectorySource("tcp://127.0.0.1:*", queue_max_size=8) as source:
+        sink = {"sink": "zmq", "sink_options": {"address": source.address}}
+        with (
+            start_gateway(online=online, **sink, **options) as gw,
+            openai.OpenAI(base_url=gw.v1, api_key=gw.key, max_retries=0, timeout=60) as client,
+        ):
+            yield gw, source, client
+
+
+def ask(client: openai.OpenAI, messages: list[dict[str, Any]], **extra: Any) -> Any:
+    """One chat call; the raw answer (headers) and the parsed completion."""
+    raw = client.chat.completions.with_raw_response.create(
+        model="areal-tiny",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=TOKENS,
+        temperature=1.0,
+        **extra,
+    )
+    return raw, raw.parse()
+
+
+def turns(client: openai.OpenAI, conversation: str, n: int) -> list[Any]:
+    """``n`` turns of one conversation named by the header, each extending the last."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": f"hello from {conversation}"}]
+    answers = []
+    for i in range(n):
+        raw, completion = ask(
+            client, messages, extra_headers={"x-areal-conversation": conversation}
+        )
+        assert raw.headers["x-areal-recorded"] == "true"
+        assert raw.headers["x-areal-conversation"] == conversation
+        assert raw.headers["x-areal-session"].startswith("s_")
+        answers.append((raw, completion))
+        messages += [
+            {"role": "assistant", "content": completion.choices[0].message.content},
+            {"role": "user", "content": f"and turn {i + 2}?"},
+        ]
+    return answers
+
+
+def rl(gw: RunningGateway, path: str, body: Any = None, key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key or gw.key}"}
+    if body is None:
+        return httpx.get(f"{gw.url}/rl{path}", headers=headers, timeout=30)
+    return httpx.post(f"{gw.url}/rl{path}", json=body, headers=headers, timeout=30)
+
+
+def wait_for(gw: RunningGateway, name: str, status: str, timeout: float = 10.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = rl(gw, f"/conversations/{name}")
+        assert answer.status_code == 200, answer.text
+        data: dict[str, Any] = answer.json()
+        if data["status"] == status or time.monotonic() > deadline:
+            assert data["status"] == status, data
+            return data
+        time.sleep(0.05)
+
+
+def output_tokens(trajectory: Trajectory) -> int:
+    return sum(sum(sample.loss_mask) for sample in trajectory.samples)
+
+
+def test_two_conversations_multi_turn_rewarded_reach_the_queue(start_gateway: Start) -> None:
+    with online_gateway(start_gateway, OnlineSettings()) as (gw, source, client):
+        first = turns(client, "conv-a", 2)
+        second = turns(client, "conv-b", 3)
+        sessions = {raw.headers["x-areal-session"] for raw, _ in first + second}
+        assert len(sessions) == 2  # one session per conversation, later turns joined it
+        # A streamed turn is recorded too, and says so in its headers.
+        stream = client.chat.completions.with_raw_response.create(
+            model="areal-tiny",
+            messages=[{"role": "user", "content": "hello from conv-a"}],
+            max_tokens=TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"x-areal-conversation": "conv-a"},
+        )
+        assert stream.headers["x-areal-session"] == first[0][0].headers["x-areal-session"]
+        streamed = [chunk.usage.completion_tokens for chunk in stream.parse() if chunk.usage]
+
+        listing = rl(gw, "/conversations", key=gw.admin).json()
+        assert {c["conversation"] for c in listing["open"]} == {"conv-a", "conv-b"}
+        assert listing["budget"]["running"] == 2
+
+        ended_a = rl(gw, "/conversations/conv-a/end", {"reward": 1.0})
+        assert ended_a.status_code == 200 and ended_a.json()["status"] == "ended", ended_a.text
+        session_b = second[0][0].headers["x-areal-session"]
+        ended_b = rl(gw, f"/conversations/{session_b}/end", {"reward": -0.5})  # by session id
+        assert ended_b.json()["sent"] is True, ended_b.text
+        got = {
+            t.metadata["conversation"]: t for t in (source.get(timeout=30) for _ in range(2)) if t
+        }
+        assert rl(gw, "/conversations/conv-a/end", {"reward": 1.0}).status_code == 409
+    assert set(got) == {"conv-a", "conv-b"}
+    a, b = got["conv-a"], got["conv-b"]
+    assert (a.reward, b.reward, a.completions, b.completions) == (1.0, -0.5, 3, 3)
+    assert a.metadata["online"] is True and b.session_id == session_b
+    used_a = sum(c.usage.completion_tokens for _, c in first) + sum(streamed)
+    assert output_tokens(a) == used_a
+    assert output_tokens(b) == sum(c.usage.completion_tokens for _, c in second)
+    assert all(v >= 0 for s in a.samples for v, m in zip(s.versions, s.loss_mask) if m)
+    assert [s.reward for s in b.samples] == [-0.5] * len(b.samples)
+
+
+def test_an_idle_conversation_ends_and_a_reward_by_completion_id_trains_it(
+    start_gateway: Start,
+) -> None:
+    settings = OnlineSettings(idle_timeout=0.4, reward_wait=30)
+    with online_gateway(start_gateway, settings) as (gw, source, client):
+        # No header: the client's own hint (prompt_cache_key) keys the conversation.
+        raw, completion = ask(
+            client,
+            [{"role": "user", "content": "hi"}],
+            extra_body={"prompt_cache_key": "agent-7"},
+        )
+        assert raw.headers["x-areal-conversation"] == "agent-7"
+        awaiting = wait_for(gw, "agent-7", "awaiting")
+        assert awaiting["completions"] == 1 and awaiting["reward"] is None
+        assert source.buffered == 0  # ended, but nothing trained without a reward
+        missing = rl(gw, "/completions/chatcmpl-nope/reward", {"reward": 1.0})
+        assert missing.status_code == 404
+        assert missing.json()["error"]["code"] == "completion_not_found"
+        bad = rl(gw, f"/completions/{completion.id}/reward", {"reward": "high"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "reward"
+        rewarded = rl(gw, f"/completions/{completion.id}/reward", {"reward": 0.75})
+        assert rewarded.status_code == 200 and rewarded.json()["status"] == "ended"
+        trajectory = source.get(timeout=30)
+    assert trajectory is not None and trajectory.reward == 0.75
+    assert trajectory.metadata["conversation"] == "agent-7"
+    assert output_tokens(trajectory) == completion.usage.completion_tokens
+
+
+def test_without_a_reward_in_time_the_conversation_is_discarded(start_gateway: Start) -> None:
+    settings = OnlineSettings(idle_timeout=0.3, reward_wait=0.4)
+    with online_gateway(start_gateway, settings) as (gw, source, client):
+        ask(
+            client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "c"}
+        )
+        assert rl(gw, "/conversations", key=gw.admin).json()["budget"]["running"] == 1
+        discarded = wait_for(gw, "c", "discarded")
+        assert discarded["sent"] is False
+        listing = rl(gw, "/conversations", key=gw.admin).json()
+        late = rl(gw, "/conversations/c/reward", {"reward": 1.0})
+        time.sleep(0.2)
+        buffered = source.buffered
+    assert listing["budget"]["running"] == 0 and listing["budget"]["accepted"] == 0
+    assert listing["counts"]["discarded"] == 1 and listing["awaiting"] == []
+    assert late.status_code == 409 and late.json()["error"]["code"] == "conversation_ended"
+    assert buffered == 0
+
+
+def test_a_full_budget_is_a_429_in_each_schema_never_an_unrecorded_answer(
+    start_gateway: Start,
+) -> None:
+    budget = StalenessBudget(max_concurrent=1)
+    with online_gateway(start_gateway, OnlineSettings(), budget=budget) as (gw, source, client):
+        ask(
+            client,
+            [{"role": "user", "content": "hi"}],
+            extra_headers={"x-areal-conversation": "one"},
+        )
+        with pytest.raises(openai.RateLimitError) as full:
+            ask(client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "two"})  # fmt: skip
+        assert int(full.value.response.headers["Retry-After"]) >= 1
+        assert full.value.code == "staleness_budget_full"
+        with (
+            anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as claude,
+            pytest.raises(anthropic.RateLimitError) as full_too,
+        ):
+            claude.messages.create(
+                model="areal-tiny",
+                max_tokens=TOKENS,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-claude-code-session-id": "claude-1"},
+            )
+        assert full_too.value.response.json()["error"]["type"] == "rate_limit_error"
+        # The open conversation still takes its turns; a call with no key at all is served,
+        # unrecorded, and says so.
+        ask(client, [{"role": "user", "content": "again"}], extra_headers={"x-areal-conversation": "one"})  # fmt: skip
+        plain, _ = ask(client, [{"role": "user", "content": "anonymous"}])
+        assert plain.headers["x-areal-recorded"] == "false"
+        assert "x-areal-session" not in plain.headers
+        assert rl(gw, "/conversations/one/end", {"reward": 1.0}).json()["sent"] is True
+        assert source.get(timeout=30) is not None
+        # The slot is free again: an Anthropic conversation (Claude Code's session header).
+        with anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as claude:
+            raw = claude.messages.with_raw_response.create(
+                model="areal-tiny",
+                max_tokens=TOKENS,
+                messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"x-claude-code-session-id": "claude-1"},
+            )
+        message = raw.parse()
+        assert raw.headers["x-areal-conversation"] == "claude-1"
+        assert rl(gw, f"/completions/{message.id}/reward", {"reward": 2.0}).status_code == 200
+        assert rl(gw, "/conversations/claude-1/end", {}).json()["status"] == "ended"
+        trajectory = source.get(timeout=30)
+    assert trajectory is not None and trajectory.reward == 2.0
+    assert output_tokens(trajectory) == message.usage.output_tokens
+
+
+def test_without_online_plain_key_calls_are_served_and_not_recorded(start_gateway: Start) -> None:
+    with online_gateway(start_gateway, None) as (gw, source, client):
+        raw, completion = ask(
+            client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "x"}
+        )
+        assert completion.choices[0].message.content is not None
+        assert raw.headers["x-areal-recorded"] == "false"
+        assert "x-areal-conversation" not in raw.headers
+        off = rl(gw, "/conversations/x/end", {"reward": 1.0})
+        assert off.status_code == 404 and off.json()["error"]["code"] == "online_off"
+        assert rl(gw, "/sessions", key=gw.admin).json()["open"] == []
+        time.sleep(0.2)
+        assert source.buffered == 0
+
+
+def test_conversation_routes_refuse_unknown_ids_bad_bodies_and_missing_keys(
+    start_gateway: Start,
+) -> None:
+    with online_gateway(start_gateway, OnlineSettings()) as (gw, _, client):
+        ask(
+            client, [{"role": "user", "content": "hi"}], extra_headers={"x-areal-conversation": "k"}
+        )
+        unknown = rl(gw, "/conversations/nope/end", {"reward": 1.0})
+        assert unknown.status_code == 404
+        assert unknown.json()["error"]["code"] == "conversation_not_found"
+        assert rl(gw, "/conversations/k/end", {"reward": True}).status_code == 400
+        assert rl(gw, "/conversations/k/reward", {}).status_code == 400
+        assert rl(gw, "/conversations/k/end", {"discard": "yes"}).status_code == 400
+        anonymous = httpx.post(f"{gw.url}/rl/conversations/k/end", json={"reward": 1.0})
+        assert anonymous.status_code == 401
+        assert rl(gw, "/conversations").status_code == 403  # the listing needs the admin token
+        assert rl(gw, "/conversations/k/reward", {"reward": 0.5}).json()["status"] == "open"
+        assert rl(gw, "/conversations/k/end", {"discard": True}).json()["status"] == "discarded"
+
+
+def test_a_conversation_too_stale_to_train_starts_over_under_its_key(start_gateway: Start) -> None:
+    budget = StalenessBudget(staleness_threshold=0)
+    with online_gateway(start_gateway, OnlineSettings(), budget=budget) as (gw, source, client):
+        key = {"x-areal-conversation": "long"}
+        first, _ = ask(client, [{"role": "user", "content": "hi"}], extra_headers=key)
+        moved = rl(gw, "/version", {"version": 2}, key=gw.admin)  # the trainer moved on
+        assert moved.status_code == 200, moved.text
+        second, _ = ask(client, [{"role": "user", "content": "and now?"}], extra_headers=key)
+        old, new = first.headers["x-areal-session"], second.headers["x-areal-session"]
+        assert old != new and second.headers["x-areal-recorded"] == "true"
+        stale = rl(gw, f"/conversations/{old}").json()
+        assert (stale["status"], stale["stale"], stale["sent"]) == ("discarded", True, False)
+        assert rl(gw, "/conversations/long").json()["session_id"] == new
+        time.sleep(0.2)
+        assert source.buffered == 0
