@@ -3,8 +3,8 @@
 Prompts are rendered with the policy tokenizer's chat template and tokenized here; the output
 tokens, log-probs and per-token versions are taken from the engine as generated, never
 re-tokenized. The engines are those of the :class:`~areal.gateway.engine_pool.EnginePool`
-(attached at start-up or later, detached at any time), picked round-robin or sticky per session
-(the same conversation keeps landing on the engine that holds its prefix).
+(attached at start-up or later, detached at any time), picked by fewest running calls or sticky
+per session (the same conversation keeps landing on the engine that holds its prefix).
 """
 
 from __future__ import annotations
