@@ -307,7 +307,12 @@ def test_two_chat_turns_through_the_openai_route(start_gateway: Any) -> None:
         traj = trajectories(gw)[sid]
         render = gw.state.policy.render
         assert traj.turns[0].prompt_ids == render([{"role": "user", "content": "hi"}])
-        assert traj.turns[1].prompt_ids == render(messages)
+        # The second prompt reuses the first turn's tokens (its prompt and output) where the chat's
+        # text starts with theirs, so a sampled output that does not survive decode -> re-encode
+        # still extends the episode (``PolicyService.render``'s ``history``).
+        first = traj.turns[0]
+        history = [*first.prompt_ids, *first.output_ids]
+        assert traj.turns[1].prompt_ids == render(messages, history=history)
         assert traj.turns[0].completion_id == replies[0]["id"] and traj.turns[0].reward == 0.5
         for turn, reply in zip(traj.turns, replies, strict=True):
             assert len(turn.output_ids) == reply["usage"]["completion_tokens"]
