@@ -13,8 +13,7 @@ A **sample** is one chat completion through the gateway's OpenAI route with exac
 ``--tokens`` new tokens (``max_tokens`` with ``ignore_eos``); ``--clients`` concurrent clients
 send them back to back for the whole run, their first calls spread over ``--ramp`` seconds (equal
 samples started together would finish together, in waves). 128 clients keep each engine at its
-plateau: one engine gives the same samples/s at 64 and 128 running, while 32 clients (16 per
-engine with two) leave the engines batch-starved. Each round measures ``--seconds`` with engine 1
+plateau; 32 (16 per engine with two) leave the engines batch-starved (docs/benchmarks.md). Each round measures ``--seconds`` with engine 1
 alone, then starts engine 2 (the time until it printed "attached" is its time to join), waits
 ``--settle`` seconds (about one sample's time, for the calls to spread over both), measures
 ``--seconds`` with both, then SIGTERMs engine 2 (it detaches, draining its calls, and exits) and
