@@ -93,11 +93,21 @@ def test_areal_serve_gateway_with_an_engine_url(
 
 
 def one_line_error(command: list[str]) -> str:
+    """The one ``error:`` line a failed start prints, after its INFO lines; never a traceback."""
     result = subprocess.run(command, capture_output=True, text=True, timeout=60)
-    assert result.returncode != 0
-    lines = [line for line in result.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, result.stderr
-    return lines[0]
+    assert result.returncode == 1, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]
+
+
+@pytest.mark.usefixtures("clean_env")
+def test_seed_command_with_an_unreachable_engine_is_one_line() -> None:
+    url = f"http://127.0.0.1:{pick_free_port()}"  # nothing listens there
+    command = [sys.executable, "-m", "areal.gateway.server", "--engine", url]
+    line = one_line_error([*command, "--port", str(pick_free_port())])
+    assert line.startswith(f"error: the engine at {url} cannot be attached"), line
 
 
 def seed_model_ids() -> list[str]:

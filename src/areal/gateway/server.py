@@ -27,6 +27,7 @@ from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
 from areal.gateway.access_log import AccessLog
 from areal.gateway.app import build_app
+from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState
 from areal.gateway.online import OnlineConversations
 from areal.gateway.policy import PolicyService
@@ -303,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
             log_level=args.log_level,
             training=TrainingFlags.from_values(args),
         )
-    except (ValueError, OSError) as err:
+    except (ValueError, OSError, GatewayError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     return 0
