@@ -162,6 +162,7 @@ ROUTER_SUMMARY = (
     "policy: your-policy-model-id (policy_model, served by areal's engines)\n"
     "routed to the upstream: your-reward-model-id (reward_model), your-judge-model-id "
     "(judge_model)\n"
+    "any other model id: refused, 404 model_not_found (nothing is sent)\n"
 )
 
 
@@ -192,6 +193,7 @@ def test_validate_router_file_json(monkeypatch: pytest.MonkeyPatch) -> None:
             "reward_model": "your-reward-model-id",
             "judge_model": "your-judge-model-id",
         },
+        "allow_unlisted_models": False,
     }
     result = runner.invoke(make_app(), ["config", "validate", ROUTER, "--json"])
     assert result.exit_code == 0, result.output

@@ -216,6 +216,8 @@ def harness(
                     "max_retries": 2,
                     "retry_backoff": 0.01,
                     "retry_backoff_max": 0.05,
+                    # The stand-in's behaviour is picked by the model name: any name goes.
+                    "allow_unlisted_models": True,
                 },
                 "model_routing": {
                     "policy_model": {"model_id": POLICY, "max_tokens": 256},

@@ -38,6 +38,7 @@ class RouterReport:
     upstream: str | None = None
     policy: str | None = None
     routes: dict[str, str] = field(default_factory=dict)  # role -> model id
+    allow_unlisted_models: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,6 +50,7 @@ class RouterReport:
             "upstream": self.upstream,
             "policy": self.policy,
             "routes": self.routes,
+            "allow_unlisted_models": self.allow_unlisted_models,
         }
 
     def summary(self) -> list[str]:
@@ -61,6 +63,15 @@ class RouterReport:
         ]
         if others:
             lines.append(f"routed to the upstream: {', '.join(others)}")
+        if self.upstream is None:
+            return lines
+        if self.allow_unlisted_models:
+            lines.append(
+                "any other model id: forwarded to the upstream with the channel's key "
+                "(api_gateway.allow_unlisted_models: true)"
+            )
+        else:
+            lines.append("any other model id: refused, 404 model_not_found (nothing is sent)")
         return lines
 
 
@@ -76,4 +87,7 @@ def check_router(path: Path) -> RouterReport:
     report.upstream = router.api_gateway.base_url if router.api_gateway else None
     report.policy = router.policy.model_id
     report.routes = {role: r.model_id for role, r in router.model_routing.roles().items()}
+    report.allow_unlisted_models = bool(
+        router.api_gateway and router.api_gateway.allow_unlisted_models
+    )
     return report

@@ -27,7 +27,12 @@ def inference_command(
     model: str = typer.Option(
         ..., "--model", help="Checkpoint directory or Hugging Face Hub id (org/name[@revision])."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind (loopback unless --allow-remote)."
+    ),
+    allow_remote: bool = typer.Option(
+        False, "--allow-remote", help="Let --host be an address other machines can reach."
+    ),
     port: int = typer.Option(30000, "--port", help="Port to listen on."),
     max_total_tokens: int | None = typer.Option(
         None, "--max-total-tokens", help="KV-cache capacity in tokens (default: from memory)."
@@ -70,6 +75,7 @@ def inference_command(
     Add an engine to a running run: [bold]AREAL_ADMIN_TOKEN=... areal serve inference
     --model ./tiny --port 30001 --attach http://127.0.0.1:9000[/bold]
     """
+    _check_host(host, allow_remote, "inference engine")
     hooks = _attachment(attach, advertise_url, drain_timeout) if attach else None
     model_path = _local_model(model, "--model")
     from areal.plugins.inference.embedded.server import serve
@@ -89,6 +95,16 @@ def inference_command(
     )
     if hooks is not None:
         raise typer.Exit(hooks.finish())
+
+
+def _check_host(host: str, allow_remote: bool, server: str) -> None:
+    """Loopback only, unless --allow-remote: one line otherwise, before anything starts."""
+    from areal.cli.errors import CLIError
+    from areal.core.bind import remote_bind_refusal
+
+    refusal = remote_bind_refusal(host, allow_remote, server)
+    if refusal:
+        raise CLIError(refusal)
 
 
 def _attachment(
@@ -156,7 +172,18 @@ def gateway_command(
     config: Path = typer.Option(
         ..., "--config", help="Router YAML: api_gateway (upstream channel) + model_routing."
     ),
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind."),
+    host: str = typer.Option(
+        "127.0.0.1", "--host", help="Address to bind (loopback unless --allow-remote)."
+    ),
+    allow_remote: bool = typer.Option(
+        False, "--allow-remote", help="Let --host be an address other machines can reach."
+    ),
+    ssl_certfile: Path | None = typer.Option(
+        None, "--ssl-certfile", help="Serve HTTPS with this certificate chain (PEM)."
+    ),
+    ssl_keyfile: Path | None = typer.Option(
+        None, "--ssl-keyfile", help="The private key of --ssl-certfile (PEM)."
+    ),
     port: int = typer.Option(9000, "--port", help="Port to listen on."),
     engine: list[str] = typer.Option(
         [], "--engine", help="URL of a running inference engine (repeatable)."
@@ -205,11 +232,25 @@ def gateway_command(
     --staleness-threshold 2 --trigger-batch-size 8[/bold]
 
     For agents deployed elsewhere, calling with the plain key: [bold]--online[/bold].
+
+    Reachable from other machines, over HTTPS: [bold]areal serve gateway --config
+    configs/router.yaml --model ./tiny --host 0.0.0.0 --allow-remote --ssl-certfile cert.pem
+    --ssl-keyfile key.pem[/bold]
     """
     from areal.cli.errors import CLIError
     from areal.core.config import ConfigError
     from areal.gateway.errors import GatewayError
-    from areal.gateway.server import serve
+    from areal.gateway.server import listen_settings, serve
+
+    try:
+        listen_settings(
+            host,
+            allow_remote=allow_remote,
+            ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
+        )
+    except ValueError as err:
+        raise CLIError(str(err)) from None
 
     training = TrainingFlags(
         sink=sink,
@@ -244,6 +285,9 @@ def gateway_command(
             log_dir=str(log_dir) if log_dir else None,
             log_level=log_level,
             training=training,
+            allow_remote=allow_remote,
+            ssl_certfile=str(ssl_certfile) if ssl_certfile else None,
+            ssl_keyfile=str(ssl_keyfile) if ssl_keyfile else None,
         )
     except ConfigError as err:
         raise CLIError(str(err)) from None

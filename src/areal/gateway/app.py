@@ -23,7 +23,7 @@ from areal.gateway import (
     trainer_api,
 )
 from areal.gateway.gateway_state import STATE, GatewayState
-from areal.gateway.middleware import MAX_BODY_BYTES, RL_PREFIXES, gateway_middleware
+from areal.gateway.middleware import LIMITS, RL_PREFIXES, HttpLimits, gateway_middleware
 from areal.gateway.recording import add_headers
 
 API_PREFIXES: tuple[str, ...] = ("/v1", "/gateway/v1", "")
@@ -33,9 +33,16 @@ async def health(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok"})
 
 
-def build_app(state: GatewayState) -> web.Application:
-    app = web.Application(middlewares=[gateway_middleware], client_max_size=MAX_BODY_BYTES)
+def build_app(state: GatewayState, limits: HttpLimits | None = None) -> web.Application:
+    """The gateway's app; ``limits``: its size and time limits (:class:`HttpLimits`)."""
+    limits = limits or HttpLimits()
+    app = web.Application(
+        middlewares=[gateway_middleware],
+        client_max_size=limits.max_body_bytes,
+        handler_args=limits.handler_args(),
+    )
     app[STATE] = state
+    app[LIMITS] = limits
     app.router.add_get("/health", health)
     for module in (openai_chat, openai_responses, anthropic, models):
         module.add_routes(app, API_PREFIXES)

@@ -25,6 +25,9 @@ class ApiGatewayConfig(BaseModel):
     filled in from ``api_key: ${VAR}``; set it instead of ``api_key`` to read the key from there.
     An unset variable is no error here: the policy needs no key, so the gateway still serves it,
     and :attr:`unset_key_env` lets the channel answer its calls with what to export.
+
+    Only the model ids ``model_routing`` lists are forwarded (the operator's key pays for them);
+    ``allow_unlisted_models: true`` forwards any id, for a gateway meant as an open channel.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -37,6 +40,12 @@ class ApiGatewayConfig(BaseModel):
     # Seconds before the first retry, doubled for each next one (with jitter) up to the max.
     retry_backoff: float = Field(default=0.5, ge=0)
     retry_backoff_max: float = Field(default=8.0, ge=0)
+    allow_unlisted_models: bool = Field(
+        default=False,
+        description="Forward a model id that model_routing does not list to the upstream, with "
+        "the channel's key; by default such a call is answered 404 model_not_found, listing "
+        "the known ids, and nothing is sent.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -3,6 +3,9 @@
 
 In a training run the supervisor starts it with the flags of :mod:`areal.gateway.training_flags`
 (the trajectory sink, the staleness budget, the reward discount, the idle-session timeout).
+
+It listens on loopback unless ``--allow-remote`` says otherwise (:mod:`areal.core.bind`), and
+speaks HTTPS when given ``--ssl-certfile`` and ``--ssl-keyfile``.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import contextlib
 import logging
 import os
 import secrets
+import ssl
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -21,6 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.core.bind import remote_bind_refusal
 from areal.core.episode_journal import EpisodeJournal
 from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
@@ -29,6 +34,7 @@ from areal.gateway.access_log import AccessLog
 from areal.gateway.app import build_app
 from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState
+from areal.gateway.middleware import HttpLimits
 from areal.gateway.online import OnlineConversations
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
@@ -137,6 +143,44 @@ def _trajectory_sink(
     return make_sink(name, options) if name else None
 
 
+def listen_settings(
+    host: str, *, allow_remote: bool, ssl_certfile: str | None, ssl_keyfile: str | None
+) -> ssl.SSLContext | None:
+    """Check where the gateway may listen; the TLS context when a certificate is given.
+    Raises ValueError with one line saying what to change."""
+    refusal = remote_bind_refusal(host, allow_remote, "gateway")
+    if refusal:
+        raise ValueError(refusal)
+    if bool(ssl_certfile) != bool(ssl_keyfile):
+        raise ValueError(
+            "TLS needs both --ssl-certfile (the certificate chain, PEM) and --ssl-keyfile (its "
+            "private key, PEM)"
+        )
+    if not ssl_certfile:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        context.load_cert_chain(ssl_certfile, ssl_keyfile)
+    except (OSError, ssl.SSLError) as err:
+        raise ValueError(
+            f"cannot load the TLS certificate {ssl_certfile} with the key {ssl_keyfile}: "
+            f"{getattr(err, 'strerror', None) or err}"
+        ) from None
+    return context
+
+
+def _more_file_descriptors() -> None:
+    """Raise the open-files limit to its maximum: every idle client holds one descriptor."""
+    with contextlib.suppress(ImportError, ValueError, OSError):
+        import resource
+
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY:
+            hard = max(soft, 65536)
+        if soft != resource.RLIM_INFINITY and soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 @contextlib.contextmanager
 def embedded_engine(model_dir: str, log_dir: Path) -> Iterator[str]:
     """``--model DIR``: an embedded engine in its own process, found through the backend registry."""
@@ -174,8 +218,15 @@ def serve(
     log_level: str = "info",
     training: TrainingFlags | None = None,
     engine_backend: str | None = None,
+    allow_remote: bool = False,
+    ssl_certfile: str | None = None,
+    ssl_keyfile: str | None = None,
+    limits: HttpLimits | None = None,
 ) -> None:
     training = (training or TrainingFlags()).check()
+    tls = listen_settings(
+        host, allow_remote=allow_remote, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile
+    )
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -250,7 +301,16 @@ def serve(
         else:
             where = "no engine yet (policy calls answer 503 until one attaches: POST /rl/engines)"
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
-        web.run_app(build_app(state), host=host, port=port, print=None, access_log=None)
+        log.info("listening on %s://%s:%d", "https" if tls else "http", host, port)
+        _more_file_descriptors()
+        web.run_app(
+            build_app(state, limits),
+            host=host,
+            port=port,
+            ssl_context=tls,
+            print=None,
+            access_log=None,
+        )
 
 
 def _warn_about(config: RouterConfig, path: str | None) -> None:
@@ -271,7 +331,14 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m areal.gateway.server", description="The areal agent gateway."
     )
     parser.add_argument("--config", help="router YAML (api_gateway + model_routing)")
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    parser.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="let --host be an address other machines reach (refused without this flag)",
+    )
+    parser.add_argument("--ssl-certfile", help="serve HTTPS with this certificate chain (PEM)")
+    parser.add_argument("--ssl-keyfile", help="the private key of --ssl-certfile (PEM)")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument(
         "--engine", action="append", default=[], help="inference engine URL (repeatable)"
@@ -303,6 +370,9 @@ def main(argv: list[str] | None = None) -> int:
             log_dir=args.log_dir,
             log_level=args.log_level,
             training=TrainingFlags.from_values(args),
+            allow_remote=args.allow_remote,
+            ssl_certfile=args.ssl_certfile,
+            ssl_keyfile=args.ssl_keyfile,
         )
     except (ValueError, OSError, GatewayError) as err:
         print(f"error: {err}", file=sys.stderr)

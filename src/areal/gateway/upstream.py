@@ -1,13 +1,20 @@
-"""The unified API channel: every model id that is not the policy goes to one OpenAI-compatible
-upstream (the seed article's ``api_gateway``), with the model's defaults from ``model_routing``.
+"""The unified API channel: the model ids ``model_routing`` lists, other than the policy, go to one
+OpenAI-compatible upstream (the seed article's ``api_gateway``), with the model's defaults.
+
+Only listed ids are forwarded: the channel pays with the operator's key, so any other id is
+answered ``404 model_not_found`` naming the known ones, and nothing is sent, unless the router
+says ``api_gateway.allow_unlisted_models: true``.
 
 The channel fills in the route's temperature / top_p / max_tokens where the client sent none and
 caps what it asks for at the route's ``max_tokens`` (Claude Code asks for 32k); it retries 429,
-5xx, refused connections and timeouts with exponential backoff and jitter, honouring
-``Retry-After``, but never once a streamed answer has started to reach the client. Streams are
-relayed chunk by chunk as they arrive. Failures become errors that say what to fix; the key is
-never part of any of them. A key variable that was unset when the gateway started is one such
-error, answered without calling the upstream.
+5xx, refused or dropped connections and timeouts with capped exponential backoff and jitter,
+honouring ``Retry-After``, but never once a streamed answer has started to reach the client: a
+stream whose upstream breaks off, stalls or ends without its last event ends with an error event
+in the protocol's own shape, never a silent end. 401/403 are not retried, and the upstream's
+words are not quoted (a provider may echo the key it refused). Failures become errors that say
+what to fix; the key is never part of any of them. A key variable that was unset when the
+gateway started is one such error, answered without calling the upstream. What each attempt came
+to goes into the request's ``gateway.log`` line (``upstream=429,503,200``).
 """
 
 from __future__ import annotations
@@ -100,8 +107,12 @@ class _Failure:
 
     status: int | None  # the upstream's HTTP status, None when no answer came back
     message: str
-    timed_out: bool = False
+    label: str  # what gateway.log says of this attempt: "503", "timeout", "reset", ...
     retry_after: float | None = None
+
+    @property
+    def timed_out(self) -> bool:
+        return self.label == "timeout"
 
 
 class UpstreamChannel:
@@ -123,14 +134,16 @@ class UpstreamChannel:
     ) -> web.StreamResponse:
         """Send ``body`` (with the model's defaults and caps) to the upstream's ``path``."""
         model = body.get("model")
-        payload = apply_route(
-            body, self.routes.get(model) if isinstance(model, str) else None, path
-        )
+        route = self.routes.get(model) if isinstance(model, str) else None
         fields = request.get(LOG_FIELDS)
-        if fields is not None:
-            fields.update(model=model, route=self.host, retries=0)
+        if fields is None:
+            fields = {}
+        fields.update(model=model, route=self.host, retries=0)
+        if route is None and not self.config.allow_unlisted_models:
+            raise self._unlisted(model)
         if self.config.unset_key_env:
             raise self._key_unset(self.config.unset_key_env)
+        payload = apply_route(body, route, path)
         url = self.base_url + "/" + path.lstrip("/")
         data = json.dumps(payload).encode()
         headers = self._headers(request, path)
@@ -138,39 +151,63 @@ class UpstreamChannel:
         timeout = self._timeout(streaming)
         session = self._client()
 
-        retries = 0
+        def send() -> Any:
+            return session.post(url, data=data, headers=headers, timeout=timeout)
+
+        attempts: list[str] = []  # what each attempt came to, for gateway.log
         while True:
-            failure: _Failure
-            try:
-                resp = await session.post(url, data=data, headers=headers, timeout=timeout)
-            except _TRANSPORT_ERRORS as err:
-                failure = self._no_answer(err)
-            else:
-                try:
-                    if 200 <= resp.status < 300:
-                        if streaming and resp.content_type == "text/event-stream":
-                            return await self._relay(request, resp, path)
-                        return await self._answer(resp, path, model)
-                    failure = await self._refusal(resp)
-                except _TRANSPORT_ERRORS as err:  # the body broke off before anything was sent
-                    failure = self._no_answer(err)
-                finally:
-                    resp.release()
-            delay = self._retry_delay(failure, retries)
+            outcome = await self._attempt(request, send, path, model, streaming, fields, attempts)
+            if not isinstance(outcome, _Failure):
+                return outcome
+            attempts.append(outcome.label)
+            fields["upstream"] = ",".join(attempts)
+            retries = len(attempts) - 1
+            delay = self._retry_delay(outcome, retries)
             if delay is None:
-                raise self._give_up(failure, model, retries)
-            retries += 1
-            if fields is not None:
-                fields["retries"] = retries
+                raise self._give_up(outcome, model, retries)
+            fields["retries"] = retries + 1
             log.info(
                 "upstream %s: %s; retry %d/%d in %.2fs",
                 self.host,
-                failure.status or failure.message,
-                retries,
+                outcome.label,
+                retries + 1,
                 self.config.max_retries,
                 delay,
             )
             await asyncio.sleep(delay)
+
+    async def _attempt(
+        self,
+        request: web.Request,
+        send: Any,
+        path: str,
+        model: Any,
+        streaming: bool,
+        fields: dict[str, Any],
+        before: list[str],
+    ) -> web.StreamResponse | _Failure:
+        """One try: the answer, relayed to the client, or why there is none yet. Until the
+        client has a first byte, every failure is one the caller may retry."""
+        try:
+            resp = await send()
+        except _TRANSPORT_ERRORS as err:
+            return self._no_answer(err)
+        try:
+            if not 200 <= resp.status < 300:
+                return await self._refusal(resp)
+            answered = ",".join([*before, str(resp.status)])  # gateway.log's upstream=...
+            if not (streaming and resp.content_type == "text/event-stream"):
+                fields["upstream"] = answered
+                return await self._answer(resp, path, model)  # a bad answer is not retried
+            first = await resp.content.readany()
+            if not first:
+                return _Failure(None, "the stream ended before its first byte", "empty")
+            fields["upstream"] = answered
+            return await self._relay(request, resp, path, first, fields)
+        except _TRANSPORT_ERRORS as err:  # the body broke off before anything was sent
+            return self._no_answer(err)
+        finally:
+            resp.release()
 
     def _headers(self, request: web.Request, path: str) -> dict[str, str]:
         """The channel's own credentials, never the client's (that is the gateway key)."""
@@ -226,10 +263,18 @@ class UpstreamChannel:
         return web.Response(body=raw, status=resp.status, content_type="application/json")
 
     async def _relay(
-        self, request: web.Request, resp: aiohttp.ClientResponse, path: str
+        self,
+        request: web.Request,
+        resp: aiohttp.ClientResponse,
+        path: str,
+        first: bytes,
+        fields: dict[str, Any],
     ) -> web.StreamResponse:
         """Pass an SSE stream through as it arrives. From here on nothing is retried: the client
-        has the first bytes, so a broken upstream ends the stream with an error event instead."""
+        has the first bytes, so a broken upstream ends the stream with an error event instead,
+        and so does one that closes without the protocol's last event (``[DONE]``,
+        ``message_stop``, ``response.completed``): the client must not take a cut answer for
+        a whole one."""
         out = web.StreamResponse(
             status=200,
             headers={
@@ -239,37 +284,56 @@ class UpstreamChannel:
             },
         )
         await out.prepare(request)
+        end = StreamEnd()
+        end.feed(first)
+        fault: tuple[str, int, str] | None = None  # (label, status, why)
         try:
+            await out.write(first)
             try:
                 async for chunk in resp.content.iter_any():
+                    end.feed(chunk)
                     await out.write(chunk)
             except _TRANSPORT_ERRORS as err:
-                timed_out = isinstance(err, asyncio.TimeoutError)
-                why = (
-                    f"no data for {self.config.timeout:g}s"
-                    if timed_out
-                    else self._clean(str(err) or type(err).__name__)
-                )
+                if end.done:
+                    pass  # the connection broke after the last event: the answer is whole
+                elif isinstance(err, asyncio.TimeoutError):
+                    fault = ("stalled", 504, f"no data for {self.config.timeout:g}s")
+                else:
+                    fault = ("truncated", 502, self._clean(str(err) or type(err).__name__))
+            else:
+                if not end.done:
+                    fault = ("truncated", 502, f"it closed before {_last_event(path)}")
+            if fault is not None:
+                label, status, why = fault
+                fields["upstream"] = f"{fields.get('upstream', '200')}+{label}"
+                fields["error"] = f"upstream_stream_{label}"
                 message = f"the upstream channel {self.host} broke off the stream: {why}"
-                await out.write(_sse_error(path, 504 if timed_out else 502, message))
+                await out.write(_sse_error(path, status, message))
             await out.write_eof()
         except ConnectionResetError:  # the client went away; release() drops the upstream too
-            pass
+            fields.setdefault("error", "client_gone")
         return out
 
     def _no_answer(self, err: BaseException) -> _Failure:
         text = self._clean(str(err) or type(err).__name__)
-        return _Failure(None, text, timed_out=isinstance(err, asyncio.TimeoutError))
+        if isinstance(err, asyncio.TimeoutError):
+            label = "timeout"
+        elif isinstance(err, aiohttp.ClientConnectorError):
+            label = "unreachable"  # no connection was made
+        else:
+            label = "reset"  # connected, then dropped before a whole answer
+        return _Failure(None, text, label)
 
     async def _refusal(self, resp: aiohttp.ClientResponse) -> _Failure:
-        text = (await resp.read()).decode("utf-8", "replace")
+        raw = await resp.read()
+        retry_after = retry_after_seconds(resp.headers.get("Retry-After"))
+        if resp.status in (401, 403):
+            # Not quoted: a provider may echo the key it refused, or a part of it.
+            return _Failure(resp.status, "", str(resp.status))
+        text = raw.decode("utf-8", "replace")
         with contextlib.suppress(json.JSONDecodeError):
             text = _error_text(json.loads(text))
-        return _Failure(
-            resp.status,
-            self._quote(text),
-            retry_after=retry_after_seconds(resp.headers.get("Retry-After")),
-        )
+        return _Failure(resp.status, self._quote(text), str(resp.status), retry_after=retry_after)
 
     # --- retries and errors ---------------------------------------------------------------
 
@@ -298,11 +362,18 @@ class UpstreamChannel:
                     f"that {host} is up",
                     code="upstream_timeout",
                 )
+            if failure.label == "unreachable":
+                return GatewayError(
+                    502,
+                    f"cannot reach the upstream channel {host} ({tries}){said}; check "
+                    "api_gateway.base_url and the network",
+                    code="upstream_unreachable",
+                )
             return GatewayError(
                 502,
-                f"cannot reach the upstream channel {host} ({tries}){said}; check "
-                "api_gateway.base_url and the network",
-                code="upstream_unreachable",
+                f"the upstream channel {host} dropped the connection before answering model "
+                f"{model!r} ({tries}){said}",
+                code="upstream_disconnected",
             )
         if status in (401, 403):
             return GatewayError(502, self._key_rejected(status, said), code="upstream_auth")
@@ -329,6 +400,18 @@ class UpstreamChannel:
             f"the upstream channel {host} refused the request for model {model!r} "
             f"(HTTP {status}){said}",
             code="upstream_rejected",
+        )
+
+    def _unlisted(self, model: Any) -> GatewayError:
+        """A model id the router does not list: nothing is sent with the operator's key."""
+        known = ", ".join(repr(m) for m in self.routes)
+        return GatewayError(
+            404,
+            f"the model {model!r} does not exist on this gateway; the known model ids are "
+            f"{known} (the operator can forward any id to the upstream channel {self.host} with "
+            "api_gateway.allow_unlisted_models: true in the router config)",
+            param="model",
+            code="model_not_found",
         )
 
     def _key_unset(self, name: str) -> GatewayError:
@@ -388,8 +471,71 @@ def _error_text(data: Any) -> str:
 
 
 def _sse_error(path: str, status: int, message: str) -> bytes:
-    """A final SSE event in the protocol's own error shape."""
+    """A final SSE event in the protocol's own error shape: Anthropic's ``event: error``, the
+    Responses API's ``error`` event, else a chat-completions ``data: {"error": ...}`` chunk."""
     if is_anthropic(path):
         payload = json.dumps(anthropic_error_body(status, message))
         return f"event: error\ndata: {payload}\n\n".encode()
-    return f"data: {json.dumps(openai_error_body(status, message))}\n\n".encode()
+    error = openai_error_body(status, message, code="upstream_stream_broken")
+    if _api(path) == "/responses":
+        body = error["error"]
+        event = {"type": "error", "code": body["code"], "message": message, "param": None}
+        return f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+    return f"data: {json.dumps(error)}\n\n".encode()
+
+
+_TERMINAL_EVENTS = frozenset(
+    {"message_stop", "error", "response.completed", "response.failed", "response.incomplete"}
+)
+_TERMINAL_HINTS = (b"[DONE]", b'"error"', *(name.encode() for name in _TERMINAL_EVENTS))
+_LINE_MAX = 64 * 1024  # longer lines are content, never a stream's last event
+
+
+class StreamEnd:
+    """Watches a relayed SSE stream for the protocol's last event: ``data: [DONE]`` (OpenAI chat
+    and completions), ``event: message_stop`` (Anthropic), ``response.completed`` /
+    ``.failed`` / ``.incomplete`` (Responses), or an error event of any of them."""
+
+    def __init__(self) -> None:
+        self.done = False
+        self._partial = b""
+
+    def feed(self, chunk: bytes) -> None:
+        if self.done:
+            return
+        *lines, self._partial = (self._partial + chunk).split(b"\n")
+        if len(self._partial) > _LINE_MAX:
+            self._partial = b""
+        for line in lines:
+            if self._is_last(line.strip()):
+                self.done = True
+                return
+
+    @staticmethod
+    def _is_last(line: bytes) -> bool:
+        if not any(hint in line for hint in _TERMINAL_HINTS):
+            return False
+        field, _, value = line.partition(b":")
+        value = value.strip()
+        if field == b"event":
+            return value.decode("utf-8", "replace") in _TERMINAL_EVENTS
+        if field != b"data":
+            return False
+        if value == b"[DONE]":
+            return True
+        try:
+            data = json.loads(value)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+        return isinstance(data, dict) and (
+            data.get("type") in _TERMINAL_EVENTS or data.get("error") is not None
+        )
+
+
+def _last_event(path: str) -> str:
+    api = _api(path)
+    if api == "/messages":
+        return "message_stop"
+    if api == "/responses":
+        return "response.completed"
+    return "data: [DONE]"
