@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
+import pytest
 import torch
 
 from areal.core.run_config import run_config_from_dict
@@ -71,3 +73,26 @@ def test_save_load_prune(tmp_path: Path) -> None:
     restored = torch.optim.AdamW(reloaded.parameters(), lr=1e-3)
     restored.load_state_dict(state)
     assert restored.state_dict()["state"][0]["step"] == optimizer.state_dict()["state"][0]["step"]
+
+
+def test_a_truncated_checkpoint_is_skipped_with_one_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    out = tmp_path / "run"
+
+    def write_engine(tmp: Path) -> None:
+        (tmp / "model").mkdir()
+        (tmp / "model" / "model.safetensors").write_bytes(b"x" * 100)
+
+    for step in (1, 2):
+        save_checkpoint(out, step=step, write_engine=write_engine, state={}, pending=[])
+    newest = out / "checkpoints" / "step-000002"
+    assert load_checkpoint(newest).state["files"]["model/model.safetensors"] == 100
+    (newest / "model" / "model.safetensors").write_bytes(b"x" * 40)  # a copy cut short
+    with caplog.at_level(logging.WARNING, logger="areal.train"):
+        assert latest_checkpoint(out) == out / "checkpoints" / "step-000001"
+    assert caplog.messages == [
+        f"checkpoints: skipping {newest}, it is incomplete (model/model.safetensors has 40 of "
+        "100 bytes)"
+    ]
+    assert newest.is_dir()  # not areal's to delete

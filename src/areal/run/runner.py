@@ -57,9 +57,11 @@ from areal.gateway.router_config import RouterConfig
 from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
 from areal.run.attached_gateway import AttachedGateway, AttachError
 from areal.run.checkpoint import (
+    CheckpointError,
     latest_checkpoint,
     load_checkpoint,
     ranges_to_set,
+    recover_checkpoints,
     save_checkpoint,
     set_to_ranges,
 )
@@ -219,6 +221,7 @@ class _Run:
         for stale in self.run_dir.glob("rollout*.progress.json"):
             stale.unlink()  # progress files only carry restarts within one run
         checkpoint = None
+        recover_checkpoints(self.out)  # what a save killed midway left behind
         if self.resume:
             found = latest_checkpoint(self.out)
             if found is None:
@@ -355,10 +358,15 @@ class _Run:
         if self.attached is not None:  # while the queue still takes the gateway's last words
             await self.attached.leave()
         run.source.close()
+        drained = 0
         while (trajectory := run.source.get(timeout=0)) is not None:
             self.observe(trajectory)
             run.loop.add(trajectory)
-        if run.loop.state_dict()["steps"] != self.last_saved or not latest_checkpoint(self.out):
+            drained += 1
+        # Saved again when the queue held trajectories, even at a step just saved: the final
+        # checkpoint keeps them (re-saving a step replaces it crash-safely).
+        steps = run.loop.state_dict()["steps"]
+        if drained or steps != self.last_saved or not latest_checkpoint(self.out):
             return str(await asyncio.to_thread(self.save, run.loop))
         found = latest_checkpoint(self.out)
         return str(found) if found else None
@@ -653,17 +661,28 @@ class _Run:
 
     def save(self, loop: TrainerLoop) -> Path:
         """A checkpoint: the engine's model and optimizer, the loop's counters and buffered
-        trajectories, and the data position."""
+        trajectories, and the data position.
+
+        A save that fails (a full disk) ends the run, in one line: training on without
+        checkpoints would spend compute a crash then loses, and the final save would meet the
+        same disk. The last good checkpoint stays; ``--resume`` goes on from it."""
         assert self.engine is not None
         engine, step = self.engine, loop.state_dict()["steps"]
-        path = save_checkpoint(
-            self.out,
-            step=step,
-            write_engine=lambda tmp: engine.save(tmp, step),
-            state={"loop": loop.state_dict(), "data": {"seen": set_to_ranges(self.seen_tasks)}},
-            pending=loop.pending(),
-            keep=self.config.logging.keep_checkpoints,
-        )
+        try:
+            path = save_checkpoint(
+                self.out,
+                step=step,
+                write_engine=lambda tmp: engine.save(tmp, step),
+                state={
+                    "loop": loop.state_dict(),
+                    "data": {"seen": set_to_ranges(self.seen_tasks)},
+                },
+                pending=loop.pending(),
+                keep=self.config.logging.keep_checkpoints,
+            )
+        except CheckpointError as err:
+            hint = "; free space, then `areal train --resume`" if err.no_space else ""
+            raise RunError(f"{err}{hint}") from err
         log.info("checkpoint %s", path)
         return path
 

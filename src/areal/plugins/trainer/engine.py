@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from areal.core.engine_client import collective_backend
+from areal.core.faults import crash_point
 from areal.core.train_engine import EngineError, EngineSetup, WeightSync, launched
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -50,6 +51,9 @@ __all__ = [
 
 DCP_DIR = "dcp"  # the sharded model + optimizer inside a checkpoint directory (several ranks)
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state_dict (one process)
+# The crash points (areal.core.faults) of FSDPEngine.save, in order; the run's follow them
+# (areal.run.checkpoint.SAVE_PHASES).
+SAVE_PHASES: tuple[str, ...] = ("engine.model_written",)
 
 
 def step_options(setup: EngineSetup) -> dict[str, Any]:
@@ -205,8 +209,12 @@ class FSDPEngine:
         model = self.policy.model if self.policy is not None else self.group.shadow
         save_model(model, directory / "model")
         _copy_tokenizer(self.policy_dir, directory / "model")
+        crash_point("engine.model_written")
         if self.policy is not None:
-            torch.save(self.policy.optimizer.state_dict(), directory / OPTIMIZER_FILE)
+            # Through a Python file, so a full disk raises OSError(ENOSPC), not torch's bare
+            # RuntimeError.
+            with open(directory / OPTIMIZER_FILE, "wb") as f:
+                torch.save(self.policy.optimizer.state_dict(), f)
         else:
             self.group.save(directory / DCP_DIR, step)
 

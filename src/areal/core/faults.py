@@ -1,0 +1,43 @@
+"""Named crash points, for the fault tests: the process dies by SIGKILL exactly there.
+
+``AREAL_TEST_CRASH_AT=checkpoint.synced`` makes the next :func:`crash_point` of that name
+SIGKILL its own process, as a power cut or the OOM killer would: no ``finally``, no ``atexit``,
+no flush. The points sit between the steps of rare, slow operations (a checkpoint's phases),
+never in a per-token or per-sample path; unset, each costs one environment look-up.
+
+:func:`trace` records the points an operation passes, so a test can check that the phases it
+kills at are all the phases there are.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from collections.abc import Iterator
+
+__all__ = ["CRASH_ENV", "crash_point", "trace"]
+
+CRASH_ENV = "AREAL_TEST_CRASH_AT"
+
+_traces: list[list[str]] = []
+
+
+def crash_point(name: str) -> None:
+    """Die here (SIGKILL) when :data:`CRASH_ENV` names this point; otherwise note it for
+    :func:`trace` and go on."""
+    for reached in _traces:
+        reached.append(name)
+    if os.environ.get(CRASH_ENV) == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def trace() -> Iterator[list[str]]:
+    """``with trace() as reached:`` the names of the crash points passed inside, in order."""
+    reached: list[str] = []
+    _traces.append(reached)
+    try:
+        yield reached
+    finally:
+        _traces.remove(reached)
