@@ -17,12 +17,40 @@ from typing import Any, TextIO
 _SECRET = re.compile(r"(sk-|ak-|key-|Bearer\s+)[A-Za-z0-9._\-]{6,}")
 
 
+# A piece of a secret this long is redacted too: providers echo part of a key they refuse. Shorter
+# pieces would hide ordinary words of the log when a key holds one.
+SECRET_PIECE = 12
+
+
 def redact(text: str, secrets: tuple[str, ...] = ()) -> str:
-    """Remove known secrets and anything shaped like an API key from ``text``."""
+    """Remove known secrets, any piece of one of ``SECRET_PIECE`` characters or more, and
+    anything shaped like an API key from ``text``."""
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
+            text = _redact_pieces(text, secret)
     return _SECRET.sub(lambda m: m.group(1) + "***", text)
+
+
+def _redact_pieces(text: str, secret: str) -> str:
+    """Replace every run of ``text`` made of overlapping ``SECRET_PIECE``-long pieces of
+    ``secret`` with ``***``."""
+    if len(secret) < SECRET_PIECE or len(text) < SECRET_PIECE:
+        return text
+    pieces = {secret[i : i + SECRET_PIECE] for i in range(len(secret) - SECRET_PIECE + 1)}
+    hidden = [False] * len(text)
+    for i in range(len(text) - SECRET_PIECE + 1):
+        if text[i : i + SECRET_PIECE] in pieces:
+            hidden[i : i + SECRET_PIECE] = [True] * SECRET_PIECE
+    if not any(hidden):
+        return text
+    out: list[str] = []
+    for i, char in enumerate(text):
+        if not hidden[i]:
+            out.append(char)
+        elif i == 0 or not hidden[i - 1]:
+            out.append("***")
+    return "".join(out)
 
 
 class AccessLog:
