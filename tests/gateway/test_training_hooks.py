@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -332,6 +333,33 @@ def test_discard_sessions_by_metadata(start_gateway: Any) -> None:
             assert err["param"] == "metadata"
         error_of(post(gw, "/rl/sessions/discard", gw.key, {"metadata": {"worker": "5"}}), 403)
         error_of(post(gw, "/rl/sessions/discard", bare["api_key"], {"metadata": {"a": 1}}), 403)
+
+
+def test_the_listing_counts_trajectories_waiting_for_a_full_queue(start_gateway: Any) -> None:
+    """Back-pressure in numbers (``bench/soak.py`` samples it): an ``end`` whose trajectory the
+    full queue has not acknowledged waits, and ``GET /rl/sessions`` counts it in ``delivering``."""
+    generation = Generation("x", [5], [-1.0], [0], [1, 2], finish_reason="stop")
+    with (
+        ZmqTrajectorySource("tcp://127.0.0.1:*", queue_max_size=1) as source,
+        start_gateway(sink="zmq", sink_options={"address": source.address}) as gw,
+    ):
+        first, second = (create(gw).json() for _ in range(2))
+        for opened in (first, second):
+            session = gw.state.sessions.get(opened["session_id"])
+            assert gw.run(gw.state.sessions.record(session, model=gw.model, generation=generation))
+        assert post(gw, f"/rl/sessions/{first['session_id']}/end", gw.admin).json()["sent"]
+        assert get(gw, "/rl/sessions", gw.admin).json()["delivering"] == 0
+        with ThreadPoolExecutor(1) as pool:  # the queue holds its 1: this end waits
+            waiting = pool.submit(post, gw, f"/rl/sessions/{second['session_id']}/end", gw.admin)
+            deadline = time.monotonic() + 10
+            while get(gw, "/rl/sessions", gw.admin).json()["delivering"] != 1:
+                assert time.monotonic() < deadline, "the second end never waited for the queue"
+                time.sleep(0.02)
+            assert not waiting.done()
+            assert source.get(timeout=10) is not None  # room again: the trainer took one
+            assert waiting.result(timeout=30).json()["sent"] is True
+        assert get(gw, "/rl/sessions", gw.admin).json()["delivering"] == 0
+        assert [t.session_id for t in (source.get(timeout=10),)] == [second["session_id"]]
 
 
 # --- sampling defaults ---------------------------------------------------------------------------

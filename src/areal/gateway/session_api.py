@@ -64,6 +64,9 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                 "idle_timeout": sessions.idle_timeout,
                 "expired": sessions.expired,
                 "discarded": sessions.discarded,
+                # trajectories the sink holds until the trainer's queue acknowledges them
+                # (back-pressure: a full queue makes ``end`` wait with its trajectory here)
+                "delivering": sessions.delivering,
             }
         )
 

@@ -94,6 +94,7 @@ class SessionsStatus(TypedDict, total=False):
     idle_timeout: float | None
     expired: int
     discarded: int
+    delivering: int  # ended episodes whose trajectory waits for the queue's acknowledgement
 
 
 class Discarded(TypedDict):
