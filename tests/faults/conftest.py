@@ -1,5 +1,6 @@
-"""The fault tests' helper (``gateway_kill.py``, also a script for hand measurements), loaded by
-path: the test folders are not packages."""
+"""The fault tests' helpers, loaded by path (the test folders are not packages):
+``fault_run.py`` (``areal train`` with faults injected by signal) and ``gateway_kill.py`` (the
+gateway's fault on top of it, also a script for hand measurements)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,24 @@ from types import ModuleType
 import pytest
 
 
-@pytest.fixture(scope="session")
-def gateway_kill() -> ModuleType:
-    path = Path(__file__).with_name("gateway_kill.py")
-    spec = importlib.util.spec_from_file_location("areal_tests_gateway_kill", path)
+def _load(name: str) -> ModuleType:
+    module_name = f"areal_tests_{name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    path = Path(__file__).with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(module_name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="session")
+def fault_run() -> ModuleType:
+    return _load("fault_run")
+
+
+@pytest.fixture(scope="session")
+def gateway_kill() -> ModuleType:
+    return _load("gateway_kill")

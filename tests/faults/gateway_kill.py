@@ -1,23 +1,36 @@
 """Run ``areal train`` as a real process, SIGKILL its gateway at a given step, and read back what
-the run recorded. Shared by the fault test and by hand measurements
+the run recorded (``fault_run.py`` does the work, for any of the run's processes). Shared by the
+fault test and by hand measurements
 (``python tests/faults/gateway_kill.py OUT STEPS KILL_AT [--src SRC] [--set KEY=VALUE ...]``)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-import psutil
 
-ROOT = Path(__file__).resolve().parents[2]
-QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+def _fault_run() -> ModuleType:
+    """The shared helper beside this file (also what conftest's ``fault_run`` fixture loads)."""
+    name = "areal_tests_fault_run"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            name, Path(__file__).with_name("fault_run.py")
+        )
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+fault_run = _fault_run()
+ROOT: Path = fault_run.ROOT
+QUICKSTART: Path = fault_run.QUICKSTART
 
 
 @dataclass
@@ -38,22 +51,6 @@ class KilledRun:
         return int(trains[-1]["dropped_stale"]) if trains else 0
 
 
-def _gateway(run: psutil.Process) -> psutil.Process | None:
-    for proc in run.children(recursive=True):
-        try:
-            if "areal.gateway.server" in " ".join(proc.cmdline()):
-                return proc
-        except psutil.Error:
-            continue
-    return None
-
-
-def _steps(log: Path) -> int:
-    if not log.exists():
-        return 0
-    return sum(line.startswith("[train] step=") for line in log.read_text().splitlines())
-
-
 def run_and_kill(
     out: Path,
     *,
@@ -66,40 +63,23 @@ def run_and_kill(
     """``areal train configs/quickstart.yaml`` for ``steps`` steps, the gateway killed once the
     run logged ``kill_at`` steps. ``src``: which areal to run (default: this checkout's);
     ``overrides``: more ``--set`` values."""
-    logs = out / "logs"
-    env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
-    command = [sys.executable, "-m", "areal", "train", str(QUICKSTART), "--output-dir", str(out)]
-    for override in (
-        f"train.max_steps={steps}",
-        f"logging.log_dir={logs}",
-        f"model.path={out.parent / 'model'}",  # areal's tiny model, created once per folder
-        "logging.save_interval=1000",
-        *overrides,
-    ):
-        command += ["--set", override]
-    started = time.monotonic()
-    proc = subprocess.Popen(
-        command, env=env, cwd=out.parent, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+    done = fault_run.run(
+        out,
+        steps=steps,
+        faults=[fault_run.Fault("gateway", kill_at)],
+        overrides=overrides,
+        src=src,
+        timeout=timeout,
     )
-    run = psutil.Process(proc.pid)
-    killed_at, pythonpath = 0, ""
-    try:
-        while proc.poll() is None and time.monotonic() - started < timeout:
-            done = _steps(logs / "train.log")
-            if not killed_at and done >= kill_at and (gateway := _gateway(run)) is not None:
-                pythonpath = gateway.environ().get("PYTHONPATH", "")
-                gateway.send_signal(signal.SIGKILL)
-                killed_at = done
-            time.sleep(0.05)
-        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    metrics = logs / "metrics.jsonl"
-    events = [json.loads(line) for line in metrics.read_text().splitlines()]
-    audit = out / "run" / "trained.jsonl"
-    trained = [json.loads(line) for line in audit.read_text().splitlines()]
-    return KilledRun(code, time.monotonic() - started, killed_at, pythonpath, events, trained)
+    hit = done.injected[0] if done.injected else None
+    return KilledRun(
+        done.returncode if done.returncode is not None else -1,
+        done.seconds,
+        hit.step if hit else 0,
+        hit.pythonpath if hit else "",
+        done.events,
+        done.trained,
+    )
 
 
 def summary(run: KilledRun, steps: int) -> dict[str, Any]:

@@ -2,15 +2,21 @@
 
 The server runs in its own process group so that stopping it also stops the workers it forks
 (SGLang starts a scheduler and a detokenizer per rank), and a run that exits without calling
-:meth:`ServerProcess.stop` still takes its servers down through an ``atexit`` hook. POSIX only.
+:meth:`ServerProcess.stop` still takes its servers down through an ``atexit`` hook. A parent that
+runs no exit code at all (SIGKILLed, crashed) takes them down too: each server starts behind
+:func:`~areal.core.parent_death.guarded`, so it dies with the thread that started it (start
+servers from a thread that lives as long as they should, as the supervisor's event loop does).
+POSIX only.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import http.client
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +28,8 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
+
+from areal.core.parent_death import guarded
 
 LOG_TAIL_LINES = 40
 
@@ -43,7 +51,8 @@ class ServerProcess:
     """One server command: its process group, its log file, its health.
 
     ``env`` entries are added to (and override) the parent's environment; stdout and stderr both
-    go to ``log_path``, appended, so a restart keeps the earlier log.
+    go to ``log_path``, appended, so a restart keeps the earlier log. ``die_with_parent``: the
+    server is killed when this process dies, by any signal (:mod:`areal.core.parent_death`).
     """
 
     def __init__(
@@ -54,6 +63,7 @@ class ServerProcess:
         env: Mapping[str, str] | None = None,
         cwd: str | os.PathLike[str] | None = None,
         name: str | None = None,
+        die_with_parent: bool = True,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess needs a non-empty command")
@@ -62,6 +72,7 @@ class ServerProcess:
         self.env = dict(env or {})
         self.cwd = cwd
         self.name = name or Path(self.command[0]).name
+        self.die_with_parent = die_with_parent
         self.url: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -75,14 +86,19 @@ class ServerProcess:
         if self._proc is not None:
             raise RuntimeError(f"{self.name} was already started (pid {self._proc.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **self.env}
+        command = self.command
+        if self.die_with_parent:
+            _check_executable(command[0], env)  # the wrapper would only exit 127
+            command = guarded(command)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         try:
             self._proc = subprocess.Popen(
-                self.command,
+                command,
                 stdout=self._log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, **self.env},
+                env=env,
                 cwd=self.cwd,
                 start_new_session=True,  # own session, own process group
             )
@@ -108,6 +124,20 @@ class ServerProcess:
             self._signal_group(signal.SIGKILL)
             if proc.poll() is None:
                 proc.wait(timeout=5.0)
+        finally:
+            _live.discard(self)
+            self._close_log()
+        return proc.returncode
+
+    def kill(self) -> int | None:
+        """SIGKILL the whole group at once (a stopped or hung server ignores SIGTERM until it runs
+        again); returns the exit code."""
+        proc = self._proc
+        if proc is None:
+            return None
+        try:
+            self._signal_group(signal.SIGKILL)
+            proc.wait(timeout=5.0)
         finally:
             _live.discard(self)
             self._close_log()
@@ -215,6 +245,16 @@ def _health_status(url: str, timeout: float) -> str:
     except (OSError, http.client.HTTPException) as exc:  # refused, reset, timed out, garbled
         reason = getattr(exc, "reason", None)
         return type(reason if isinstance(reason, BaseException) else exc).__name__
+
+
+def _check_executable(program: str, env: Mapping[str, str]) -> None:
+    """``FileNotFoundError`` for a program that cannot be found, as ``Popen`` raises it."""
+    if os.sep in program:
+        found = os.path.isfile(program) and os.access(program, os.X_OK)
+    else:
+        found = shutil.which(program, path=env.get("PATH", os.defpath)) is not None
+    if not found:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), program)
 
 
 def _group_has_live_members(pgid: int) -> bool:

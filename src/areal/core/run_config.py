@@ -370,6 +370,14 @@ class InferenceConfig(_Section):
     weight_sync_bucket_mb: int = Field(
         default=64, ge=1, description="collective: the most MB broadcast per bucket."
     )
+    weight_sync_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="The weight sync's watchdog: seconds an engine may take to answer each call "
+        "of a sync (pause, update, continue; join) before it counts as stalled; a stalled engine "
+        "the run started is killed and restarted like one that died (default: 60 s for pause "
+        "and continue, 300 s for an update).",
+    )
 
     def engine_python(self) -> str | None:
         """The interpreter the config names for its backend's server (``None``: the default)."""

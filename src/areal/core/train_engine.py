@@ -50,11 +50,13 @@ class EngineError(RuntimeError):
 
 
 class WeightSyncError(RuntimeError):
-    """A weight sync failed: ``phase`` is save, pause, update or continue; ``url`` the engine."""
+    """A weight sync failed: ``phase`` is save, pause, update or continue; ``url`` the engine;
+    ``stalled``: the engine did not answer within the phase's timeout (the watchdog fired)."""
 
-    def __init__(self, phase: str, url: str | None, message: str) -> None:
+    def __init__(self, phase: str, url: str | None, message: str, *, stalled: bool = False) -> None:
         self.phase = phase
         self.url = url
+        self.stalled = stalled
         where = f" on {url}" if url else ""
         super().__init__(f"weight sync {phase} failed{where}: {message}")
 

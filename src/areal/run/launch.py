@@ -6,6 +6,10 @@ The command the user typed re-runs itself as ``python -m torch.distributed.run .
 --nproc-per-node N``; on several, the user's own torchrun flags (``--torchrun`` or
 ``AREAL_TORCHRUN_ARGS``: ``--nnodes``, ``--node-rank``, ``--rdzv-*``) replace ``--standalone``.
 
+Dying: torchrun is started behind :func:`~areal.core.parent_death.guarded`, so it dies with this
+process whatever kills it, and every rank watches its parent (torchrun) and dies with it, so a
+SIGKILLed ``areal train`` leaves no rank, and no process of rank 0's, behind.
+
 Stopping: torchrun runs in a session of its own, so a terminal's Ctrl-C reaches this process
 only; it is passed on to torchrun as SIGINT (SIGTERM too), which hands it to every rank. Rank 0
 stops gracefully (finish the step, checkpoint, tell the followers to stop); followers ignore it
@@ -29,6 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from areal.core.parent_death import guarded
 from areal.core.train_engine import dist_timeout, launched, rank
 
 if TYPE_CHECKING:
@@ -96,7 +101,8 @@ def launch(
         print(f"error: {err}", file=sys.stderr)
         return 2
     started = time.time()
-    proc = subprocess.Popen(command, start_new_session=True)
+    # torchrun dies with this process, by any signal; its ranks watch torchrun (train.run).
+    proc = subprocess.Popen(guarded(command), start_new_session=True)
     signalled: list[int] = []
 
     def forward(signum: int, _frame: FrameType | None) -> None:

@@ -51,7 +51,13 @@ from areal.core.plugins import registry
 from areal.core.queue import make_source
 from areal.core.registry import RegistryError
 from areal.core.run_config import RunConfig
-from areal.core.train_engine import EngineError, EngineSetup, TrainEngine, WeightSync
+from areal.core.train_engine import (
+    EngineError,
+    EngineSetup,
+    TrainEngine,
+    WeightSync,
+    WeightSyncError,
+)
 from areal.core.types import Trajectory
 from areal.gateway.router_config import RouterConfig
 from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
@@ -66,6 +72,7 @@ from areal.run.checkpoint import (
     set_to_ranges,
 )
 from areal.run.gateway_client import GatewayAdmin, best_effort
+from areal.run.leftovers import LeftoverProcesses, RunProcesses
 from areal.run.loop import TrainerLoop
 from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
@@ -149,6 +156,7 @@ class _Run:
         self._arrivals = ArrivalWindow()
         self.hub: MetricsHub | None = None
         self.ledger = EpisodeLedger(self.run_dir / JOURNAL_NAME, fresh=not resume)
+        self.members = RunProcesses(self.run_dir)  # this run's pids, for the next start to check
         self._loop: TrainerLoop | None = None  # for the gateway's budget, once built
         self._queue: Any = None
         # For the live monitor: episodes received per rollout worker, generated tokens of each
@@ -168,7 +176,11 @@ class _Run:
     async def main(self) -> RunSummary:
         """build → start → loop → stop; a part that fails ends the run with :class:`RunError`."""
         started = time.perf_counter()
-        run = await self.build()
+        try:
+            run = await self.build()
+        except BaseException:
+            self.members.release()  # nothing of this run is left to find
+            raise
         self.install_signal_handlers()
         history: list[dict[str, float]] = []
         checkpoint_path, failure = None, ""
@@ -176,7 +188,7 @@ class _Run:
             await self.start(run)
             history = await self.loop(run)
             checkpoint_path = await self.drain_and_save(run)
-        except EngineError as exc:  # a trainer rank failed
+        except (EngineError, WeightSyncError) as exc:  # a trainer rank, or a sync no restart mends
             failure = str(exc)
             raise RunError(failure) from exc
         except BaseException as exc:
@@ -210,6 +222,10 @@ class _Run:
             os.sched_setaffinity(0, set(config.train.cpu_affinity))
         for d in (self.out, self.log_dir, self.run_dir):
             d.mkdir(parents=True, exist_ok=True)
+        try:  # a leftover of an earlier run on this directory would write into this one's files
+            self.members.claim()
+        except LeftoverProcesses as err:
+            raise RunError(str(err)) from None
         if config.agent.gateway_url:  # before the engine's minutes: a wrong URL fails at once
             try:
                 self.attached = AttachedGateway.from_env(
@@ -378,6 +394,7 @@ class _Run:
         if self.attached is not None:
             await self.attached.leave()
         await asyncio.to_thread(run.supervisor.stop_all)
+        self.members.release()
         run.source.close()
         await run.sync.close()
         end: dict[str, MetricValue] = {
@@ -399,7 +416,7 @@ class _Run:
         data: tuple[int, list[list[int]]],
     ) -> tuple[Supervisor, GatewayAdmin]:
         config, attached = self.config, self.attached
-        supervisor = Supervisor()
+        supervisor = Supervisor(on_spawn=self.note_pid)
         if attached is not None:  # the gateway's own secrets, from the environment
             admin_token = attached.admin.admin_token
             gateway_key: str | None = os.environ.get("AREAL_GATEWAY_KEY")
@@ -470,6 +487,9 @@ class _Run:
                 )
             )
         return supervisor, gateway
+
+    def note_pid(self, child: Child) -> None:
+        self.members.record(child.name, child.process.pid if child.process else None)
 
     def gateway(
         self,

@@ -1,6 +1,13 @@
 """Weight sync inside a supervised run: publish to the engines that are up, skip one that dies
 mid-publish (its restart catches up). The sync itself (disk or a collective) is the training
-engine's (:meth:`~areal.core.train_engine.TrainEngine.weight_sync`)."""
+engine's (:meth:`~areal.core.train_engine.TrainEngine.weight_sync`).
+
+An engine that stalls (stopped, hung: alive, but no answer within the sync's watchdog timeout,
+``inference.weight_sync_timeout_s``) is treated as the supervisor treats an engine that died: the
+watchdog's one log line names it (name, URL, pid, phase), it is killed, and the supervisor
+restarts it, up to its restart limit, on the newest weights; the publish goes on without it.
+Waiting for it would stop the run for good (every rollout waits on a paused engine), and an
+engine that cannot answer a pause cannot be trusted with the next update either."""
 
 from __future__ import annotations
 
@@ -11,7 +18,7 @@ from typing import Any
 
 from areal.core.process import ServerProcess
 from areal.core.train_engine import WeightSync, WeightSyncError
-from areal.run.supervisor import Supervisor
+from areal.run.supervisor import Child, Supervisor
 
 log = logging.getLogger("areal.train")
 
@@ -58,6 +65,8 @@ class SupervisedSync:
                             "%s (attached by others) failed the weight sync: %s", err.url, err
                         )
                         continue
+                    if err.stalled and await self._kill_stalled(err, seen.get(err.url), version):
+                        continue
                     if not await self._died(err.url, seen.get(err.url)):
                         raise
                     log.warning("%s died during the weight sync; it will catch up", err.url)
@@ -66,13 +75,37 @@ class SupervisedSync:
     async def _others(self) -> list[str]:
         return await self.others() if self.others is not None else []
 
+    async def _kill_stalled(
+        self, err: WeightSyncError, process: ServerProcess | None, version: int
+    ) -> bool:
+        """Kill the engine that stalled, if it is one of the run's and still that process (the
+        supervisor restarts it); ``False`` when there is nothing of ours to kill."""
+        child = self._child(err.url)
+        if child is None or process is None or child.process is not process:
+            return False
+        if process.running:
+            log.warning(
+                "the weight sync's watchdog: %s (%s, pid %s) stalled in the sync of version %d "
+                "(%s); killing it, the supervisor restarts it on the newest weights",
+                child.name,
+                child.url,
+                process.pid,
+                version,
+                err,
+            )
+            await asyncio.to_thread(process.kill)
+        return True
+
+    def _child(self, url: str | None) -> Child | None:
+        return next((c for c in self.supervisor.children if url and c.url == url), None)
+
     async def _died(
         self, url: str | None, process: ServerProcess | None, grace_s: float = 3.0
     ) -> bool:
         """Did the engine at ``url`` die (the process the sync talked to has exited, or the
         supervisor already replaced it)? A killed engine's connection can drop a moment before
         its process is gone, so this waits up to ``grace_s`` for the process to say so."""
-        child = next((c for c in self.supervisor.children if url and c.url == url), None)
+        child = self._child(url)
         if child is None or process is None:
             return False
         deadline = asyncio.get_running_loop().time() + grace_s

@@ -6,7 +6,10 @@ restarted engine can start from the newest weights), an optional health URL, and
 restart (a rollout worker's open sessions are discarded before it comes back; an engine catches
 up with the trainer's weights after). :meth:`Supervisor.watch` polls them; a child that exits is
 restarted, up to ``max_restarts`` times, after which the run stops with :class:`ChildFailed`
-naming the child and quoting its log. Pure Python: no torch.
+naming the child and quoting its log. Every child has its name in its environment
+(``AREAL_PROCESS=engine0``: ``ps e``, and the fault tests, tell them apart by it) and dies with the
+run, by any signal (:mod:`areal.core.parent_death`): the supervisor starts them all from its event
+loop's thread, which lives as long as the run. Pure Python: no torch.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from areal.core.process import ServerProcess
 log = logging.getLogger("areal.supervisor")
 
 Hook = Callable[["Child"], Awaitable[None]]
+
+PROCESS_ENV = "AREAL_PROCESS"  # a child's name, in its environment
 
 
 class ChildFailed(RuntimeError):
@@ -56,9 +61,16 @@ class Child:
 class Supervisor:
     """Starts children, restarts the ones that exit, and stops them all (module docstring)."""
 
-    def __init__(self, children: Sequence[Child] = (), *, poll_interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        children: Sequence[Child] = (),
+        *,
+        poll_interval: float = 0.5,
+        on_spawn: Callable[[Child], None] | None = None,
+    ) -> None:
         self.children: list[Child] = list(children)
         self.poll_interval = poll_interval
+        self.on_spawn = on_spawn  # after every (re)start, e.g. to note its pid
         self._stopping = False
 
     def add(self, child: Child) -> Child:
@@ -93,13 +105,15 @@ class Supervisor:
     # --- internals ------------------------------------------------------------------------------
 
     def _spawn(self, child: Child) -> None:
-        env = {**os.environ, **child.env}
+        env = {**os.environ, **child.env, PROCESS_ENV: child.name}
         child.process = ServerProcess(
             child.command(), log_path=child.log_path, env=env, name=child.name
         ).start()
         if child.cpus and child.process.pid is not None:
             # Before the interpreter starts its thread pools, which inherit the mask.
             os.sched_setaffinity(child.process.pid, child.cpus)
+        if self.on_spawn is not None:
+            self.on_spawn(child)
 
     async def _become_healthy(self, child: Child) -> None:
         assert child.process is not None

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from areal.core.config import ConfigError
+from areal.core.parent_death import watch_parent
 from areal.core.run_config import RunConfig, load_run_config
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # areal train's log lines
@@ -74,6 +75,8 @@ def run(
 
         if not launch.launched():
             return launch.launch(config, output_dir, resume=resume, extra=torchrun)
+        # torchrun forks the ranks: each dies with it (and rank 0's processes with rank 0).
+        watch_parent()
         if launch.rank() != 0:
             follow(config, output_dir)
             return 0

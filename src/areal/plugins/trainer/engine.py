@@ -309,6 +309,9 @@ def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
     """``inference.weight_sync``: safetensors on disk, or a collective broadcast (gloo to the
     embedded engine on CPU, NCCL to SGLang and vLLM on GPUs)."""
     inference = setup.inference
+    # The watchdog: one timeout for every engine call of a sync, or each phase's own default.
+    timeout = inference.weight_sync_timeout_s
+    pause, update = (timeout, timeout) if timeout is not None else (60.0, 300.0)
     if inference.weight_sync == "collective":
         from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
@@ -321,11 +324,21 @@ def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
             engine_backend=inference.backend,
             # SGLang joins every tensor-parallel rank of an engine; the embedded engine is one.
             tp_size=1 if inference.backend == "embedded" else inference.tp_size,
+            join_timeout=timeout if timeout is not None else 120.0,
+            pause_timeout=pause,
+            update_timeout=update,
+            continue_timeout=pause,
         )
     from areal.plugins.trainer.weight_sync import DiskWeightSync
 
     return DiskWeightSync(
-        [], weights_dir, pause_mode=inference.pause_mode, engine_backend=inference.backend
+        [],
+        weights_dir,
+        pause_mode=inference.pause_mode,
+        engine_backend=inference.backend,
+        pause_timeout=pause,
+        update_timeout=update,
+        continue_timeout=pause,
     )
 
 

@@ -110,16 +110,21 @@ class EngineCalls:
         try:
             await asyncio.wait_for(call(self._client(url)), timeout)
         except TimeoutError as exc:
-            raise WeightSyncError(phase, url, f"no answer within {timeout:g} s") from exc
+            raise WeightSyncError(
+                phase, url, f"no answer within {timeout:g} s", stalled=True
+            ) from exc
         except InferenceError as exc:
             raise WeightSyncError(phase, url, str(exc)) from exc
 
-    async def _resume_quietly(self) -> None:
-        """After a failed pause/update: try to un-pause every engine, ignoring failures."""
+    async def _resume_quietly(self, failed: WeightSyncError | None = None) -> None:
+        """After a failed pause/update: try to un-pause every engine, ignoring failures; an
+        engine that stalled (``failed``) is not waited for a second time."""
+        skip = failed.url if failed is not None and failed.stalled else None
         await asyncio.gather(
             *(
                 self._one("continue", url, lambda c: c.continue_generation())
                 for url in self.engine_urls
+                if url != skip
             ),
             return_exceptions=True,
         )
@@ -185,8 +190,8 @@ class DiskWeightSync(EngineCalls):
                 lambda c: c.update_weights_from_disk(str(path), weight_version=str(version)),
             )
             updated = time.perf_counter()
-        except WeightSyncError:
-            await self._resume_quietly()
+        except WeightSyncError as err:
+            await self._resume_quietly(err)
             raise
         await self._continue_all()
         self.last_phases = {

@@ -1,0 +1,144 @@
+"""An engine SIGKILLed in the middle of a streamed chat completion, through a real gateway (both real
+processes), with the real openai SDK as the client: the stream ends with a clean error event in
+OpenAI's error schema (the SDK raises ``APIError`` with its body), not a hang and not a truncated
+success; and the episode it belonged to is discarded, not trained: the gateway's answer to its end
+says so, the trajectory file never gets it, and the episode journal counts it discarded.
+
+A control episode streamed before the kill reaches the trajectory file, so the file is watched."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+import yaml
+
+from areal.core.episode_journal import EpisodeBooks, read_journal
+from areal.core.plugins import registry
+from areal.core.process import ServerProcess, pick_free_port
+from areal.plugins.models.tiny import init_tiny
+
+ADMIN = "midstream-admin-token-0123456789"
+KEY = "midstream-gateway-key-0123456789"
+POLICY = "policy"
+
+
+def _start_engine(model: Path, logs: Path) -> tuple[ServerProcess, str]:
+    port = pick_free_port()
+    launcher = registry("inference_backends").get("embedded").load_launcher()
+    command = launcher(
+        {"model_path": str(model), "port": port, "log_level": "warning", "max_total_tokens": 8192}
+    )
+    engine = ServerProcess(list(command), log_path=logs / "engine.log", name="engine").start()
+    url = f"http://127.0.0.1:{port}"
+    engine.wait_healthy(url, timeout=120)
+    return engine, url
+
+
+def _start_gateway(engine_url: str, tmp: Path) -> tuple[ServerProcess, str]:
+    router = tmp / "router.yaml"
+    routing = {"policy_model": {"model_id": POLICY, "max_tokens": 4096}}
+    router.write_text(yaml.safe_dump({"model_routing": routing}))
+    port = pick_free_port()
+    command = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
+    command += ["--port", str(port), "--engine", engine_url, "--log-dir", str(tmp / "logs")]
+    command += ["--sink", "jsonl", "--sink-address", str(tmp / "trajectories.jsonl")]
+    command += ["--episode-journal", str(tmp / "episodes.journal")]
+    env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
+    gateway = ServerProcess(command, log_path=tmp / "logs" / "gateway.out", env=env).start()
+    url = f"http://127.0.0.1:{port}"
+    gateway.wait_healthy(url, timeout=120)
+    return gateway, url
+
+
+def _session(gateway: str) -> tuple[str, str]:
+    answer = httpx.post(
+        f"{gateway}/rl/sessions", headers={"Authorization": f"Bearer {ADMIN}"}, json={}, timeout=30
+    )
+    answer.raise_for_status()
+    return answer.json()["session_id"], answer.json()["api_key"]
+
+
+def _end(gateway: str, session: str) -> dict[str, object]:
+    answer = httpx.post(
+        f"{gateway}/rl/sessions/{session}/end",
+        headers={"Authorization": f"Bearer {ADMIN}"},
+        json={"reward": 1.0},
+        timeout=30,
+    )
+    answer.raise_for_status()
+    return dict(answer.json())
+
+
+def _client(gateway: str, key: str) -> openai.OpenAI:
+    # A timeout and no retries: a hang fails the test instead of waiting, a retry hides nothing.
+    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, timeout=60, max_retries=0)
+
+
+@pytest.mark.slow
+def test_an_engine_killed_mid_stream_ends_the_stream_cleanly_and_the_episode_untrained(
+    tmp_path: Path,
+) -> None:
+    model = tmp_path / "model"
+    init_tiny(model, size="nano", seed=0)
+    engine, engine_url = _start_engine(model, tmp_path / "logs")
+    gateway = None
+    try:
+        gateway, url = _start_gateway(engine_url, tmp_path)
+        messages = [{"role": "user", "content": "Count to a thousand."}]
+
+        control, key = _session(url)
+        with _client(url, key).chat.completions.create(
+            model=POLICY, messages=messages, stream=True, max_tokens=8
+        ) as stream:
+            assert [c for c in stream if c.choices and c.choices[0].finish_reason]
+        assert _end(url, control)["sent"] is True
+
+        cut, key = _session(url)
+        received, error = [], None
+        # ignore_eos and a long max_tokens: the stream is still going when the engine dies.
+        stream = _client(url, key).chat.completions.create(
+            model=POLICY,
+            messages=messages,
+            stream=True,
+            max_tokens=3000,
+            extra_body={"ignore_eos": True},
+        )
+        started = time.monotonic()
+        try:
+            for chunk in stream:
+                received.append(chunk)
+                if sum(bool(c.choices and c.choices[0].delta.content) for c in received) == 2:
+                    engine.kill()  # SIGKILL, mid-stream
+        except openai.APIError as err:
+            error = err
+        took = time.monotonic() - started
+
+        assert engine.returncode is not None, "the stream finished before the engine was killed"
+        assert error is not None, f"the stream ended as a success after {len(received)} chunks"
+        assert not isinstance(error, openai.APIConnectionError), error  # an event, not a cut
+        assert took < 30, took
+        body = error.body
+        assert isinstance(body, dict), body
+        assert set(body) == {"message", "type", "param", "code"}, body  # OpenAI's error object
+        assert body["type"] == "server_error" and body["code"] == "engine_lost", body
+        assert engine_url in str(body["message"]), body
+        assert not any(c.choices and c.choices[0].finish_reason for c in received), received
+
+        # The episode: discarded, not trained.
+        ended = _end(url, cut)
+        assert ended["sent"] is False and ended["lost_calls"] == 1, ended
+        sent = [json.loads(line) for line in (tmp_path / "trajectories.jsonl").open()]
+        assert [t["session_id"] for t in sent] == [control], sent
+        books = EpisodeBooks()
+        read_journal(tmp_path / "episodes.journal", books)
+        assert (books.started, books.accepted, books.discarded) == (2, 1, 1), books
+    finally:
+        if gateway is not None:
+            gateway.stop(timeout=5)
+        engine.stop(timeout=5)

@@ -1,0 +1,97 @@
+"""The weight sync of a supervised run: an engine the sync's watchdog found stalled is named, killed
+(so the supervisor restarts it) and left out of the retry; an engine that answered with an error
+is not the watchdog's business, and the sync fails as before. Real child processes, a stand-in
+sync."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+
+import pytest
+
+from areal.core.train_engine import WeightSyncError
+from areal.run.supervised_sync import SupervisedSync
+from areal.run.supervisor import Child, Supervisor
+
+SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+
+
+class ScriptedSync:
+    """Fails each publish with the next scripted error (``None``: succeeds), noting the engines."""
+
+    def __init__(self, errors: list[WeightSyncError | None]) -> None:
+        self.errors = errors
+        self.engine_urls: list[str] = []
+        self.published_to: list[list[str]] = []
+
+    async def publish(self, model: object, version: int) -> float:
+        self.published_to.append(list(self.engine_urls))
+        error = self.errors.pop(0)
+        if error is not None:
+            raise error
+        return 0.0
+
+    async def close(self) -> None:
+        pass
+
+
+def _engines(tmp_path: Path) -> tuple[Supervisor, list[Child]]:
+    children = [
+        Child(name=f"engine{i}", command=lambda: SLEEPER, log_path=tmp_path / f"e{i}.log")
+        for i in range(2)
+    ]
+    return Supervisor(children), children
+
+
+async def _start(supervisor: Supervisor) -> None:
+    """Start the sleepers (no URL yet: nothing to health-check), then give them their URLs."""
+    await supervisor.start_all()
+    for i, child in enumerate(supervisor.children):
+        child.url = f"http://127.0.0.1:{40000 + i}"
+
+
+def test_a_stalled_engine_is_named_killed_and_left_out(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    supervisor, (first, second) = _engines(tmp_path)
+    sync = ScriptedSync([])
+
+    async def scenario() -> None:
+        await _start(supervisor)
+        stall = WeightSyncError("pause", second.url, "no answer within 5 s", stalled=True)
+        sync.errors = [stall, None]
+        await SupervisedSync(sync, supervisor, asyncio.Lock()).publish(object(), 7)  # type: ignore[arg-type]
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="areal.train"):
+            asyncio.run(scenario())
+        assert not second.running and first.running  # the supervisor's watch restarts it
+        assert second.up  # still counted as up: its watch sees it died, and restarts it
+        assert sync.published_to == [[first.url, second.url], [first.url]]
+        (line,) = [r.getMessage() for r in caplog.records if "watchdog" in r.getMessage()]
+        assert line.startswith(
+            f"the weight sync's watchdog: engine1 ({second.url}, pid {second.process.pid}) "  # type: ignore[union-attr]
+            "stalled in the sync of version 7 (weight sync pause failed on"
+        )
+    finally:
+        supervisor.stop_all(timeout=2)
+
+
+def test_an_engine_that_answered_with_an_error_fails_the_sync(tmp_path: Path) -> None:
+    supervisor, (first, second) = _engines(tmp_path)
+    sync = ScriptedSync([])
+
+    async def scenario() -> None:
+        await _start(supervisor)
+        sync.errors = [WeightSyncError("update", second.url, "HTTP 500: bad weights")]
+        await SupervisedSync(sync, supervisor, asyncio.Lock()).publish(object(), 3)  # type: ignore[arg-type]
+
+    try:
+        with pytest.raises(WeightSyncError, match="bad weights"):
+            asyncio.run(scenario())
+        assert first.running and second.running
+    finally:
+        supervisor.stop_all(timeout=2)
