@@ -23,6 +23,12 @@ class ConfigError(ValueError):
     """A config file that cannot be used; the message names the file, the key and the fix."""
 
 
+def key_path(parts: Collection[Any]) -> str:
+    """``train.parallelism.dp``; a key that would not print as itself on one line (a control
+    character, a line break, a tab) is shown as its repr."""
+    return ".".join(str(p) if str(p).isprintable() else repr(p) for p in parts)
+
+
 def substitute_env(
     value: Any,
     where: str = "",
@@ -38,7 +44,9 @@ def substitute_env(
     """
     if isinstance(value, dict):
         return {
-            k: substitute_env(v, f"{where}.{k}" if where else str(k), used, optional)
+            k: substitute_env(
+                v, f"{where}.{key_path([k])}" if where else key_path([k]), used, optional
+            )
             for k, v in value.items()
         }
     if isinstance(value, list):
@@ -75,22 +83,58 @@ def load_yaml(
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(
+            f"{path} is not UTF-8 text (byte {err.start} is {err.object[err.start : err.start + 1]!r}); "
+            "save the config as UTF-8 YAML"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
+    except RecursionError:  # PyYAML's composer recurses once per level of nesting
+        raise ConfigError(f"{path} is nested too deeply to be a config") from None
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{path} must hold a mapping at the top level")
+        raise ConfigError(
+            f"{path} must hold a mapping at the top level (key: value lines), "
+            f"not a {_yaml_kind(data)}"
+        )
     try:
         return dict(substitute_env(data, used=used, optional=optional))
     except ConfigError as err:
         raise ConfigError(f"{path}: {err}") from None
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: where (line and column, 1-based) and what."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem, context = getattr(err, "problem", None), getattr(err, "context", None)
+    what = str(problem or context or str(err).strip() or type(err).__name__)
+    if problem and context:
+        what += f" ({context})"
+    what = " ".join(what.split())
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    return f"{where}{what}; fix the YAML there"
+
+
+def _yaml_kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    return type(value).__name__
+
+
 def describe_errors(err: ValidationError) -> str:
+    """One ``key: why`` per problem, on one line; a validator's message that already names its
+    full key path (``model_routing.critic.top_p: ...``) is shown as it is."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"])
+        loc = key_path(e["loc"])
         msg = "unknown key (check its spelling)" if e["type"] == "extra_forbidden" else e["msg"]
         msg = msg.removeprefix("Value error, ")
-        parts.append(f"{loc}: {msg}" if loc else msg)
-    return "; ".join(parts)
+        parts.append(f"{loc}: {msg}" if loc and not msg.startswith(f"{loc}.") else msg)
+    return "; ".join(" ".join(part.split()) for part in parts)

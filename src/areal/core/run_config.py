@@ -26,7 +26,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from areal.core.config import ConfigError, load_yaml
+from areal.core.config import ConfigError, key_path, load_yaml
 
 # Advantage estimators share the loss registry under this prefix ("advantage/grpo").
 ADVANTAGE_PREFIX = "advantage/"
@@ -48,7 +48,8 @@ class RunConfigError(ConfigError):
 
     def __init__(self, source: str, errors: list[str]) -> None:
         self.source = source
-        self.errors = errors
+        self.errors = [" ".join(line.strip() for line in e.splitlines()) for e in errors]
+        errors = self.errors
         super().__init__(f"{source}: " + "; ".join(errors) if source else "; ".join(errors))
 
 
@@ -602,7 +603,7 @@ def describe_run_errors(err: ValidationError) -> list[str]:
     lines = []
     for e in err.errors():
         loc = [str(p) for p in e["loc"]]
-        key = ".".join(loc)
+        key = key_path(e["loc"])
         if e["type"] == "extra_forbidden":
             lines.append(f"{key}: {_unknown_key_hint(loc)}")
         elif e["type"] == "value_error":
@@ -611,8 +612,14 @@ def describe_run_errors(err: ValidationError) -> list[str]:
         elif e["type"] == "missing":
             lines.append(f"{key}: missing; this key is required")
         else:
-            lines.append(f"{key}: {e['msg']} (got {e['input']!r})")
+            lines.append(f"{key}: {e['msg']} (got {_shown(e['input'])})")
     return lines
+
+
+def _shown(value: Any, limit: int = 80) -> str:
+    """A value as the error shows it: its repr, cut short (a pasted blob is no help there)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _unknown_key_hint(loc: list[str]) -> str:

@@ -97,10 +97,17 @@ def _timeout(value: Any) -> float:
         seconds = float(value)
     except (TypeError, ValueError):
         seconds = math.nan
+    except OverflowError:  # an integer too large for a float
+        seconds = math.inf
     if not 0 <= seconds <= DRAIN_MAX_S:
         raise GatewayError(
             400,
-            f"timeout must be seconds within [0, {DRAIN_MAX_S:g}], got {value!r}",
+            f"timeout must be seconds within [0, {DRAIN_MAX_S:g}], got {_shown(value)}",
             param="timeout",
         )
     return seconds
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

@@ -48,8 +48,12 @@ class GatewayError(Exception):
         self.headers = headers or {}
 
 
+_RL_PREFIXES = ("/rl/", "/gateway/rl/")  # the RL API answers in the OpenAI schema
+
+
 def is_anthropic(path: str) -> bool:
-    return "/messages" in path
+    """Anthropic's routes; not an /rl route whose id holds "/messages" (a decoded %2F)."""
+    return "/messages" in path and not path.startswith(_RL_PREFIXES)
 
 
 def openai_error_body(

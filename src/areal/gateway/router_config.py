@@ -12,7 +12,14 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from areal.core.config import ENV_PATTERN, ConfigError, describe_errors, load_yaml, substitute_env
+from areal.core.config import (
+    ENV_PATTERN,
+    ConfigError,
+    describe_errors,
+    key_path,
+    load_yaml,
+    substitute_env,
+)
 
 KEY_PATH = "api_gateway.api_key"  # the one value that may read an unset variable
 
@@ -134,7 +141,7 @@ class ModelRouting(BaseModel):
                 continue
             if not isinstance(value, dict):
                 raise ValueError(
-                    f"{name}: each entry of model_routing is a route "
+                    f"{key_path(('model_routing', name))}: each entry of model_routing is a route "
                     "{model_id, temperature, top_p, max_tokens}"
                 )
             try:
@@ -142,7 +149,7 @@ class ModelRouting(BaseModel):
             except ValidationError as err:
                 raise ValueError(
                     "; ".join(
-                        f"{'.'.join(str(p) for p in (name, *e['loc']))}: "
+                        f"{key_path(('model_routing', name, *e['loc']))}: "
                         + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
                         for e in err.errors()
                     )

@@ -208,11 +208,19 @@ def _fixed_key(value: Any, request: web.Request) -> str | None:
 def reward_value(value: Any, *, required: bool) -> float | None:
     if value is None and not required:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
         raise GatewayError(
-            400, f"reward must be a finite number, got {value!r}", param="reward", code="bad_reward"
+            400, f"reward must be a finite number, got {shown}", param="reward", code="bad_reward"
         )
     return float(value)
+
+
+def _finite(value: float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an integer too large for a float (JSON's integers have no bound)
+        return False
 
 
 def _count_by_worker(sessions: Iterable[Session]) -> dict[str, int]:

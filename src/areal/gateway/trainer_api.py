@@ -303,6 +303,21 @@ def _journal(path: str | None) -> EpisodeJournal | None:
 
 
 def _lease(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 1 <= value < math.inf:
-        raise GatewayError(400, f"lease_s must be >= 1 second, got {value!r}", param="lease_s")
-    return float(value)
+    seconds = _seconds(value)
+    if not 1 <= seconds < math.inf:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise GatewayError(
+            400, f"lease_s must be a number of seconds >= 1, got {shown}", param="lease_s"
+        )
+    return seconds
+
+
+def _seconds(value: Any) -> float:
+    """A JSON number as seconds; NaN for anything else, infinity for an integer too large for a
+    float (JSON's integers have no bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf

@@ -655,6 +655,8 @@ class _Run:
         values.update(
             {
                 "trajectories_received": source.received,
+                # malformed messages the queue counted and skipped (a producer's bug, or noise)
+                "trajectories_rejected": int(getattr(source, "rejected", 0)),
                 "trajectories_queued": source.buffered,
                 "samples_trained": counters["trained"],
                 "samples_dropped": counters["dropped"],

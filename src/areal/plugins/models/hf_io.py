@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from areal.core.specs import ModelFamily
@@ -61,8 +61,17 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
     model_dir = Path(model_dir)
     index = model_dir / INDEX_NAME
     if index.is_file():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return [model_dir / name for name in sorted(set(weight_map.values()))]
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            names = sorted(set(weight_map.values()))
+            if not all(isinstance(n, str) for n in names):
+                raise TypeError("file names must be strings")
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise ValueError(
+                f"{index} is not a safetensors index (a JSON object whose weight_map maps "
+                f"tensor names to file names): {err!r}"
+            ) from None
+        return [model_dir / name for name in names]
     single = model_dir / SINGLE_NAME
     if single.is_file():
         return [single]
@@ -74,9 +83,12 @@ def safetensors_files(model_dir: str | Path) -> list[Path]:
 
 def iter_checkpoint(model_dir: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
     for path in safetensors_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
+                    yield name, f.get_tensor(name)
+        except SafetensorError as err:  # a truncated or corrupted file: not a crash
+            raise ValueError(f"{path} is not a readable safetensors file: {err}") from None
 
 
 def to_native(tensors: Iterator[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

@@ -13,6 +13,7 @@ nearest float32. Ids, versions or masks outside their type's range are rejected 
 
 from __future__ import annotations
 
+import math
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -127,6 +128,83 @@ def _unpack_header(frame: bytes) -> dict[str, Any]:
     return header
 
 
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _text(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _optional(check: Any) -> Any:
+    return lambda value: value is None or check(value)
+
+
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _mapping(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) for k in value)
+
+
+# What each header field must hold, so a peer's well-formed but wrongly typed header is
+# refused here, not trained on (a string reward, a list for metadata).
+_TRAJECTORY_FIELDS = {
+    "session_id": _text,
+    "reward": _optional(_number),
+    "completions": _count,
+    "metadata": _mapping,
+    "created": _number,
+}
+_SAMPLE_FIELDS = {"reward": _number, "completion_ids": _texts, "temperature": _number}
+_TURN_FIELDS = {
+    "completion_id": _text,
+    "session_id": _optional(_text),
+    "turn": _count,
+    "model": _text,
+    "finish_reason": _text,
+    "reward": _optional(_number),
+    "created": _number,
+    "sampling": _mapping,
+}
+
+
+def _check_fields(record: Any, fields: dict[str, Any], where: str) -> None:
+    if not isinstance(record, dict):
+        raise CodecError(f"{where} is not a map but {type(record).__name__}")
+    for name, check in fields.items():
+        if name in record and not check(record[name]):
+            value = repr(record[name])
+            shown = value[:60] + ("..." if len(value) > 60 else "")
+            raise CodecError(f"{where}.{name} has a value of the wrong type: {shown}")
+
+
+def _check_header(header: dict[str, Any]) -> None:
+    """The header's records and values have the types a trajectory's fields hold."""
+    _check_fields(header, _TRAJECTORY_FIELDS, "the header")
+    for key in ("samples", "turns", "arrays"):
+        if not isinstance(header.get(key), list):
+            raise CodecError(f"the header's {key} is not a list")
+    for i, sample in enumerate(header["samples"]):
+        _check_fields(sample, _SAMPLE_FIELDS, f"samples[{i}]")
+    for i, turn in enumerate(header["turns"]):
+        _check_fields(turn, _TURN_FIELDS, f"turns[{i}]")
+    for i, entry in enumerate(header["arrays"]):
+        if not (
+            isinstance(entry, list)
+            and len(entry) == 3
+            and isinstance(entry[0], str)
+            and _count(entry[1])
+            and _count(entry[2])
+        ):
+            raise CodecError(f"the header's arrays[{i}] is not [dtype, length, crc32]")
+
+
 def _arrays(header: dict[str, Any], frames: Sequence[bytes]) -> list[list[Any]]:
     layout = header["arrays"]
     if len(frames) != len(layout):
@@ -149,6 +227,7 @@ def decode(frames: Sequence[bytes]) -> Trajectory:
     if not frames:
         raise CodecError("no frames: an encoded trajectory has at least a header frame")
     header = _unpack_header(bytes(frames[0]))
+    _check_header(header)
     try:
         expected = [d for _ in header["samples"] for _, d in SAMPLE_ARRAYS]
         expected += [d for _ in header["turns"] for _, d in TURN_ARRAYS]

@@ -383,10 +383,15 @@ class ZmqTrajectorySource:
             self.rejected += 1
             log.warning("dropped a message that is not an %s put", PUT.decode())
             return
-        producer, seq_bytes = message[0], message[2]
-        seq, low = int.from_bytes(seq_bytes, "big"), int.from_bytes(message[3], "big")
+        producer, seq_bytes, low_bytes = message[0], message[2], message[3]
+        if len(seq_bytes) != 8 or len(low_bytes) != 8:
+            self.rejected += 1
+            reason = f"seq and low must be 8 bytes each, got {len(seq_bytes)} and {len(low_bytes)}"
+            log.warning("rejected a put: %s", reason)
+            sock.send_multipart([producer, NACK, seq_bytes, reason.encode()])
+            return
+        seq, low = int.from_bytes(seq_bytes, "big"), int.from_bytes(low_bytes, "big")
         acked = seen.setdefault(producer, set())
-        acked.difference_update([s for s in acked if s < low])
         if seq in acked:
             self.duplicates += 1
             sock.send_multipart([producer, ACK, seq_bytes])
@@ -398,6 +403,9 @@ class ZmqTrajectorySource:
             log.warning("rejected a trajectory: %s", err)
             sock.send_multipart([producer, NACK, seq_bytes, str(err).encode()])
             return
+        # Only a put that decoded may tell the consumer which ids to forget: a malformed one
+        # with a high ``low`` would otherwise let a resent trajectory through twice.
+        acked.difference_update([s for s in acked if s < low])
         with self._cond:
             self._buffer.append(trajectory)
             self.received += 1

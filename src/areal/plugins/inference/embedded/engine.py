@@ -273,11 +273,24 @@ class Engine:
             prompt_len=len(req.input_ids),
             stop_ids=frozenset(stop_ids),
         )
-        if params.sampling_seed is not None:
-            seq.generator = torch.Generator().manual_seed(params.sampling_seed)
-        spec = grammar_spec_from_sampling_params(params.model_dump())
-        if spec is not None and self.grammar is not None:
-            seq.matcher = self.grammar.new_matcher(spec)
+        try:
+            if params.sampling_seed is not None:
+                seq.generator = torch.Generator().manual_seed(params.sampling_seed)
+            spec = grammar_spec_from_sampling_params(params.model_dump())
+            if spec is not None and self.grammar is not None:
+                seq.matcher = self.grammar.new_matcher(spec)
+        except Exception as exc:  # on the engine's thread: this request fails, the loop goes on
+            log.exception("could not queue request %s", req.rid)
+            self._finish(
+                seq,
+                {
+                    "type": "abort",
+                    "message": f"internal error: {exc}",
+                    "status_code": 500,
+                    "err_type": "InternalError",
+                },
+            )
+            return
         self.waiting.append(seq)
 
     def _admit(self) -> None:

@@ -94,9 +94,19 @@ def expand_generate(
     n_prompts = len(prompts)
     raw_params = _per_item(req.sampling_params, n_prompts, "sampling_params")
     params = [_sampling_params(p, "sampling_params") for p in raw_params]
+    for sampling in params:
+        if any(t < 0 or t >= vocab_size for t in sampling.stop_token_ids or ()):
+            raise RequestError(
+                f"sampling_params.stop_token_ids hold a token id outside the vocabulary "
+                f"[0, {vocab_size})"
+            )
     logprob = _per_item(req.return_logprob, n_prompts, "return_logprob")
     start = _per_item(req.logprob_start_len, n_prompts, "logprob_start_len")
     top = _per_item(req.top_logprobs_num, n_prompts, "top_logprobs_num")
+    if any(at < -1 for at in start):
+        raise RequestError("logprob_start_len must be -1 (output only) or a prompt position >= 0")
+    if any(not 0 <= k <= vocab_size for k in top):
+        raise RequestError(f"top_logprobs_num must be within [0, {vocab_size}] (the vocabulary)")
     if isinstance(req.rid, str) and n_prompts > 1:
         raise RequestError("a batch needs one rid per prompt (a list), or none")
     rids = _per_item(req.rid, n_prompts, "rid") if isinstance(req.rid, list) else None

@@ -11,10 +11,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 _STRICT = ConfigDict(extra="forbid")
+# What torch.Generator.manual_seed takes: a seed outside it would fail on the engine's thread.
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
 
 
 class SamplingParams(BaseModel):
-    model_config = _STRICT
+    # Infinity and NaN (1e999 reads as infinity) are no sampling parameter.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     max_new_tokens: int = 128
     temperature: float = Field(1.0, ge=0.0)
@@ -28,7 +31,7 @@ class SamplingParams(BaseModel):
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
-    sampling_seed: int | None = None
+    sampling_seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     min_new_tokens: int = Field(0, ge=0)
     json_schema: str | None = None
     regex: str | None = None
@@ -92,7 +95,7 @@ class GenerateRequest(BaseModel):
     input_ids: list[Any] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
     return_logprob: bool | list[bool] = False
-    logprob_start_len: int | list[int] = -1
+    logprob_start_len: int | list[int] = -1  # checked per item in requests.expand_generate
     top_logprobs_num: int | list[int] = 0
     return_text_in_logprobs: bool = False
     stream: bool = False

@@ -50,11 +50,19 @@ log = logging.getLogger("areal.inference")
 DEFAULT_MEM_FRACTION = 0.05
 
 
-def error_response(status: int, message: str, err_type: str = "invalid_request_error") -> Response:
-    body = {
+def _error_body(status: int, message: str, err_type: str) -> dict[str, Any]:
+    return {
         "error": {"message": message, "type": err_type, "code": status, "retryable": status >= 500}
     }
-    return web.json_response(body, status=status)
+
+
+def error_response(status: int, message: str, err_type: str = "invalid_request_error") -> Response:
+    return web.json_response(_error_body(status, message, err_type), status=status)
+
+
+def _not_json(name: str) -> Any:
+    """Python's json reads NaN and Infinity, which JSON does not have: refuse them."""
+    raise RequestError(f"the body is not valid JSON: {name} is not a JSON value")
 
 
 async def _json_body(request: Request) -> dict[str, Any]:
@@ -62,9 +70,11 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not raw.strip():
         return {}
     try:
-        body = json.loads(raw)
-    except json.JSONDecodeError as err:
+        body = json.loads(raw, parse_constant=_not_json)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise RequestError(f"the body is not valid JSON: {err}") from None
+    except RecursionError:  # json's parser recurses once per level of nesting
+        raise RequestError("the body's JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     return body
@@ -308,7 +318,7 @@ class InferenceServer:
     async def flush_cache(self, request: Request) -> Response:
         busy = await self.on_engine(lambda: bool(self.engine.running))
         if busy:
-            return Response(text="Cache not flushed: requests are running.", status=400)
+            return error_response(400, "Cache not flushed: requests are running.")
         return Response(text="Cache flushed.")
 
     async def update_weight_version(self, request: Request) -> Response:
@@ -369,10 +379,15 @@ async def _errors(
 
 
 def _failed(message: str) -> Response:
-    """SGLang's answer to a weight update that did not happen: 400 with success false."""
-    return web.json_response(
-        {"success": False, "message": message, "num_paused_requests": 0}, status=400
-    )
+    """SGLang's answer to a weight update that did not happen: 400 with success false, and the
+    error object every other 4xx carries, so one reader handles every refusal."""
+    body = {
+        "success": False,
+        "message": message,
+        "num_paused_requests": 0,
+        **_error_body(400, message, "invalid_request_error"),
+    }
+    return web.json_response(body, status=400)
 
 
 def _areal_version() -> str:

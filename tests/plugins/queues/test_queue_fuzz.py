@@ -1,0 +1,433 @@
+"""Property: the trajectory queue's consumer counts and skips every malformed message, delivers
+every valid trajectory exactly once, and keeps going.
+
+Hypothesis sends at least 1,000 bad messages, on real ZeroMQ sockets, to one
+``ZmqTrajectorySource``, interleaved with valid trajectories and with resends of them: random
+bytes in place of the frames, truncated headers and arrays, a frame dropped, added or swapped, a
+flipped bit, headers with a field of the wrong type or missing, a wrong format, a wrong tag,
+too few frames, sequence numbers of the wrong size, and bad messages that claim a high ``low``
+(which must not make the consumer forget what it acknowledged). A bad put is answered with a
+NACK and counted in ``rejected``; a message that is not a put at all gets no answer and is
+counted in ``rejected`` too; a valid one is acknowledged and handed out by ``get``, equal to what
+was sent, once; a resend is acknowledged and counted in ``duplicates``. Afterwards a real sink
+still delivers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+import pytest
+import zmq
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from areal.core.types import Completion, Sample, Trajectory
+from areal.plugins.queues import codec
+from areal.plugins.queues.zmq_queue import ACK, NACK, PUT, ZmqTrajectorySink, ZmqTrajectorySource
+
+EXAMPLES = 1000
+SENT: Counter[str] = Counter()  # messages sent per kind, to prove the count
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.large_base_example,
+    ],
+)
+REPLY_TIMEOUT_MS = 5000
+
+# --- valid trajectories --------------------------------------------------------------------------
+
+TEXT = st.text(max_size=8)
+INT32 = st.integers(-(2**31), 2**31 - 1)
+LOGPROB = st.floats(-50, 0, width=32)  # float32 values travel exactly
+FINITE = st.floats(allow_nan=False, allow_infinity=False)
+LEAF = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**63 - 1), FINITE, TEXT)
+META = st.recursive(
+    LEAF,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXT, inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@st.composite
+def samples(draw: st.DrawFn) -> Sample:
+    n = draw(st.integers(0, 6))
+    return Sample(
+        input_ids=draw(st.lists(INT32, min_size=n, max_size=n)),
+        loss_mask=draw(st.lists(st.integers(0, 1), min_size=n, max_size=n)),
+        logprobs=draw(st.lists(LOGPROB, min_size=n, max_size=n)),
+        versions=draw(st.lists(INT32, min_size=n, max_size=n)),
+        reward=draw(FINITE),
+        completion_ids=draw(st.lists(TEXT, max_size=2)),
+        temperature=draw(st.floats(min_value=0.01, max_value=10)),
+    )
+
+
+@st.composite
+def turns(draw: st.DrawFn) -> Completion:
+    n = draw(st.integers(0, 3))
+    return Completion(
+        completion_id=draw(TEXT),
+        session_id=draw(st.none() | TEXT),
+        turn=draw(st.integers(0, 100)),
+        model=draw(TEXT),
+        prompt_ids=draw(st.lists(INT32, max_size=4)),
+        output_ids=draw(st.lists(INT32, min_size=n, max_size=n)),
+        output_logprobs=draw(st.lists(LOGPROB, min_size=n, max_size=n)),
+        output_versions=draw(st.lists(INT32, min_size=n, max_size=n)),
+        finish_reason=draw(st.sampled_from(["stop", "length", "abort"])),
+        reward=draw(st.none() | FINITE),
+        created=draw(FINITE),
+        sampling=draw(st.dictionaries(TEXT, LEAF, max_size=3)),
+    )
+
+
+TRAJECTORIES = st.builds(
+    Trajectory,
+    session_id=TEXT,
+    samples=st.lists(samples(), max_size=3),
+    reward=st.none() | FINITE,
+    completions=st.integers(0, 10),
+    metadata=st.dictionaries(TEXT, META, max_size=3),
+    created=FINITE,
+    turns=st.lists(turns(), max_size=2),
+)
+
+
+# --- bad messages --------------------------------------------------------------------------------
+
+
+@dataclass
+class Bad:
+    """What the frames after [PUT, seq, low] are (or the whole message, when ``whole``), and
+    whether the consumer answers (a NACK) or only counts it (not a put)."""
+
+    why: str
+    frames: list[bytes]
+    answered: bool = True
+    whole: bool = False  # ``frames`` is the whole message: no PUT, seq, low added
+    seq_bytes: bytes | None = None
+    low: int | None = None  # the low the message claims (default: its own seq)
+
+    def __repr__(self) -> str:
+        shown = [f[:40] for f in self.frames[:5]]
+        return f"<{self.why}: {len(self.frames)} frames {shown!r}>"
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def header_of(frames: list[bytes]) -> dict[str, Any]:
+    return msgpack.unpackb(frames[0], raw=False, strict_map_key=False)
+
+
+NOT_STR = META.filter(lambda v: not isinstance(v, str))
+NOT_NUMBER = st.one_of(
+    META.filter(lambda v: isinstance(v, bool) or not isinstance(v, (int, float))),
+    st.sampled_from([float("nan"), float("inf"), float("-inf")]),
+)
+NOT_COUNT = st.one_of(
+    META.filter(lambda v: isinstance(v, bool) or not isinstance(v, int)),
+    st.integers(-(2**63), -1),  # msgpack carries 64-bit integers
+)
+NOT_MAP = META.filter(lambda v: not isinstance(v, dict)) | st.dictionaries(
+    st.integers(-(2**63), 2**63 - 1), LEAF, min_size=1, max_size=2
+)
+NOT_LIST = META.filter(lambda v: not isinstance(v, list))
+# A wrong value for each header field: the trajectory's, a sample's, a turn's.
+HEADER_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "session_id": NOT_STR,
+    "reward": NOT_NUMBER.filter(lambda v: v is not None),
+    "completions": NOT_COUNT,
+    "metadata": NOT_MAP,
+    "created": NOT_NUMBER,
+    "samples": NOT_LIST,
+    "turns": NOT_LIST,
+    "arrays": NOT_LIST | st.just([[1, 2, 3]]) | st.just([["<i4", -1, 0]]),
+}
+SAMPLE_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "reward": NOT_NUMBER,
+    "completion_ids": NOT_LIST | st.lists(NOT_STR, min_size=1, max_size=2),
+    "temperature": NOT_NUMBER | st.floats(max_value=0),
+}
+TURN_FIELDS: dict[str, st.SearchStrategy[Any]] = {
+    "completion_id": NOT_STR,
+    "turn": NOT_COUNT,
+    "model": NOT_STR,
+    "finish_reason": NOT_STR,
+    "created": NOT_NUMBER,
+    "sampling": NOT_MAP,
+}
+REQUIRED = ["session_id", "samples", "turns", "arrays", "completions", "reward", "format"]
+
+
+def one_of_keys(fields: dict[str, st.SearchStrategy[Any]]) -> st.SearchStrategy[tuple[str, Any]]:
+    names = st.sampled_from(sorted(fields))
+
+    @st.composite
+    def build(draw: st.DrawFn) -> tuple[str, Any]:
+        name = draw(names)
+        return name, draw(fields[name])
+
+    return build()
+
+
+HEADER_VALUES, SAMPLE_VALUES, TURN_VALUES = (
+    one_of_keys(f) for f in (HEADER_FIELDS, SAMPLE_FIELDS, TURN_FIELDS)
+)
+KINDS = st.sampled_from(
+    [
+        "random frames",
+        "truncated header",
+        "truncated array",
+        "dropped frame",
+        "extra frame",
+        "swapped frames",
+        "flipped bit",
+        "wrong header type",
+        "wrong header type",
+        "wrong header type",
+        "missing header key",
+        "header not a map",
+        "wrong format",
+        "wrong tag",
+        "too few frames",
+        "no trajectory frames",
+        "seq of the wrong size",
+    ]
+)
+
+
+@st.composite
+def bad_messages(draw: st.DrawFn) -> Bad:
+    frames = codec.encode(draw(TRAJECTORIES))
+    kind = draw(KINDS)
+    bad = _damage(draw, kind, frames)
+    if bad.answered and not bad.whole and bad.low is None and draw(st.booleans()):
+        bad.low = 2**64 - 1  # "forget everything below": must not count from a bad put
+        bad.why += " (claiming a high low)"
+    return bad
+
+
+def _damage(draw: st.DrawFn, kind: str, frames: list[bytes]) -> Bad:
+    arrays = list(range(1, len(frames)))
+    filled = [i for i in arrays if frames[i]]
+    if kind == "random frames":
+        junk = draw(st.lists(st.binary(max_size=64), min_size=1, max_size=3))
+        return Bad(kind, junk)
+    if kind == "truncated header":
+        return Bad(kind, [frames[0][: draw(st.integers(0, len(frames[0]) - 1))], *frames[1:]])
+    if kind == "truncated array" and filled:
+        i = draw(st.sampled_from(filled))
+        kept = draw(st.integers(0, len(frames[i]) - 1))
+        return Bad(f"{kind} {i}", [*frames[:i], frames[i][:kept], *frames[i + 1 :]])
+    if kind == "dropped frame":
+        i = draw(st.integers(0, len(frames) - 1))
+        if len(frames) == 1:
+            return Bad("the header dropped", [])
+        return Bad(f"{kind} {i}", frames[:i] + frames[i + 1 :])
+    if kind == "extra frame":
+        at = draw(st.integers(1, len(frames)))
+        return Bad(kind, [*frames[:at], draw(st.binary(max_size=16)), *frames[at:]])
+    if kind == "swapped frames":
+        pairs = [(i, j) for i in range(len(frames)) for j in range(i + 1, len(frames))]
+        pairs = [(i, j) for i, j in pairs if frames[i] != frames[j]]
+        if pairs:
+            i, j = draw(st.sampled_from(pairs))
+            swapped = list(frames)
+            swapped[i], swapped[j] = swapped[j], swapped[i]
+            return Bad(f"frames {i} and {j} swapped", swapped)
+    if kind == "flipped bit" and filled:
+        i = draw(st.sampled_from(filled))
+        at = draw(st.integers(0, len(frames[i]) - 1))
+        bit = 1 << draw(st.integers(0, 7))
+        flipped = frames[i][:at] + bytes([frames[i][at] ^ bit]) + frames[i][at + 1 :]
+        return Bad(
+            f"a bit flipped in array frame {i}",
+            [frames[0], *frames[1:i], flipped, *frames[i + 1 :]],
+        )
+    if kind in ("wrong header type", "truncated array", "flipped bit", "swapped frames"):
+        return _wrong_type(draw, frames)
+    if kind == "missing header key":
+        header = header_of(frames)
+        key = draw(st.sampled_from(REQUIRED))
+        header.pop(key)
+        return Bad(f"header without {key}", [pack(header), *frames[1:]])
+    if kind == "header not a map":
+        value = draw(META.filter(lambda v: not isinstance(v, dict)))
+        return Bad("header not a map", [pack(value), *frames[1:]])
+    if kind == "wrong format":
+        header = header_of(frames)
+        header["format"] = draw(META.filter(lambda v: v != codec.FORMAT))
+        return Bad("wrong format", [pack(header), *frames[1:]])
+    if kind == "wrong tag":
+        tag = draw(
+            st.one_of(st.binary(max_size=12), st.just(b"areal.put/2")).filter(lambda t: t != PUT)
+        )
+        seq = draw(st.binary(min_size=8, max_size=8))
+        return Bad("wrong tag", [tag, seq, seq, *frames], answered=False, whole=True)
+    if kind == "too few frames":
+        n = draw(st.integers(1, 2))
+        return Bad(f"{n} frames", [PUT, b"\x00" * 8][:n], answered=False, whole=True)
+    if kind == "no trajectory frames":
+        return Bad(kind, [])
+    # "seq of the wrong size"
+    size = draw(st.integers(0, 16).filter(lambda n: n != 8))
+    return Bad(kind, frames, seq_bytes=draw(st.binary(min_size=size, max_size=size)))
+
+
+def _wrong_type(draw: st.DrawFn, frames: list[bytes]) -> Bad:
+    header = header_of(frames)
+    where = draw(st.sampled_from(["header", "sample", "turn"]))
+    if where == "sample" and header["samples"]:
+        i = draw(st.integers(0, len(header["samples"]) - 1))
+        key, value = draw(SAMPLE_VALUES)
+        header["samples"][i][key] = value
+        why = f"samples[{i}].{key} of a wrong type"
+    elif where == "turn" and header["turns"]:
+        i = draw(st.integers(0, len(header["turns"]) - 1))
+        key, value = draw(TURN_VALUES)
+        header["turns"][i][key] = value
+        why = f"turns[{i}].{key} of a wrong type"
+    else:
+        key, value = draw(HEADER_VALUES)
+        header[key] = value
+        why = f"{key} of a wrong type"
+    return Bad(why, [pack(header), *frames[1:]])
+
+
+# --- the property --------------------------------------------------------------------------------
+
+
+@dataclass
+class Producer:
+    """A raw producer (a DEALER) numbering its messages as ``ZmqTrajectorySink`` does."""
+
+    sock: zmq.Socket
+    source: ZmqTrajectorySource
+    seq: int = 0
+    last_valid: list[bytes] | None = None
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        return self.seq
+
+    def reply(self) -> list[bytes]:
+        assert self.sock.poll(REPLY_TIMEOUT_MS), "the consumer did not answer"
+        return self.sock.recv_multipart()
+
+    def put_valid(self, trajectory: Trajectory) -> None:
+        seq = self.next_seq().to_bytes(8, "big")
+        message = [PUT, seq, seq, *codec.encode(trajectory)]
+        before = self.source.counters()
+        self.sock.send_multipart(message)
+        assert self.reply() == [ACK, seq]
+        got = self.source.get(timeout=5)
+        assert got == trajectory, "a valid trajectory came out different"
+        after = self.source.counters()
+        assert after["received"] == before["received"] + 1
+        assert after["rejected"] == before["rejected"] and after["buffered"] == 0
+        self.last_valid = message
+        SENT["valid"] += 1
+
+    def resend(self) -> None:
+        """The last valid message again (a producer that missed the ack): acked, not delivered."""
+        if self.last_valid is None:
+            return
+        before = self.source.counters()
+        self.sock.send_multipart(self.last_valid)
+        assert self.reply() == [ACK, self.last_valid[1]]
+        after = self.source.counters()
+        assert after["duplicates"] == before["duplicates"] + 1, "a resend was not a duplicate"
+        assert after["received"] == before["received"] and self.source.buffered == 0
+        SENT["resent"] += 1
+
+    def send_bad(self, bad: Bad) -> None:
+        before = self.source.counters()
+        if bad.whole:
+            message = bad.frames
+        else:
+            seq = self.next_seq()
+            seq_bytes = bad.seq_bytes if bad.seq_bytes is not None else seq.to_bytes(8, "big")
+            low = (bad.low if bad.low is not None else seq).to_bytes(8, "big")
+            message = [PUT, seq_bytes, low, *bad.frames]
+        self.sock.send_multipart(message)
+        if bad.answered:
+            reply = self.reply()
+            assert reply[:2] == [NACK, message[1]] and len(reply) == 3, f"{reply!r} for {bad!r}"
+            assert reply[2], "a NACK without a reason"
+        else:  # not a put: no answer, only the count
+            deadline = time.monotonic() + REPLY_TIMEOUT_MS / 1000
+            while self.source.rejected == before["rejected"]:
+                assert time.monotonic() < deadline, f"{bad!r} was not counted"
+                time.sleep(0.001)
+            assert not self.sock.poll(0), f"an answer to {bad!r}, which is not a put"
+        after = self.source.counters()
+        assert after["rejected"] == before["rejected"] + 1, f"{bad!r} not counted once"
+        assert after["received"] == before["received"] and after["buffered"] == 0, bad
+        SENT["bad"] += 1
+
+
+@pytest.fixture
+def queue() -> Iterator[tuple[ZmqTrajectorySource, Producer]]:
+    with (
+        ZmqTrajectorySource("tcp://127.0.0.1:*", queue_max_size=8) as source,
+        zmq.Context() as ctx,
+        ctx.socket(zmq.DEALER) as sock,
+    ):
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(source.address)
+        yield source, Producer(sock, source)
+
+
+STEPS = st.tuples(bad_messages(), st.none() | TRAJECTORIES, st.booleans())
+
+
+def test_malformed_messages_are_counted_and_skipped_and_the_queue_keeps_going(
+    queue: tuple[ZmqTrajectorySource, Producer],
+) -> None:
+    source, producer = queue
+    before = SENT.copy()
+
+    @FUZZ
+    @given(STEPS)
+    def step(case: tuple[Bad, Trajectory | None, bool]) -> None:
+        bad, valid, resend = case
+        producer.send_bad(bad)
+        if resend:
+            producer.resend()  # after a bad put that claimed a high low, too
+        if valid is not None:
+            producer.put_valid(valid)
+
+    step()
+    sent = SENT - before
+    assert sent["bad"] >= EXAMPLES and sent["valid"] >= 100 and sent["resent"] >= 100, sent
+    counters = source.counters()
+    assert counters["rejected"] == sent["bad"]
+    assert counters["received"] == counters["delivered"] == sent["valid"]
+    assert counters["duplicates"] == sent["resent"]
+    assert source.get(timeout=0.2) is None  # nothing delivered twice, nothing left over
+
+    last = Trajectory("after the fuzz", [Sample([1, 2], [0, 1], [0.0, -0.5], [-1, 3])], 1.0, 1)
+
+    async def real_sink() -> None:
+        sink = ZmqTrajectorySink(source.address, close_timeout=5)
+        await asyncio.wait_for(sink.put(last), 5)
+        await sink.close()
+
+    asyncio.run(real_sink())
+    assert source.get(timeout=5) == last
