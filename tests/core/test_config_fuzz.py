@@ -144,6 +144,7 @@ ROUTER_BASE: dict[str, Any] = {
         "max_retries": 3,
         "retry_backoff": 0.5,
         "retry_backoff_max": 8.0,
+        "allow_unlisted_models": False,
     },
     "model_routing": {
         "policy_model": {
