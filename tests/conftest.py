@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -128,3 +129,20 @@ def sglang_venv_python() -> Path:
 @pytest.fixture(name="sglang_env", scope="session")
 def _sglang_env() -> Callable[[], dict[str, str]]:
     return sglang_env
+
+
+# The one hypothesis profile of the fuzz suites: the same cases on every run (CI is reproducible),
+# no example database, no deadline for real servers, none of the health checks a server trips.
+settings.register_profile(
+    "areal-fuzz",
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.data_too_large,
+        HealthCheck.filter_too_much,
+        HealthCheck.large_base_example,
+        HealthCheck.function_scoped_fixture,
+    ],
+)

@@ -26,7 +26,7 @@ from typing import Annotated, Any, Union, get_args, get_origin
 import annotated_types
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from typer.testing import CliRunner
@@ -39,19 +39,7 @@ from areal.gateway.router_config import ModelRoute, ModelRouting, RouterConfig
 EXAMPLES = 1000
 CLI_EXAMPLES = 150
 SENT: Counter[str] = Counter()  # files loaded per property, to prove the count
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.large_base_example,
-        HealthCheck.function_scoped_fixture,
-    ],
-)
+FUZZ = settings(settings.get_profile("areal-fuzz"), max_examples=EXAMPLES)
 UNSET = "AREAL_FUZZ_UNSET_VARIABLE"
 
 # --- the schemas, read from the models ----------------------------------------------------------

@@ -23,25 +23,14 @@ from urllib.parse import quote
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 EXAMPLES = 1000
 SENT: Counter[str] = Counter()  # requests sent per protocol, to prove the count
 API_PREFIXES = ("/v1", "/gateway/v1", "")
 RL_PREFIXES = ("/rl", "/gateway/rl")
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    derandomize=True,  # the same cases on every run: CI is reproducible
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.large_base_example,
-    ],
-)
+FUZZ = settings(settings.get_profile("areal-fuzz"), max_examples=EXAMPLES)
 
 
 class BadRequest:

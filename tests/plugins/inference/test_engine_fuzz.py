@@ -25,7 +25,7 @@ from urllib.parse import quote
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 from safetensors.torch import save_file
@@ -43,18 +43,7 @@ from areal.plugins.inference.embedded.schema import (
 EXAMPLES = 1000
 SENT: Counter[str] = Counter()  # requests sent per property, to prove the count
 BY_PATH: Counter[str] = Counter()  # and per route, to prove that each got its share
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.large_base_example,
-    ],
-)
+FUZZ = settings(settings.get_profile("areal-fuzz"), max_examples=EXAMPLES)
 WEIGHT_ROUTES = {
     "/update_weights_from_disk",
     "/init_weights_update_group",

@@ -25,7 +25,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from areal.core.types import Completion, Sample, Trajectory
@@ -34,18 +34,7 @@ from areal.plugins.queues.zmq_queue import ACK, NACK, PUT, ZmqTrajectorySink, Zm
 
 EXAMPLES = 1000
 SENT: Counter[str] = Counter()  # messages sent per kind, to prove the count
-FUZZ = settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[
-        HealthCheck.too_slow,
-        HealthCheck.data_too_large,
-        HealthCheck.filter_too_much,
-        HealthCheck.large_base_example,
-    ],
-)
+FUZZ = settings(settings.get_profile("areal-fuzz"), max_examples=EXAMPLES)
 REPLY_TIMEOUT_MS = 5000
 
 # --- valid trajectories --------------------------------------------------------------------------
