@@ -249,6 +249,16 @@ def test_each_inconsistency_names_the_key_and_the_fix(overrides: list[str], expe
     assert errors_of(overrides)[0] == expected
 
 
+def test_engine_args_may_not_move_the_engine() -> None:
+    errors = errors_of(["inference.engine_args=[--port=9, --enable-prefix-caching]"])
+    assert errors == [
+        "inference.engine_args: --port is chosen by the run (it must know where each engine "
+        "listens and what it serves); drop it from inference.engine_args"
+    ]
+    config = load_run_config(QUICKSTART, ["inference.engine_args=[--enable-prefix-caching]"])
+    assert config.inference.engine_args == ["--enable-prefix-caching"]
+
+
 def test_group_size_must_divide_the_batches() -> None:
     assert errors_of(["algorithm.group_size=6"]) == [
         "train.global_batch_size: 128 is not a multiple of algorithm.group_size 6 (grpo trains "

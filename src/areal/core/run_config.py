@@ -324,6 +324,10 @@ class SamplingConfig(_Section):
     )
 
 
+# Flags the run sets on every engine itself: the address it polls and the checkpoint it syncs.
+_RUN_OWNED_ENGINE_FLAGS = {"--host", "--port", "--model", "--model-path"}
+
+
 class InferenceConfig(_Section):
     """The inference servers the gateway routes policy calls to."""
 
@@ -354,6 +358,11 @@ class InferenceConfig(_Section):
         default=None,
         description="sglang: the Python that has SGLang installed (default: this interpreter).",
     )
+    engine_args: list[str] = Field(
+        default_factory=list,
+        description="Flags of the engine server's own (vLLM's, SGLang's, `areal serve "
+        "inference`'s), appended to its command line as given, e.g. [--enable-prefix-caching].",
+    )
     cpu_affinity: list[int] | None = Field(
         default=None, description="CPU cores the engine processes run on (default: any)."
     )
@@ -379,6 +388,18 @@ class InferenceConfig(_Section):
         "the run started is killed and restarted like one that died (default: 60 s for pause "
         "and continue, 300 s for an update).",
     )
+
+    @field_validator("engine_args")
+    @classmethod
+    def _engine_args_leave_the_address_to_the_run(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in _RUN_OWNED_ENGINE_FLAGS:
+                raise ValueError(
+                    f"{flag} is chosen by the run (it must know where each engine listens and "
+                    "what it serves); drop it from inference.engine_args"
+                )
+        return args
 
     def engine_python(self) -> str | None:
         """The interpreter the config names for its backend's server (``None``: the default)."""

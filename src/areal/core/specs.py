@@ -75,6 +75,7 @@ ENGINE_OPTIONS = (
     "max_total_tokens",  # optional: KV-cache tokens
     "mem_fraction_static",  # optional: GPU memory share
     "python_executable",  # optional: the interpreter that has the engine installed
+    "extra_args",  # optional: flags of the server's own, appended to its command line as given
 )
 
 

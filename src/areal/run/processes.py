@@ -70,6 +70,7 @@ def engine_child(
             "max_total_tokens": inference.max_total_tokens,
             "mem_fraction_static": inference.mem_fraction_static,
             "python_executable": python,
+            "extra_args": list(inference.engine_args) or None,
         }
         options.update({key: value for key, value in optional.items() if value is not None})
         return list(launcher(options))

@@ -26,7 +26,12 @@ def _run_command(tmp_path: Path) -> list[str]:
         {
             "model": {"path": "m"},
             "dataset": {"name": "t"},
-            "inference": {"backend": "sglang", "tp_size": 2, "max_total_tokens": 4096},
+            "inference": {
+                "backend": "sglang",
+                "tp_size": 2,
+                "max_total_tokens": 4096,
+                "engine_args": ["--trust-remote-code"],
+            },
             "train": {"seed": 10},
         }
     )
@@ -99,6 +104,7 @@ def test_sglang_parses_the_runs_engine_command(parsed: dict[str, dict[str, Any]]
     assert args["random_seed"] == 11  # train.seed + engine index: engines sample differently
     assert args["weight_version"] == "3" and args["log_level"] == "warning"
     assert args["max_running_requests"] >= 64 and args["dtype"] == "bfloat16"
+    assert args["trust_remote_code"] is True  # inference.engine_args, as given
 
 
 def test_a_misspelled_flag_makes_sglang_exit(parsed: dict[str, dict[str, Any]]) -> None:

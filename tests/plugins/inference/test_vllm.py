@@ -138,7 +138,7 @@ for argv in json.loads(sys.stdin.read()):
     print(json.dumps({k: getattr(args, k) for k in (
         "model", "host", "port", "served_model_name", "dtype", "tensor_parallel_size",
         "max_num_seqs", "seed", "gpu_memory_utilization", "kv_cache_memory_bytes",
-        "uvicorn_log_level", "enable_scale_out")}))
+        "uvicorn_log_level", "enable_scale_out", "enforce_eager", "max_num_batched_tokens")}))
 """
 
 
@@ -155,6 +155,7 @@ def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
         "tp_size": 2,
         "max_total_tokens": 1000,
         "mem_fraction_static": 0.6,
+        "extra_args": ["--max-num-batched-tokens", "2048"],  # inference.engine_args
     }
     argvs = [engine_command(full)[3:], engine_command({"model_path": str(model), "port": 9})[3:]]
     argvs.append([*argvs[1], "--max-num-sequences", "4"])  # a misspelled flag must not pass
@@ -182,10 +183,13 @@ def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
         "kv_cache_memory_bytes": 1000 * 2 * 2 * 2 * 16 * 4,
         "uvicorn_log_level": "warning",
         "enable_scale_out": True,
+        "enforce_eager": True,  # on a CPU: no graph capture at start-up
+        "max_num_batched_tokens": 2048,
     }
     assert (
         plain["port"] == 9 and plain["max_num_seqs"] is None and plain["seed"] == 0
     )  # vLLM default
+    assert plain["max_num_batched_tokens"] is None
     assert wrong == {"error": 2}
 
 
@@ -338,15 +342,18 @@ async def _update_mid_request(
     weights are put back."""
     async with VLLMClient(url) as client, VLLMClient(url) as trainer:
         params = {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True}
-        progress = asyncio.Event()
+        progress, paused = asyncio.Event(), asyncio.Event()
 
         async def watch(prompt: list[int]) -> Any:
-            """Stream ``prompt``; ``progress`` once 50 tokens are out (the batch is underway)."""
+            """Stream ``prompt``; ``progress`` once 50 tokens are out (the batch is underway).
+            The stream then waits for the pause before reading on: a reader that falls behind
+            on a loaded machine finds the rest buffered and would never yield to the pause."""
             last = None
             async for chunk in client.generate_stream(input_ids=prompt, sampling_params=params):
                 last = chunk
-                if len(chunk.output_ids) >= 50:
+                if len(chunk.output_ids) >= 50 and not progress.is_set():
                     progress.set()
+                    await paused.wait()
             return last
 
         async def request() -> Any:
@@ -360,6 +367,7 @@ async def _update_mid_request(
         task = asyncio.create_task(request())
         await progress.wait()
         await trainer.pause_generation(mode)  # type: ignore[arg-type]
+        paused.set()
         await trainer.update_weights_from_disk(model, weight_version=version)
         await trainer.continue_generation()
         out = await task

