@@ -51,7 +51,7 @@ $(DEMO_STAMP): pyproject.toml constraints-cpu.txt
 
 # Everything: the test tools and the real CLIs the adapter tests drive.
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev,ray]'
 	@# The Claude Code CLI for tests/gateway/test_claude_code.py (the test skips without npm).
 	@if command -v npm >/dev/null 2>&1; then \
 		npm install --prefix .cache/npm --no-audit --no-fund --loglevel=error \

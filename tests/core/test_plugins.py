@@ -93,6 +93,10 @@ class EveryRegistry:
         register("demo-tasks", "task set")
 
     @hookimpl
+    def areal_register_launchers(self, register):
+        register("demo-launcher", "launcher")
+
+    @hookimpl
     def areal_register_monitor_panels(self, register):
         register("demo-panel", lambda view: "panel")
 

@@ -276,7 +276,7 @@ def test_unknown_keys_list_the_known_ones() -> None:
     ]
     assert errors_of(["asyn.enabled=false"]) == [
         "asyn: unknown key; did you mean async? known keys: model, dataset, train, algorithm, "
-        "sampling, inference, async, agent, logging, warm_start"
+        "sampling, inference, async, agent, logging, warm_start, launcher"
     ]
 
 
@@ -396,6 +396,7 @@ def test_the_schema_uses_the_seed_key_names() -> None:
         "agent",
         "logging",
         "warm_start",
+        "launcher",
     ]
     assert schema["required"] == ["model", "dataset"]
     json.dumps(schema)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from areal.core.launcher import Placement
 from areal.core.run_config import RunConfig
 from areal.run.machine import backend_uses_gpu, gpu_count
 
@@ -60,7 +61,27 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         f"output     {output_dir} (checkpoint every {logging.save_interval} steps, keep "
         f"{logging.keep_checkpoints}); logs {logging.log_dir}"
     )
+    lines += placement_lines(config)
     return ["# plan (nothing is started):", *[f"#   {line}" for line in lines]]
+
+
+def placement_lines(config: RunConfig) -> list[str]:
+    """Where the launcher puts each process (``local``: all on this machine, said once)."""
+    from areal.core.launcher import launcher_for
+    from areal.run.processes import engine_placement, trainer_placement
+
+    launcher = launcher_for(config)
+    if launcher.name == "local":
+        return ["launcher   local: every process on this machine"]
+    placements = [engine_placement(config, i) for i in range(config.inference.engines)]
+    placements.append(Placement("gateway", "gateway"))
+    placements += [
+        Placement(f"rollout{i}", "rollout") for i in range(config.async_.rollout_workers)
+    ]
+    placements.append(trainer_placement(config))
+    return [f"launcher   {launcher.name}:"] + [
+        f"  {p.name:<9}-> {launcher.describe(p)}" for p in placements
+    ]
 
 
 def _engine(name: str) -> str:

@@ -38,6 +38,12 @@ def train_command(
     dry_run: bool = typer.Option(
         False, "--dry-run", help="Print the resolved config and the processes, then exit."
     ),
+    launcher: str | None = typer.Option(
+        None,
+        "--launcher",
+        help="Where the processes run: local (default), ray, slurm, or a plugin's launcher; "
+        "the same as --set launcher.name=NAME.",
+    ),
     torchrun: str = typer.Option(
         "",
         "--torchrun",
@@ -51,6 +57,8 @@ def train_command(
     """
     from areal.run import train as entry
 
+    if launcher is not None:
+        overrides = [*overrides, f"launcher.name={launcher}"]
     try:
         run_config = entry.load(str(config), overrides, str(agent_config) if agent_config else None)
     except ConfigError as err:
@@ -59,8 +67,12 @@ def train_command(
     if dry_run:
         from areal.cli.dry_run import plan_lines
 
+        try:
+            plan = plan_lines(run_config, out)
+        except ValueError as err:  # the launcher's options
+            raise CLIError(str(err)) from None
         typer.echo(run_config.to_yaml())
-        typer.echo("\n".join(plan_lines(run_config, out)))
+        typer.echo("\n".join(plan))
         return
     names = run_config.logging.metric_sinks
     extra = shlex.split(torchrun)

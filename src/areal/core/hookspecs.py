@@ -40,6 +40,13 @@ def areal_register_inference_backends(register: Register) -> None:
 
 
 @hookspec
+def areal_register_launchers(register: Register) -> None:
+    """Register launchers, which place a run's processes (this machine, a Ray cluster, a Slurm
+    allocation): ``register(name, LauncherSpec(...))`` (:mod:`areal.core.launcher`).
+    ``launcher.name`` picks one."""
+
+
+@hookspec
 def areal_register_tool_parsers(register: Register) -> None:
     """Register parsers that turn generated text into tool calls, one per chat-template family:
     ``register(name, parser_factory)``."""

@@ -30,6 +30,7 @@ ENTRY_POINT_GROUP = "areal"
 DEFAULT_PLUGINS: tuple[str, ...] = (
     "areal.plugins.models.register",
     "areal.plugins.inference.register",
+    "areal.plugins.launchers.register",
     "areal.plugins.tool_parsers.register",
     "areal.plugins.queues.register",
     "areal.plugins.rewards.register",
@@ -45,6 +46,7 @@ DEFAULT_PLUGINS: tuple[str, ...] = (
 REGISTRY_HOOKS: dict[str, str] = {
     "model_families": "model family",
     "inference_backends": "inference backend",
+    "launchers": "launcher",
     "tool_parsers": "tool parser",
     "engines": "training engine",
     "losses": "loss",

@@ -409,6 +409,17 @@ class InferenceConfig(_Section):
 # --- the whole run -----------------------------------------------------------------------------
 
 
+class LauncherConfig(_Section):
+    """Where the run's processes run: this machine, a Ray cluster, a Slurm allocation."""
+
+    name: str = Field(default="local", description=_registered("Launcher", "launchers"))
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The launcher's own options (ray: address, resources per role; slurm: "
+        "partition, nodes, time, ...); docs/scale-out.md lists them.",
+    )
+
+
 class RunConfig(_Section):
     """One training run. Load files with :func:`load_run_config`, which names keys in errors."""
 
@@ -422,6 +433,7 @@ class RunConfig(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     warm_start: WarmStartConfig = Field(default_factory=WarmStartConfig)
+    launcher: LauncherConfig = Field(default_factory=LauncherConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> RunConfig:
@@ -692,6 +704,7 @@ NAME_KEYS: tuple[NameKey, ...] = (
     NameKey("algorithm.loss", "losses"),
     NameKey("algorithm.advantage", "losses", prefix=ADVANTAGE_PREFIX),
     NameKey("inference.backend", "inference_backends"),
+    NameKey("launcher.name", "launchers"),
     NameKey("dataset.name", "task_sets"),
     NameKey("logging.metric_sinks", "metric_sinks"),
 )

@@ -45,6 +45,7 @@ __all__ = [
     "launched",
     "rank",
     "torchrun_command",
+    "write_resolved",
 ]
 
 TORCHRUN_ENV = "AREAL_TORCHRUN_ARGS"
@@ -83,16 +84,22 @@ def _nnodes(args: Sequence[str]) -> int:
     return 1
 
 
-def launch(
-    config: RunConfig, output_dir: Path, *, resume: bool = False, extra: Sequence[str] = ()
-) -> int:
-    """Write the resolved config, run torchrun, return its exit code (0 after a graceful stop)."""
-    extra = [*shlex.split(os.environ.get(TORCHRUN_ENV, "")), *extra]
+def write_resolved(config: RunConfig, output_dir: Path) -> Path:
+    """The config with ``--set`` and ``${ENV}`` applied, for processes that read the same run."""
     run_dir = output_dir / "run"
     run_dir.mkdir(parents=True, exist_ok=True)
     resolved = run_dir / "resolved.yaml"
     resolved.write_text(config.to_yaml())
     resolved.chmod(0o600)  # ${ENV} values are in it
+    return resolved
+
+
+def launch(
+    config: RunConfig, output_dir: Path, *, resume: bool = False, extra: Sequence[str] = ()
+) -> int:
+    """Write the resolved config, run torchrun, return its exit code (0 after a graceful stop)."""
+    extra = [*shlex.split(os.environ.get(TORCHRUN_ENV, "")), *extra]
+    resolved = write_resolved(config, output_dir)
     try:
         command = torchrun_command(
             config.async_.train_workers, resolved, output_dir, resume=resume, extra=extra

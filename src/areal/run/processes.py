@@ -16,6 +16,7 @@ from typing import Any
 
 import yaml
 
+from areal.core.launcher import Placement
 from areal.core.plugins import registry
 from areal.core.process import pick_free_port
 from areal.core.run_config import RunConfig
@@ -88,7 +89,27 @@ def engine_child(
         after_start=after_start,
         before_restart=before_restart,
         cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
+        placement=engine_placement(config, index),
     )
+
+
+def engine_placement(config: RunConfig, index: int) -> Placement:
+    """Engine ``index`` needs ``tp_size`` GPUs when its backend serves on GPUs and there are any."""
+    from areal.run.machine import backend_uses_gpu, gpu_count
+
+    on_gpu = backend_uses_gpu(config.inference.backend) and gpu_count() > 0
+    return Placement(f"engine{index}", "engine", gpus=config.inference.tp_size if on_gpu else 0)
+
+
+def trainer_placement(config: RunConfig) -> Placement:
+    """The trainer (rank 0 and, under torchrun on its node, the other ranks): a GPU per rank on
+    a GPU run."""
+    from areal.run.machine import gpu_count
+
+    device = config.train.device
+    on_gpu = device == "cuda" or (device == "auto" and gpu_count() > 0)
+    workers = config.async_.train_workers
+    return Placement("trainer", "trainer", cpus=1.0, gpus=workers if on_gpu else 0)
 
 
 def server_env(wanted: dict[str, str]) -> dict[str, str]:
@@ -173,6 +194,7 @@ def gateway_child(
         start_timeout=120.0,
         after_start=after_start,
         stage=1,
+        placement=Placement("gateway", "gateway"),
     )
     return child, GatewayAdmin(url, admin_token)
 
@@ -256,6 +278,7 @@ def worker_child(
         max_restarts=5,
         before_restart=before_restart,
         stage=2,
+        placement=Placement(f"rollout{index}", "rollout"),
     )
 
 

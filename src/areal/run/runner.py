@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal.core.launcher import launcher_for
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.model_source import ModelSourceError, resolve_models
 from areal.core.plugins import registry
@@ -416,7 +417,7 @@ class _Run:
         data: tuple[int, list[list[int]]],
     ) -> tuple[Supervisor, GatewayAdmin]:
         config, attached = self.config, self.attached
-        supervisor = Supervisor(on_spawn=self.note_pid)
+        supervisor = Supervisor(on_spawn=self.note_pid, launcher=launcher_for(config))
         if attached is not None:  # the gateway's own secrets, from the environment
             admin_token = attached.admin.admin_token
             gateway_key: str | None = os.environ.get("AREAL_GATEWAY_KEY")

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from areal.core.launcher import Launcher, LocalLauncher, Placement
 from areal.core.process import ServerProcess
 
 log = logging.getLogger("areal.supervisor")
@@ -47,6 +48,7 @@ class Child:
     max_restarts: int = 3
     stage: int = 0  # start_all starts stage 0 first (all at once), then 1, ...
     cpus: set[int] | None = None  # CPU affinity, set right after the process starts
+    placement: Placement | None = None  # what the launcher needs to place it (None: here)
     before_restart: Hook | None = None
     after_start: Hook | None = None  # after every start that became healthy, first one included
     restarts: int = 0
@@ -67,8 +69,10 @@ class Supervisor:
         *,
         poll_interval: float = 0.5,
         on_spawn: Callable[[Child], None] | None = None,
+        launcher: Launcher | None = None,
     ) -> None:
         self.children: list[Child] = list(children)
+        self.launcher: Launcher = launcher or LocalLauncher()
         self.poll_interval = poll_interval
         self.on_spawn = on_spawn  # after every (re)start, e.g. to note its pid
         self._stopping = False
@@ -106,10 +110,14 @@ class Supervisor:
 
     def _spawn(self, child: Child) -> None:
         env = {**os.environ, **child.env, PROCESS_ENV: child.name}
-        child.process = ServerProcess(
-            child.command(), log_path=child.log_path, env=env, name=child.name
-        ).start()
-        if child.cpus and child.process.pid is not None:
+        command = list(child.command())
+        placed = child.placement is not None and self.launcher.name != "local"
+        if placed:
+            assert child.placement is not None
+            command = self.launcher.wrap(child.placement, command)
+        child.process = ServerProcess(command, log_path=child.log_path, env=env, name=child.name)
+        child.process.start()
+        if child.cpus and not placed and child.process.pid is not None:
             # Before the interpreter starts its thread pools, which inherit the mask.
             os.sched_setaffinity(child.process.pid, child.cpus)
         if self.on_spawn is not None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import runpy
 import shlex
 import sys
@@ -70,6 +71,9 @@ def run(
     except ModelSourceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    submitted = submit_to_launcher(config, output_dir, resume)
+    if submitted is not None:
+        return submitted
     if config.async_.train_workers > 1:
         from areal.run import launch
 
@@ -96,6 +100,28 @@ def run(
         file=sys.stderr,
     )
     return 0
+
+
+def submit_to_launcher(config: RunConfig, output_dir: Path, resume: bool) -> int | None:
+    """Outside its cluster, a launcher with a ``submit`` runs the trainer there (its exit code);
+    ``None``: the run goes on in this process (``local``, or already inside the cluster)."""
+    from areal.core.launcher import LAUNCHED_BY_ENV, LauncherSpec, launcher_for
+    from areal.core.plugins import registry
+
+    name = config.launcher.name
+    try:
+        launcher_for(config)  # the options, checked before anything starts
+    except (ValueError, ConfigError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    spec: LauncherSpec = registry("launchers").get(name, key="launcher.name")
+    if not spec.submit or os.environ.get(LAUNCHED_BY_ENV) == name:
+        return None
+    from areal.run.launch import write_resolved
+    from areal.run.processes import trainer_placement
+
+    resolved = write_resolved(config, output_dir)
+    return spec.run_submit(config, output_dir, resolved, resume, trainer_placement(config))
 
 
 def follow(config: RunConfig, output_dir: Path) -> None:

@@ -1,0 +1,1 @@
+"""Built-in launchers: this machine, a Ray cluster, a Slurm allocation."""

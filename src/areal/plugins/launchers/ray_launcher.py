@@ -1,0 +1,126 @@
+"""The Ray launcher: every process of a run a Ray actor, placed by the resources its role asks.
+
+``areal train CONFIG --launcher ray`` on a machine of a running Ray cluster (``ray start``;
+``RAY_ADDRESS`` or ``launcher.options.address`` names another) hands the trainer to Ray as an
+actor (:func:`submit`); the trainer's rank 0 then starts the engines, the gateway and the rollout
+workers as actors too (:class:`RayLauncher`), each through a local stand-in process
+(:mod:`areal.plugins.launchers.ray_exec`) that the supervisor watches like any child. Roles go
+where their resources are: start a node with ``ray start --resources '{"inference": 8}'`` and
+set ``launcher.options.resources.engine: {inference: 1}``, and the engines land there.
+
+Every process reaches the others at 127.0.0.1 today, so the nodes must share one host (the local
+multi-node cluster the tests use) until engines listen on their node's address.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from areal.core.launcher import LAUNCHED_BY_ENV, Placement, Role
+from areal.core.parent_death import guarded
+from areal.plugins.launchers.ray_exec import NAMESPACE_ENV
+
+if TYPE_CHECKING:
+    from areal.core.run_config import RunConfig
+
+INSTALL_HINT = "pip install 'areal[ray]' (make setup installs it into .venv)"
+
+
+class RayOptions(BaseModel):
+    """``launcher.options`` for ``launcher.name: ray``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str | None = None  # default: RAY_ADDRESS, else the cluster this machine is in
+    resources: dict[Role, dict[str, float]] = Field(default_factory=dict)  # custom, per role
+    cpus: dict[Role, float] = Field(default_factory=dict)  # logical CPUs per role (default 1)
+    stop_timeout_s: float = Field(default=30.0, gt=0)
+
+
+def ray_options(options: dict[str, Any]) -> RayOptions:
+    try:
+        return RayOptions(**options)
+    except ValidationError as err:
+        problem = err.errors()[0]
+        key = ".".join(str(part) for part in problem["loc"])
+        raise ValueError(f"launcher.options.{key}: {problem['msg']}") from None
+
+
+class RayLauncher:
+    """Wraps each child's command in a :mod:`~areal.plugins.launchers.ray_exec` stand-in."""
+
+    name = "ray"
+
+    def __init__(self, options: dict[str, Any], config: RunConfig | None = None) -> None:
+        self.options = ray_options(options)
+
+    def actor_args(self, placement: Placement) -> list[str]:
+        opts = self.options
+        cpus = opts.cpus.get(placement.role, placement.cpus)
+        args = ["--name", placement.name, "--num-cpus", str(cpus)]
+        args += ["--num-gpus", str(placement.gpus), "--stop-timeout", str(opts.stop_timeout_s)]
+        if opts.address:
+            args += ["--address", opts.address]
+        resources = opts.resources.get(placement.role)
+        return args + (["--resources", json.dumps(resources)] if resources else [])
+
+    def wrap(self, placement: Placement, command: Sequence[str]) -> list[str]:
+        stand_in = [sys.executable, "-m", "areal.plugins.launchers.ray_exec"]
+        return [*stand_in, *self.actor_args(placement), "--", *command]
+
+    def describe(self, placement: Placement) -> str:
+        opts = self.options
+        needs = [f"{opts.cpus.get(placement.role, placement.cpus):g} CPU"]
+        if placement.gpus:
+            needs.append(f"{placement.gpus} GPU")
+        needs += [f"{v:g} {k}" for k, v in opts.resources.get(placement.role, {}).items()]
+        return f"Ray actor {placement.name!r} on a node with {', '.join(needs)}"
+
+
+def why_not_runnable() -> str | None:
+    import importlib.util
+
+    if importlib.util.find_spec("ray") is None:
+        return f"the ray launcher needs the ray package: {INSTALL_HINT}"
+    return None
+
+
+def submit(
+    config: RunConfig, output_dir: Path, resolved_config: Path, resume: bool, trainer: Placement
+) -> int:
+    """Run the trainer as a Ray actor (its rank 0 places the rest) and follow it to its end:
+    its log lines are printed here, Ctrl-C stops it gracefully, its exit code is returned."""
+    problem = why_not_runnable()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    launcher = RayLauncher(dict(config.launcher.options), config)
+    command = [sys.executable, "-m", "areal", "train", str(resolved_config)]
+    command += ["--output-dir", str(output_dir)] + (["--resume"] if resume else [])
+    namespace = f"areal-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, LAUNCHED_BY_ENV: "ray", NAMESPACE_ENV: namespace}
+    print(f"[ray] the trainer goes to Ray (namespace {namespace})", file=sys.stderr, flush=True)
+    proc = subprocess.Popen(guarded(launcher.wrap(trainer, command)), env=env)
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)  # the trainer stops gracefully on SIGINT
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)

@@ -1,0 +1,28 @@
+"""Built-in launchers: ``local`` (the default), ``ray``."""
+
+from __future__ import annotations
+
+from areal.core.hookspecs import Register, hookimpl
+from areal.core.launcher import LauncherSpec
+
+
+@hookimpl
+def areal_register_launchers(register: Register) -> None:
+    register(
+        "local",
+        LauncherSpec(
+            name="local",
+            factory="areal.core.launcher:LocalLauncher",
+            description="every process on this machine",
+        ),
+    )
+    register(
+        "ray",
+        LauncherSpec(
+            name="ray",
+            factory="areal.plugins.launchers.ray_launcher:RayLauncher",
+            submit="areal.plugins.launchers.ray_launcher:submit",
+            description="each process a Ray actor, placed by its resources (pip install "
+            "'areal[ray]')",
+        ),
+    )

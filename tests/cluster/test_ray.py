@@ -1,0 +1,168 @@
+"""The Ray launcher on a real two-node Ray cluster on this machine: a head node holding the
+``inference`` resource and a second ``ray start --address`` node holding ``train``. A stand-in
+runs its command as an actor where the resources are and passes exit codes and signals
+through; the quickstart trains 3 steps with ``--launcher ray``, the engine on one node and the
+trainer on the other, as ``ray list actors`` shows. One cluster for the module (≈ 30-50 s)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import areal
+from areal.core.process import pick_free_port
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).parents[2]
+RAY = Path(sys.executable).with_name("ray")
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    address: str  # the GCS, for ray.init and ``ray start --address``
+    dashboard: str  # the state API, for ``ray list``
+    env: dict[str, str]  # what a process needs to find this cluster and run this areal
+
+    def ray(self, *args: str) -> Any:
+        """``ray list ... --format json`` of the real CLI, parsed."""
+        done = subprocess.run(
+            [str(RAY), *args, "--format", "json", "--address", self.dashboard, "--limit", "500"],
+            env=self.env, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    def node_with(self, resource: str) -> str:
+        (node,) = [
+            n["node_id"] for n in self.ray("list", "nodes") if resource in n["resources_total"]
+        ]
+        return str(node)
+
+    def actors(self, namespace: str | None = None) -> dict[str, dict[str, Any]]:
+        """The actors by name (the newest of each), of one namespace or all."""
+        found: dict[str, dict[str, Any]] = {}
+        for actor in self.ray("list", "actors"):
+            if namespace is None or actor["ray_namespace"] == namespace:
+                found[actor["name"]] = actor
+        return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
+    if not RAY.exists():
+        pytest.fail(f"no ray CLI at {RAY}: `make setup` installs areal[ray]")
+    port, dashboard = pick_free_port(), pick_free_port()
+    # Ray's socket paths must stay short: a temp dir of its own under /tmp.
+    temp = Path(f"/tmp/ray-areal-{os.getpid()}")
+    src = str(Path(areal.__file__).resolve().parents[1])
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": f"127.0.0.1:{port}",
+           "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    head = [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1"]
+    head += ["--num-cpus", "4", "--resources", '{"inference": 4}', "--temp-dir", str(temp)]
+    head += ["--include-dashboard", "true", "--dashboard-port", str(dashboard)]
+    second = [str(RAY), "start", "--address", f"127.0.0.1:{port}", "--node-ip-address", "127.0.0.1"]
+    second += ["--num-cpus", "4", "--resources", '{"train": 4}']
+    try:
+        for command in (head, second):
+            done = subprocess.run(
+                [*command, "--disable-usage-stats"], env=env, capture_output=True, text=True,
+                timeout=240,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        yield RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", env)
+    finally:
+        subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def stand_in(*args: str) -> list[str]:
+    return [sys.executable, "-m", "areal.plugins.launchers.ray_exec", *args]
+
+
+def test_a_stand_in_runs_its_command_as_an_actor_where_the_resource_is(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    env = {**ray_cluster.env, "AREAL_RAY_NAMESPACE": "stand-in", "GREETING": "hello"}
+    program = "import os, sys; print(os.environ['GREETING'], os.getpid(), flush=True); sys.exit(7)"
+    command = stand_in(
+        "--name", "exits", "--resources", '{"train": 1}', "--", sys.executable, "-c", program
+    )
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 7, done.stderr[-2000:]  # the command's own exit code
+    assert "hello " in done.stdout  # its output, and the environment the supervisor gave it
+
+    # SIGTERM reaches the command, which exits on its own terms; its actor goes with it.
+    program = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(3)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(120)\n"
+    )
+    log = tmp_path / "stopped.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            stand_in("--name", "stopped", "--resources", '{"inference": 1}', "--",
+                     sys.executable, "-c", program),
+            env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        deadline = time.monotonic() + 90
+        while "ready" not in log.read_text() and time.monotonic() < deadline:
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 3, log.read_text()
+    assert "got SIGTERM" in log.read_text()
+    actors = ray_cluster.actors("stand-in")
+    assert actors["exits"]["node_id"] == ray_cluster.node_with("train")
+    assert actors["stopped"]["node_id"] == ray_cluster.node_with("inference")
+    assert {a["state"] for a in actors.values()} == {"DEAD"}
+
+
+def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    command = [
+        sys.executable, "-m", "areal", "train", str(REPO / "configs" / "quickstart.yaml"),
+        "--launcher", "ray",
+        "--set", "launcher.options={resources: {engine: {inference: 1}, trainer: {train: 1}}}",
+        "--set", "train.max_steps=3", "--set", "warm_start.steps=0",
+        "--set", "model.init_tiny=nano", "--set", f"model.path={tmp_path / 'model'}",
+        "--set", "async.trigger_batch_size=8", "--set", "train.global_batch_size=8",
+        "--set", "train.mini_batch_size=8", "--set", "agent.concurrency=8",
+        "--set", f"logging.log_dir={tmp_path / 'logs'}", "--output-dir", str(tmp_path / "out"),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command, cwd=tmp_path, env=ray_cluster.env, capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    assert "done: 3 steps, version 3" in done.stdout + done.stderr
+    (namespace,) = {line.split("namespace ")[1].rstrip(")") for line in done.stderr.splitlines()
+                    if "the trainer goes to Ray (namespace" in line}  # fmt: skip
+    actors = ray_cluster.actors(namespace)
+    assert set(actors) == {"trainer", "engine0", "gateway", "rollout0"}, actors
+    assert actors["engine0"]["node_id"] == ray_cluster.node_with("inference")
+    assert actors["trainer"]["node_id"] == ray_cluster.node_with("train")
+    assert all(a["state"] == "DEAD" for a in actors.values())  # nothing outlives the run
+    # The accounting is exact: every episode received is trained, dropped or still buffered.
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    counters = summary["counters"]
+    assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]
+    assert counters["trained"] == 3 * 8
+    lines = (tmp_path / "logs" / "train.log").read_text().splitlines()
+    assert [line.split()[1] for line in lines if line.startswith("[train] ")] == [
+        "step=1", "step=2", "step=3"
+    ]  # fmt: skip
