@@ -12,6 +12,7 @@ parent-death guard). ``ray list actors`` shows each actor by the run's process n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -49,6 +50,7 @@ class ProcessActor:
             cwd=cwd,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own group: signals go to the command through it
         )
         threading.Thread(target=self._read, daemon=True).start()
         context = ray.get_runtime_context()
@@ -75,12 +77,13 @@ class ProcessActor:
         return out, code
 
     def send(self, signum: int) -> None:
+        """To the command's group (the guard's watcher waits; the command decides)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signum)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signum)
 
     def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+        self.send(signal.SIGKILL)
 
 
 def actor_options(args: argparse.Namespace) -> dict[str, Any]:
