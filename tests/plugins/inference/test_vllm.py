@@ -396,7 +396,16 @@ def restore(checkpoints: dict[str, str]) -> None:
 def test_in_place_keeps_the_request_and_labels_the_switch(
     vllm_url: str, checkpoints: dict[str, str], restore: None
 ) -> None:
-    out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
+    # The premise, that the update lands while the request runs, needs the engine to be behind
+    # the stream the test reads. On a loaded machine vLLM's API server can relay tokens seconds
+    # after its engine made them, so the engine may be done before the pause arrives: one span
+    # of the old version. That premise is tried again (a pause that never froze anything would
+    # show the same every time); what is asserted holds for the first run where it held.
+    for _attempt in range(3):
+        out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
+        spans = out.weight_versions
+        if not (len(spans) == 1 and spans[0].version != "2"):
+            break
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
