@@ -47,8 +47,8 @@ def train_command(
     torchrun: str = typer.Option(
         "",
         "--torchrun",
-        help="Extra torchrun flags when async.train_workers > 1, e.g. on each of 2 nodes: "
-        "--torchrun '--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN'.",
+        help="Extra torchrun flags when async.train_workers > 1, e.g. on node K (0 or 1) of 2: "
+        "--torchrun '--nnodes 2 --node-rank K --rdzv-endpoint NODE0:29500' (node 0 runs rank 0).",
     ),
 ) -> None:
     """Train a policy by asynchronous RL on a run config.

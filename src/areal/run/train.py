@@ -143,8 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--torchrun",
         default="",
-        help="extra torchrun flags when async.train_workers > 1 (several nodes: "
-        "'--nnodes 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id RUN')",
+        help="extra torchrun flags when async.train_workers > 1 (on node K of 2: "
+        "'--nnodes 2 --node-rank K --rdzv-endpoint NODE0:29500')",
     )
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format=LOG_FORMAT)

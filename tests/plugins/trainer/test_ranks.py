@@ -160,6 +160,33 @@ def test_torchrun_command_single_and_multi_node(tmp_path: Path) -> None:
         torchrun_command(3, config, tmp_path, resume=False, extra=["--nnodes=2"])
 
 
+def test_a_node_of_two_gets_one_rank_and_a_command_torchrun_accepts(tmp_path: Path) -> None:
+    """Node 1 of two: ``--nproc-per-node 1``, no ``--standalone`` (it would ignore the
+    rendezvous), and torchrun's own parser reads the command as two nodes meeting at the
+    endpoint, running ``areal.run.train`` with our arguments."""
+    from torch.distributed.run import get_args_parser
+
+    extra = ["--nnodes", "2", "--node-rank", "1", "--rdzv-backend", "c10d"]
+    extra += ["--rdzv-endpoint", "127.0.0.1:29555", "--rdzv-id", "r1"]
+    command = torchrun_command(2, tmp_path / "resolved.yaml", tmp_path, resume=False, extra=extra)
+    assert "--standalone" not in command
+    assert command[3:5] == ["--nproc-per-node", "1"]
+    args = get_args_parser().parse_args(command[3:])
+    assert (args.nnodes, args.nproc_per_node, args.node_rank) == ("2", "1", 1)
+    assert (args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id) == (
+        "c10d",
+        "127.0.0.1:29555",
+        "r1",
+    )
+    assert not args.standalone and args.module and args.training_script == "areal.run.train"
+    assert args.training_script_args == [
+        "--config",
+        str(tmp_path / "resolved.yaml"),
+        "--output-dir",
+        str(tmp_path),
+    ]
+
+
 def test_a_rank_group_trains_like_one_process_and_resumes_exactly(tmp_path: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AREAL_DIST_TIMEOUT_S": "60"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]

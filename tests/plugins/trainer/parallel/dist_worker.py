@@ -6,6 +6,9 @@ statistics and the updated full parameters to ``OUT_DIR/<layout>.pt`` (rank 0). 
 also saves a DCP checkpoint in one layout, resumes it in another and exports HF safetensors from
 the sharded model. Torch imports cost seconds per process, so one launch does everything of its
 world size; the tests compare the files with the single-process step computed in the test.
+
+``python dist_worker.py torchrun LAYOUT OUT_DIR`` is one rank that torchrun started (``env://``):
+it runs LAYOUT alone and also writes ``OUT_DIR/env-rank<RANK>.json``, where torchrun put it.
 """
 
 from __future__ import annotations
@@ -328,5 +331,32 @@ def main(world: int, out: Path) -> None:
     mp.spawn(_rank_main, args=(world, port, out), nprocs=world, join=True)
 
 
+# torchrun's placement of a rank: its global and node-local rank, and the node's (GROUP_RANK)
+TORCHRUN_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK")
+
+
+def torchrun_main(layout: str, out: Path) -> None:
+    """One rank of a launch that torchrun set up (maybe over several nodes): run ``layout`` and
+    record torchrun's placement, so a test can see which node ran which rank."""
+    import torch.distributed as dist
+
+    out.mkdir(parents=True, exist_ok=True)
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    try:
+        placement = {key: int(os.environ[key]) for key in TORCHRUN_KEYS}
+        (out / f"env-rank{rank}.json").write_text(json.dumps(placement))
+        _run_layout(layout, LAYOUTS[dist.get_world_size()][layout], out)
+    except Exception:
+        (out / f"error-rank{rank}.json").write_text(json.dumps({layout: traceback.format_exc()}))
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    main(int(sys.argv[1]), Path(sys.argv[2]))
+    if sys.argv[1] == "torchrun":
+        torchrun_main(sys.argv[2], Path(sys.argv[3]))
+    else:
+        main(int(sys.argv[1]), Path(sys.argv[2]))

@@ -3,6 +3,8 @@ tp×cp, dp×ep, dp×cp×ep, dp×pp, tp×pp, cp×pp, dp×pp×ep), HSDP, activatio
 pipeline schedules, on real gloo ranks, against the same step in one process: loss and updated
 parameters agree to 1e-5. The dense layouts train the nano Qwen3 (tied embeddings), the ``moe_``
 ones its Qwen3-MoE twin, the ``untied_`` ones (pipelines) the nano with an untied LM head.
+The dp2 step also runs as two torchrun "nodes" on loopback (one rank each, areal's own torchrun
+command with multi-node flags, static and c10d rendezvous): the path of several machines.
 
 The optimizer is SGD so that parameters differ exactly by lr × the gradients' difference: Adam's
 first steps divide each gradient element by its own size, which turns fp32 rounding differences
@@ -11,7 +13,14 @@ of near-zero gradients into differences of the learning rate's order.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,12 +29,12 @@ import pytest
 import torch
 
 from areal.plugins.trainer.step import train_step
+from areal.run.launch import torchrun_command
 
 pytestmark = pytest.mark.slow
 
-_spec = importlib.util.spec_from_file_location(
-    "dist_worker", Path(__file__).with_name("dist_worker.py")
-)
+WORKER = Path(__file__).with_name("dist_worker.py")
+_spec = importlib.util.spec_from_file_location("dist_worker", WORKER)
 assert _spec is not None and _spec.loader is not None
 worker: Any = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(worker)
@@ -55,9 +64,13 @@ def test_step_matches_single_process(
     world: int,
     layout: str,
 ) -> None:
+    check_step(torch.load(launch(world) / f"{layout}.pt"), references, layout)
+
+
+def check_step(got: dict[str, Any], references: dict[str, dict[str, Any]], layout: str) -> None:
+    """``got`` (rank 0's file of one layout) is the single-process step of the layout's model."""
     kind = worker.model_kind(layout)
     reference = references[kind]
-    got = torch.load(launch(world) / f"{layout}.pt")
     ref = reference["stats"]
     assert got["stats"]["n_valid_tokens"] == ref["n_valid_tokens"]
     assert got["stats"]["n_tokens"] == ref["n_tokens"]
@@ -75,3 +88,85 @@ def test_step_matches_single_process(
     name = "model.layers.0.mlp.experts.up_proj" if moe else "model.layers.0.mlp.up_proj.weight"
     before = worker.build_model(kind=kind).state_dict()[name]
     assert (got["params"][name] - before).abs().max() > 1e-3
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _node_command(node_args: list[str], out: Path) -> list[str]:
+    """areal's own torchrun command for 2 ranks with a user's multi-node flags, running the
+    worker's ``dp2`` instead of ``areal.run.train``."""
+    command = torchrun_command(2, out / "resolved.yaml", out, resume=False, extra=node_args)
+    launcher = command[: command.index("areal.run.train") - 1]  # up to "-m areal.run.train"
+    return [*launcher, str(WORKER), "torchrun", "dp2", str(out)]
+
+
+def _run_nodes(commands: list[list[str]], outs: list[Path], timeout: float = 180) -> None:
+    """Start every node's torchrun at once (as on separate machines) and wait for all; a node
+    that fails or hangs fails the test with every node's log. Nothing outlives the call."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    procs: list[subprocess.Popen[bytes]] = []
+    codes: list[int | None] = []
+    try:
+        for command, out in zip(commands, outs, strict=True):
+            out.mkdir(parents=True)
+            with (out / "torchrun.log").open("wb") as log:
+                procs.append(
+                    subprocess.Popen(
+                        command,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+        deadline = time.monotonic() + timeout
+        for proc in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            codes.append(proc.returncode)
+    finally:
+        for proc in procs:  # torchrun and its rank: the launcher's whole session
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if codes != [0] * len(procs):
+        logs = "\n".join(
+            f"--- node {i} (exit {code}) ---\n{(out / 'torchrun.log').read_text()[-3000:]}"
+            for i, (code, out) in enumerate(zip(codes, outs, strict=True))
+        )
+        pytest.fail(f"a node failed or hung (None: killed after {timeout} s):\n{logs}")
+
+
+@pytest.mark.parametrize("rendezvous", ["static", "c10d"])
+def test_two_nodes_on_loopback_match_the_single_process_step(
+    references: dict[str, dict[str, Any]], tmp_path: Path, rendezvous: str
+) -> None:
+    """Two torchrun launchers of one rank each, joined only through the rendezvous endpoint as
+    two machines would be, train dp2 like one process. ``static`` (torchrun's default) makes
+    ``--node-rank`` the node's rank, so node 0 runs rank 0; ``c10d`` ignores ``--node-rank`` and
+    numbers the nodes itself, so either may run rank 0."""
+    endpoint = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}"]
+    if rendezvous == "static":
+        node_args = [[*endpoint, "--node-rank", str(node)] for node in (0, 1)]
+    else:
+        c10d = ["--rdzv-backend", "c10d", "--rdzv-id", f"loopback-{tmp_path.name}"]
+        node_args = [[*endpoint, *c10d]] * 2
+    outs = [tmp_path / f"node{node}" for node in (0, 1)]
+    _run_nodes([_node_command(args, out) for args, out in zip(node_args, outs, strict=True)], outs)
+
+    placements = [[json.loads(f.read_text()) for f in out.glob("env-rank*.json")] for out in outs]
+    assert [len(ranks) for ranks in placements] == [1, 1], placements  # one rank per node
+    node_ranks = []
+    for (placement,) in placements:
+        assert placement["WORLD_SIZE"] == 2 and placement["LOCAL_WORLD_SIZE"] == 1, placement
+        assert placement["LOCAL_RANK"] == 0 and placement["RANK"] == placement["GROUP_RANK"]
+        node_ranks.append(placement["GROUP_RANK"])
+    assert node_ranks == [0, 1] if rendezvous == "static" else sorted(node_ranks) == [0, 1]
+    rank0 = outs[node_ranks.index(0)]
+    assert not (outs[node_ranks.index(1)] / "dp2.pt").exists()  # only rank 0 writes the step
+    check_step(torch.load(rank0 / "dp2.pt"), references, "dp2")
