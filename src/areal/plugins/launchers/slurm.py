@@ -37,6 +37,7 @@ __all__ = [
     "SlurmLauncher",
     "SlurmOptions",
     "factory",
+    "node_lines",
     "parse_options",
     "sbatch_script",
     "submit",
@@ -138,16 +139,7 @@ def sbatch_script(
         "# `areal train --launcher slurm`. The first trainer_nodes hosts run the trainer, the",
         "# rest the engines; with fewer hosts, the engines share the first trainer node.",
         *(f"#SBATCH {q(flag)}" for flag in flags),
-        "set -euo pipefail",
-        'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
-        f"TRAINER=(\"${{HOSTS[@]:0:{trainers}}}\")",
-        f"INFERENCE=(\"${{HOSTS[@]:{trainers}}}\")",
-        f'if (( ${{#TRAINER[@]}} < {trainers} )); then',
-        f'  echo "areal: {trainers} trainer node(s) asked, the job has ${{#HOSTS[@]}}" >&2; exit 2',
-        "fi",
-        f'export {TRAINER_NODES_ENV}="${{TRAINER[*]}}"',
-        f'export {INFERENCE_NODES_ENV}="${{INFERENCE[*]}}"',
-        'FIRST_TRAINER_NODE="${TRAINER[0]}"',
+        *node_lines(options),
     ]
     if trainers > 1:
         rdzv = f"--nnodes {trainers} --rdzv-backend c10d"
@@ -159,6 +151,24 @@ def sbatch_script(
     step += ["--job-name=trainer", "--", *(q(arg) for arg in train)]
     lines.append("exec " + " ".join(step))
     return "\n".join(lines) + "\n"
+
+
+def node_lines(options: SlurmOptions) -> list[str]:
+    """Bash that splits the allocation's hosts into ``TRAINER`` and ``INFERENCE`` and exports
+    them for :meth:`SlurmLauncher.wrap` (which runs in the supervisor, inside the job)."""
+    trainers = options.trainer_nodes
+    return [
+        "set -euo pipefail",
+        'mapfile -t HOSTS < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
+        f'TRAINER=("${{HOSTS[@]:0:{trainers}}}")',
+        f'INFERENCE=("${{HOSTS[@]:{trainers}}}")',
+        f"if (( ${{#TRAINER[@]}} < {trainers} )); then",
+        f'  echo "areal: {trainers} trainer node(s) asked, the job has ${{#HOSTS[@]}}" >&2; exit 2',
+        "fi",
+        f'export {TRAINER_NODES_ENV}="${{TRAINER[*]}}"',
+        f'export {INFERENCE_NODES_ENV}="${{INFERENCE[*]}}"',
+        'FIRST_TRAINER_NODE="${TRAINER[0]}"',
+    ]
 
 
 def submit(config: RunConfig, output_dir: Path, resolved_config: Path) -> int:
@@ -232,7 +242,9 @@ class SlurmLauncher:
     def wrap(self, placement: Placement, command: Sequence[str]) -> list[str]:
         """``srun --overlap ... -- command``: a step sharing the allocation with the trainer's."""
         node = self.node(placement)
-        args = ["srun", "--overlap", "--nodes=1", "--ntasks=1"]
+        # --disable-status: a SIGINT reaches the task (a graceful stop); srun answers SIGTERM by
+        # SIGKILLing the step, so a supervisor that wants a graceful stop sends SIGINT.
+        args = ["srun", "--overlap", "--disable-status", "--nodes=1", "--ntasks=1"]
         args += [f"--nodelist={node}"] if node else []
         args += [f"--cpus-per-task={self.cpus(placement)}"]
         args += [f"--gpus={placement.gpus}"] if placement.gpus else []
