@@ -55,6 +55,8 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
 ReturnToService=2
+# A job asking for more nodes than the partition has is refused, not left pending forever.
+EnforcePartLimits=ALL
 SlurmctldPort=${AREAL_SLURMCTLD_PORT:-6817}
 SlurmdPort=${AREAL_SLURMD_PORT:-6818}
 StateSaveLocation=$DIR/state
@@ -108,7 +110,13 @@ start() {
     for _ in $(seq 120); do
         state=$(sinfo --noheader --nodes="$HOST" --format=%T 2>/dev/null || true)
         case "$state" in
-            idle|mixed|allocated) log "node $HOST is $state (SLURM_CONF=$CONF)"; return ;;
+            # slurmctld restores "idle" from its saved state before slurmd has registered: a
+            # one-task job step is the proof that the node runs work.
+            idle|mixed|allocated)
+                if timeout 20 srun --nodes=1 --ntasks=1 --time=1 --job-name=areal-probe true \
+                    >/dev/null 2>&1; then
+                    log "node $HOST is $state and runs jobs (SLURM_CONF=$CONF)"; return
+                fi ;;
             down*|drain*) scontrol update nodename="$HOST" state=resume 2>/dev/null || true ;;
         esac
         sleep 0.5

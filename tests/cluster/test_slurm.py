@@ -10,6 +10,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -214,3 +215,30 @@ def test_a_quickstart_run_trains_three_steps_inside_the_allocation(
     assert "done: 3 steps" in log.read_text()
     assert (out / "run" / "areal.sbatch").is_file()
     assert took < 90, took
+
+
+def test_a_job_cancelled_before_it_starts_is_a_failure(
+    slurm_cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``sbatch --wait`` exits 0 for a pending job that is cancelled; submit must not."""
+    config = quickstart(tmp_path)
+    name = f"areal-held-{os.getpid()}"
+    options = SlurmOptions(inference_nodes=0, job_name=name, sbatch_args=["--hold"])
+
+    def cancel() -> None:
+        for _ in range(100):
+            listed = subprocess.run(
+                ["squeue", "--noheader", f"--name={name}", "--format=%i"],
+                capture_output=True, text=True,
+            ).stdout.split()  # fmt: skip
+            if listed:
+                subprocess.run(["scancel", *listed], check=True)
+                return
+            time.sleep(0.1)
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    code = submit_with(config, tmp_path / "out", tmp_path / "never-read.yaml", options)
+    canceller.join()
+    assert code == 1
+    assert "ended CANCELLED" in capsys.readouterr().err

@@ -208,12 +208,29 @@ def submit_with(
         print(f"slurm: job {job} submitted ({script}); its log: {log}", file=sys.stderr)
     try:
         proc.stdout.read()
-        return proc.wait()
+        code = proc.wait()
     except KeyboardInterrupt:  # the job must not outlive the command that follows it
         if job:
             subprocess.run(["scancel", job], check=False)
         proc.wait()
         return 130
+    state = job_state(job) if job and code == 0 else None
+    if state not in (None, "COMPLETED"):  # sbatch --wait exits 0 for a job cancelled unstarted
+        print(f"error: slurm job {job} ended {state}", file=sys.stderr)
+        return 1
+    return code
+
+
+def job_state(job: str) -> str | None:
+    """``JobState`` of a finished job while slurmctld still holds it (MinJobAge); else None."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return None
+    done = subprocess.run(
+        [scontrol, "--oneliner", "show", "job", job], capture_output=True, text=True, check=False
+    )
+    found = re.search(r"\bJobState=(\S+)", done.stdout)
+    return found.group(1) if done.returncode == 0 and found else None
 
 
 class SlurmLauncher:
