@@ -98,5 +98,15 @@ bench-gateway: $(STAMP)
 bench-async: $(STAMP)
 	$(PY) bench/async_vs_sync.py $(BENCH_ARGS)
 
+# A one-node Slurm cluster on this machine, for tests/cluster and `areal train --launcher slurm`
+# (root: apt-installs slurm-wlm and munge when slurmctld is missing; state in /tmp/areal-slurm).
+# `make setup` does not need it; the cluster tests bring it up themselves or skip.
+.PHONY: slurm slurm-stop
+slurm:
+	bash tests/cluster/slurm_local.sh start
+
+slurm-stop:
+	bash tests/cluster/slurm_local.sh stop
+
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache .mypy_cache

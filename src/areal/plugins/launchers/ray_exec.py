@@ -129,7 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     # By its module's name, not __main__'s: the workers import it rather than unpickle a copy.
     from areal.plugins.launchers.ray_exec import ProcessActor as Actor
 
-    actor = ray.remote(Actor).options(**actor_options(args)).remote()
+    # Ray's stubs type an actor's methods as plain callables; the handle is untyped here.
+    actor: Any = ray.remote(Actor).options(**actor_options(args)).remote()
     out = sys.stdout.buffer
     try:
         where = ray.get(actor.start.remote(command, dict(os.environ), os.getcwd()))

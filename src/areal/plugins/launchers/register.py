@@ -1,4 +1,4 @@
-"""Built-in launchers: ``local`` (the default), ``ray``."""
+"""Built-in launchers: ``local`` (the default), ``ray``, ``slurm``."""
 
 from __future__ import annotations
 
@@ -24,5 +24,14 @@ def areal_register_launchers(register: Register) -> None:
             submit="areal.plugins.launchers.ray_launcher:submit",
             description="each process a Ray actor, placed by its resources (pip install "
             "'areal[ray]')",
+        ),
+    )
+    register(
+        "slurm",
+        LauncherSpec(
+            name="slurm",
+            factory="areal.plugins.launchers.slurm:factory",
+            submit="areal.plugins.launchers.slurm:submit",
+            description="one sbatch allocation; each process an srun step in it",
         ),
     )
