@@ -5,7 +5,9 @@ places a supervised child (its wrapped command runs, the supervisor's restart ru
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
 TAGGING_LAUNCHER = '''
 import sys
+import time
 from areal import hookimpl
 from areal.core.launcher import LauncherSpec
 
@@ -119,3 +122,34 @@ def test_ray_options_are_checked_with_the_key_named() -> None:
     assert launcher.describe(Placement("engine0", "engine")) == (
         "Ray actor 'engine0' on a node with 1 CPU, 1 inference"
     )
+
+
+def test_a_launchers_stop_signal_is_what_stops_its_children(tmp_path: Path) -> None:
+    """srun turns SIGTERM into a SIGKILL of the step, so the slurm launcher stops with SIGINT."""
+
+    class Interrupting(LocalLauncher):
+        name = "interrupting"
+        stop_signal = signal.SIGINT
+
+    program = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('got SIGINT', flush=True), sys.exit(0)))\n"
+        "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(1)))\n"
+        "print('up', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "gateway.log"
+    child = Child(
+        name="gateway",
+        command=lambda: [sys.executable, "-c", program],
+        log_path=log,
+        placement=Placement("gateway", "gateway"),
+    )
+    supervisor = Supervisor([child], poll_interval=0.05, launcher=Interrupting())
+    asyncio.run(supervisor.start_all())
+    deadline = time.monotonic() + 30
+    while "up" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    supervisor.stop_all(timeout=10)
+    assert "got SIGINT" in log.read_text() and "got SIGTERM" not in log.read_text()
+    assert child.process is not None and child.process.returncode == 0

@@ -17,6 +17,7 @@ torch-free and Ray-free: a launcher's module is imported only when a run picks i
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,8 @@ class Placement:
 
 class Launcher(Protocol):
     name: str
+    # What the supervisor sends a wrapped child to stop it gracefully (optional: SIGTERM).
+    stop_signal: int
 
     def wrap(self, placement: Placement, command: Sequence[str]) -> list[str]:
         """The command line that runs ``command`` where ``placement`` goes."""
@@ -88,6 +91,7 @@ class LocalLauncher:
     """Every process on this machine, as the command says (the default)."""
 
     name = "local"
+    stop_signal = signal.SIGTERM
 
     def __init__(self, options: dict[str, Any] | None = None, config: Any = None) -> None:
         if options:

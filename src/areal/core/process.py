@@ -64,6 +64,7 @@ class ServerProcess:
         cwd: str | os.PathLike[str] | None = None,
         name: str | None = None,
         die_with_parent: bool = True,
+        stop_signal: int = signal.SIGTERM,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess needs a non-empty command")
@@ -73,6 +74,9 @@ class ServerProcess:
         self.cwd = cwd
         self.name = name or Path(self.command[0]).name
         self.die_with_parent = die_with_parent
+        self.stop_signal = (
+            stop_signal  # what asks it to stop (a launcher's wrapper may want SIGINT)
+        )
         self.url: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -109,13 +113,14 @@ class ServerProcess:
         return self
 
     def stop(self, timeout: float = 10.0) -> int | None:
-        """SIGTERM the whole group, SIGKILL what is left after ``timeout``; returns the exit code."""
+        """``stop_signal`` (SIGTERM) to the whole group, SIGKILL what is left after ``timeout``;
+        returns the exit code."""
         proc = self._proc
         if proc is None:
             return None
         deadline = time.monotonic() + timeout
         try:
-            self._signal_group(signal.SIGTERM)
+            self._signal_group(self.stop_signal)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=timeout)
             # Forked workers may outlive the leader: give them the rest of the time, then SIGKILL.

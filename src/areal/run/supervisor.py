@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,10 @@ class Supervisor:
         if placed:
             assert child.placement is not None
             command = self.launcher.wrap(child.placement, command)
-        child.process = ServerProcess(command, log_path=child.log_path, env=env, name=child.name)
+        stop = getattr(self.launcher, "stop_signal", signal.SIGTERM) if placed else signal.SIGTERM
+        child.process = ServerProcess(
+            command, log_path=child.log_path, env=env, name=child.name, stop_signal=stop
+        )
         child.process.start()
         if child.cpus and not placed and child.process.pid is not None:
             # Before the interpreter starts its thread pools, which inherit the mask.

@@ -16,6 +16,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -241,6 +242,9 @@ class SlurmLauncher:
     """Each child is an ``srun`` step of the run's allocation, on the node its role calls for."""
 
     name = "slurm"
+    # srun turns a SIGTERM into a SIGKILL of the step; a SIGINT reaches the task
+    # (--disable-status), which stops on its own terms.
+    stop_signal = signal.SIGINT
 
     def __init__(self, options: SlurmOptions, config: RunConfig | None = None) -> None:
         self.options = options
