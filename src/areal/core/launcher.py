@@ -48,7 +48,7 @@ class Placement:
 class Launcher(Protocol):
     name: str
     # What the supervisor sends a wrapped child to stop it gracefully (optional: SIGTERM).
-    stop_signal: int
+    stop_signal: signal.Signals
 
     def wrap(self, placement: Placement, command: Sequence[str]) -> list[str]:
         """The command line that runs ``command`` where ``placement`` goes."""
@@ -91,7 +91,7 @@ class LocalLauncher:
     """Every process on this machine, as the command says (the default)."""
 
     name = "local"
-    stop_signal = signal.SIGTERM
+    stop_signal: signal.Signals = signal.SIGTERM
 
     def __init__(self, options: dict[str, Any] | None = None, config: Any = None) -> None:
         if options:

@@ -64,7 +64,7 @@ class ServerProcess:
         cwd: str | os.PathLike[str] | None = None,
         name: str | None = None,
         die_with_parent: bool = True,
-        stop_signal: int = signal.SIGTERM,
+        stop_signal: signal.Signals = signal.SIGTERM,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess needs a non-empty command")

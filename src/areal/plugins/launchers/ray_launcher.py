@@ -62,7 +62,7 @@ class RayLauncher:
     """Wraps each child's command in a :mod:`~areal.plugins.launchers.ray_exec` stand-in."""
 
     name = "ray"
-    stop_signal = signal.SIGTERM  # the stand-in passes it on to the command
+    stop_signal: signal.Signals = signal.SIGTERM  # the stand-in passes it on to the command
 
     def __init__(self, options: dict[str, Any], config: RunConfig | None = None) -> None:
         self.options = ray_options(options)

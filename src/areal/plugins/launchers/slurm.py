@@ -244,7 +244,7 @@ class SlurmLauncher:
     name = "slurm"
     # srun turns a SIGTERM into a SIGKILL of the step; a SIGINT reaches the task
     # (--disable-status), which stops on its own terms.
-    stop_signal = signal.SIGINT
+    stop_signal: signal.Signals = signal.SIGINT
 
     def __init__(self, options: SlurmOptions, config: RunConfig | None = None) -> None:
         self.options = options
