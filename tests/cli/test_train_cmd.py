@@ -26,14 +26,34 @@ def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
     assert yaml.safe_load(body)["async"]["rollout_workers"] == 2
     rows = [line.removeprefix("#   ") for line in tail.strip().splitlines()]
     assert [row.split()[0] for row in rows] == [
-        "engine0", "gateway", "rollout0", "rollout1", "trainer", "output",
+        "engine0", "gateway", "rollout0", "rollout1", "trainer", "output", "launcher",
     ]  # fmt: skip
-    engine, gateway, rollout, _, trainer, output = rows
+    engine, gateway, rollout, _, trainer, output, launcher = rows
+    assert launcher == "launcher   local: every process on this machine"
     assert "embedded on 127.0.0.1:<free port at start>, cpu (cores 0)" in engine
     assert "ZeroMQ queue" in gateway and "staleness_threshold 3" in gateway
     assert "openai_sdk on task set calculator, 128 episodes at once" in rollout
     assert trainer.startswith("trainer    1 rank(s) (dp 1 tp 1 pp 1 cp 1 ep 1), fsdp on ")
     assert output.startswith("output     runs/quickstart (checkpoint every 20 steps")
+
+
+def test_dry_run_says_where_a_launcher_puts_each_process(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["train", "configs/quickstart.yaml", "--dry-run", "--launcher", "ray"]
+    args += ["--set", "launcher.options={resources: {engine: {inference: 1}}}"]
+    result = runner.invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    plan = result.stdout.rpartition("#   launcher   ray:")[2].strip().splitlines()
+    assert [line.removeprefix("#     ") for line in plan] == [
+        "engine0  -> Ray actor 'engine0' on a node with 1 CPU, 1 inference",
+        "gateway  -> Ray actor 'gateway' on a node with 1 CPU",
+        "rollout0 -> Ray actor 'rollout0' on a node with 1 CPU",
+        "trainer  -> Ray actor 'trainer' on a node with 1 CPU",
+    ]
+    assert main([*args[:5], "--set", "launcher.options={adress: x}"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error: launcher.options.adress: ") and err.count("\n") == 1
 
 
 def test_a_bad_config_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
