@@ -292,3 +292,23 @@ def _group_has_live_members(pgid: int) -> bool:
 def _stop_leftovers() -> None:
     for server in list(_live):
         server.stop(timeout=5.0)
+
+
+def wait_passing_on_stops(proc: subprocess.Popen[bytes]) -> tuple[int, bool]:
+    """Wait for ``proc``, a trainer started by this process; a SIGINT or SIGTERM meanwhile is
+    passed on as SIGINT, the trainer's graceful stop. Returns its exit code and whether a stop
+    was passed on."""
+    signalled: list[int] = []
+
+    def forward(signum: int, _frame: object) -> None:
+        signalled.append(signum)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGINT)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        code = proc.wait()
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return code, bool(signalled)

@@ -20,20 +20,18 @@ torch-free at import: this runs in the process the user started, before any rank
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from areal.core.parent_death import guarded
+from areal.core.process import wait_passing_on_stops
 from areal.core.train_engine import dist_timeout, launched, rank
 
 if TYPE_CHECKING:
@@ -110,19 +108,7 @@ def launch(
     started = time.time()
     # torchrun dies with this process, by any signal; its ranks watch torchrun (train.run).
     proc = subprocess.Popen(guarded(command), start_new_session=True)
-    signalled: list[int] = []
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        signalled.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)  # rank 0 stops gracefully on SIGINT
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        code = proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    code, signalled = wait_passing_on_stops(proc)  # rank 0 stops gracefully on SIGINT
     if code and signalled and _stopped_by_signal(output_dir / "summary.json", started):
         return 0  # torchrun exits non-zero after forwarding a signal; rank 0 finished cleanly
     if code and code not in (2, 130):

@@ -14,7 +14,6 @@ multi-node cluster the tests use) until engines listen on their node's address.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -23,13 +22,13 @@ import sys
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from areal.core.launcher import LAUNCHED_BY_ENV, Placement, Role
 from areal.core.parent_death import guarded
+from areal.core.process import wait_passing_on_stops
 from areal.plugins.launchers.ray_exec import NAMESPACE_ENV
 
 if TYPE_CHECKING:
@@ -114,14 +113,4 @@ def submit(
     env = {**os.environ, LAUNCHED_BY_ENV: "ray", NAMESPACE_ENV: namespace}
     print(f"[ray] the trainer goes to Ray (namespace {namespace})", file=sys.stderr, flush=True)
     proc = subprocess.Popen(guarded(launcher.wrap(trainer, command)), env=env)
-
-    def forward(signum: int, _frame: FrameType | None) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)  # the trainer stops gracefully on SIGINT
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        return proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return wait_passing_on_stops(proc)[0]
