@@ -183,14 +183,14 @@ async def _generate(config: RunConfig, out: Path, s: Settings) -> Generation:
     )  # fmt: skip
     admin = secrets.token_urlsafe(24)
     gateway, handle = gateway_child(
-        config, router=router_config(config, run_dir), engine_urls=[engine.url or ""],
+        config, router=router_config(config, run_dir), engine_urls=lambda: [engine.url or ""],
         queue_address=source.address, version=lambda: 0, log_dir=log_dir, admin_token=admin,
         gateway_key=secrets.token_urlsafe(24),
     )  # fmt: skip
     supervisor.add(gateway)
     supervisor.add(
         worker_child(
-            config, 0, gateway_url=handle.url, model_id=RouterConfig().policy.model_id,
+            config, 0, gateway_url=lambda: handle.url, model_id=RouterConfig().policy.model_id,
             run_dir=run_dir, log_dir=log_dir, admin_token=admin, start=0, skip=[],
         )
     )  # fmt: skip

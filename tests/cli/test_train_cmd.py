@@ -50,7 +50,12 @@ def test_dry_run_says_where_a_launcher_puts_each_process(
         "gateway  -> Ray actor 'gateway' on a node with 1 CPU",
         "rollout0 -> Ray actor 'rollout0' on a node with 1 CPU",
         "trainer  -> Ray actor 'trainer' on a node with 1 CPU",
+        "the servers listen on 127.0.0.1: every node on one host (launcher.listen: loopback)",
     ]
+    across = runner.invoke(make_app(), [*args, "--set", "launcher.listen=node"])
+    assert across.stdout.rstrip().endswith(
+        "#     the servers listen on their node's address (launcher.listen: node)"
+    ), across.output
     assert main([*args[:5], "--set", "launcher.options={adress: x}"]) != 0
     err = capsys.readouterr().err
     assert err.startswith("error: launcher.options.adress: ") and err.count("\n") == 1

@@ -2,7 +2,10 @@
 ``inference`` resource and a second ``ray start --address`` node holding ``train``. A stand-in
 runs its command as an actor where the resources are and passes exit codes and signals
 through; the quickstart trains 3 steps with ``--launcher ray``, the engine on one node and the
-trainer on the other, as ``ray list actors`` shows. One cluster for the module (≈ 30-50 s)."""
+trainer on the other, as ``ray list actors`` shows. The nodes run at this machine's routed
+address, not loopback, and the run listens there (``launcher.listen: node``): its engine, gateway
+and queue bind that address only, so the run trains only if every process reaches the others
+where Ray's nodes are. One cluster for the module (≈ 30-50 s)."""
 
 from __future__ import annotations
 
@@ -21,6 +24,7 @@ from typing import Any
 import pytest
 
 import areal
+from areal.core.on_node import node_address
 from areal.core.process import pick_free_port
 
 pytestmark = pytest.mark.slow
@@ -32,6 +36,7 @@ RAY = Path(sys.executable).with_name("ray")
 @dataclass(frozen=True)
 class RayCluster:
     address: str  # the GCS, for ray.init and ``ray start --address``
+    node_ip: str  # where both nodes are: this machine's address off loopback
     dashboard: str  # the state API, for ``ray list``
     env: dict[str, str]  # what a process needs to find this cluster and run this areal
 
@@ -64,16 +69,18 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
     if not RAY.exists():
         pytest.fail(f"no ray CLI at {RAY}: `make setup` installs areal[ray]")
     port, dashboard = pick_free_port(), pick_free_port()
+    ip = node_address()  # what the shim on a node finds without Ray's word
+    assert not ip.startswith("127."), "this machine has no address off loopback to run Ray at"
     # Ray's socket paths must stay short: a temp dir of its own under /tmp.
     temp = Path(f"/tmp/ray-areal-{os.getpid()}")
     src = str(Path(areal.__file__).resolve().parents[1])
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": f"127.0.0.1:{port}",
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_ADDRESS": f"{ip}:{port}",
            "PYTHONPATH": os.pathsep.join([src, *filter(None, [os.environ.get("PYTHONPATH")])])}  # fmt: skip
     env.pop("CUDA_VISIBLE_DEVICES", None)
-    head = [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address", "127.0.0.1"]
+    head = [str(RAY), "start", "--head", "--port", str(port), "--node-ip-address", ip]
     head += ["--num-cpus", "4", "--resources", '{"inference": 4}', "--temp-dir", str(temp)]
     head += ["--include-dashboard", "true", "--dashboard-port", str(dashboard)]
-    second = [str(RAY), "start", "--address", f"127.0.0.1:{port}", "--node-ip-address", "127.0.0.1"]
+    second = [str(RAY), "start", "--address", f"{ip}:{port}", "--node-ip-address", ip]
     second += ["--num-cpus", "4", "--resources", '{"train": 4}']
     try:
         for command in (head, second):
@@ -82,7 +89,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
                 timeout=240,
             )  # fmt: skip
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        yield RayCluster(f"127.0.0.1:{port}", f"http://127.0.0.1:{dashboard}", env)
+        yield RayCluster(f"{ip}:{port}", ip, f"http://127.0.0.1:{dashboard}", env)
     finally:
         subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
@@ -136,7 +143,7 @@ def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
 ) -> None:
     command = [
         sys.executable, "-m", "areal", "train", str(REPO / "configs" / "quickstart.yaml"),
-        "--launcher", "ray",
+        "--launcher", "ray", "--set", "launcher.listen=node",
         "--set", "launcher.options={resources: {engine: {inference: 1}, trainer: {train: 1}}}",
         "--set", "train.max_steps=3", "--set", "warm_start.steps=0",
         "--set", "model.init_tiny=nano", "--set", f"model.path={tmp_path / 'model'}",
@@ -150,6 +157,10 @@ def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
     output = done.stdout[-3000:] + done.stderr[-3000:]
     assert done.returncode == 0, output
     assert "done: 3 steps, version 3" in done.stdout + done.stderr
+    # Each server said where it listens, on its node; the others reached it there.
+    for server in ("engine0", "gateway"):
+        said = f"{server} runs on {ray_cluster.node_ip}: http://{ray_cluster.node_ip}:"
+        assert said in done.stdout + done.stderr, output
     (namespace,) = {line.split("namespace ")[1].rstrip(")") for line in done.stderr.splitlines()
                     if "the trainer goes to Ray (namespace" in line}  # fmt: skip
     actors = ray_cluster.actors(namespace)

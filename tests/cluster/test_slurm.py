@@ -18,6 +18,7 @@ import pytest
 
 import areal
 from areal.core.config import ConfigError
+from areal.core.on_node import node_address
 from areal.core.run_config import RunConfig, load_run_config
 from areal.plugins.launchers.slurm import (
     Placement,
@@ -192,9 +193,10 @@ def test_a_quickstart_run_trains_three_steps_inside_the_allocation(
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
     # launcher.name slurm: inside the job `areal train` runs the run and every child (engine,
-    # gateway, rollout worker) is an `srun --overlap` step of the allocation.
+    # gateway, rollout worker) is an `srun --overlap` step of the allocation. The servers listen
+    # on the node's routed address (launcher.listen: node), as they must across hosts.
     options = "launcher.options={inference_nodes: 0, time: '00:05:00'}"
-    config = quickstart(tmp_path, "launcher.name=slurm", options)
+    config = quickstart(tmp_path, "launcher.name=slurm", options, "launcher.listen=node")
     out = tmp_path / "out"
     resolved = out / "run" / "resolved.yaml"  # what `areal train --launcher slurm` writes
     resolved.parent.mkdir(parents=True)
@@ -215,7 +217,11 @@ def test_a_quickstart_run_trains_three_steps_inside_the_allocation(
     assert [l.split()[1] for l in train_log if l.startswith("[train] ")] == [  # noqa: E741
         "step=1", "step=2", "step=3",
     ]  # fmt: skip
-    assert "done: 3 steps" in log.read_text()
+    job_log = log.read_text()
+    assert "done: 3 steps" in job_log
+    ip = node_address()
+    for server in ("engine0", "gateway"):  # each step said its node's address through srun
+        assert f"{server} runs on {ip}: http://{ip}:" in job_log, job_log[-3000:]
     assert (out / "run" / "areal.sbatch").is_file()
     assert took < 90, took
 

@@ -239,6 +239,12 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "gateway_config to a router config whose model_routing has it",
         ),
         (
+            ["launcher.listen=node"],
+            "launcher.listen: node spreads the run over machines, but launcher.name is local "
+            "(every process on this one); pick a launcher that places processes (ray, slurm) "
+            "or keep listen: loopback",
+        ),
+        (
             ["dataset.path=tasks.jsonl"],
             "dataset: give exactly one of dataset.path (a tasks file) and dataset.name "
             "(a built-in task set)",

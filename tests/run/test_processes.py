@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from areal.core.on_node import NODE_HOST
 from areal.core.run_config import run_config_from_dict
 from areal.gateway import server
 from areal.gateway.training_flags import TrainingFlags
@@ -45,7 +46,7 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     )
     version = [5]
     child, admin = gateway_child(
-        config, router=tmp_path / "router.yaml", engine_urls=["http://e0", "http://e1"],
+        config, router=tmp_path / "router.yaml", engine_urls=lambda: ["http://e0", "http://e1"],
         queue_address=QUEUE, version=lambda: version[0], log_dir=tmp_path,
         admin_token="admin-token-0123456789", gateway_key="gateway-key-0123456789",
     )  # fmt: skip
@@ -55,6 +56,7 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     assert (got["engines"], got["log_dir"], got["log_level"]) == (
         ["http://e0", "http://e1"], str(tmp_path), "warning",
     )  # fmt: skip
+    assert (got["host"], got["allow_remote"]) == ("127.0.0.1", False)
     assert f"http://127.0.0.1:{got['port']}" == child.url
     assert got["training"] == TrainingFlags(
         sink="zmq",
@@ -68,3 +70,29 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     version[0] = 9  # the trainer moved on; a restarted gateway starts there
     assert parsed(child.command(), monkeypatch)["training"].start_version == 9
     assert "admin-token-0123456789" not in " ".join(child.command())
+
+
+def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``launcher.listen: node``: the command carries the node-address placeholder (the shim on
+    the node fills it in) and allows the remote bind; the url is a template until then."""
+    config = run_config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "model")},
+            "dataset": {"name": "tool_then_answer"},
+            "launcher": {"name": "ray", "listen": "node"},
+        }
+    )
+    child, admin = gateway_child(
+        config, router=tmp_path / "router.yaml", engine_urls=lambda: ["http://10.0.0.7:8000"],
+        queue_address="tcp://10.0.0.1:5555", version=lambda: 0, log_dir=tmp_path,
+        admin_token="admin-token-0123456789", gateway_key="gateway-key-0123456789",
+    )  # fmt: skip
+    assert child.url_template == child.url and NODE_HOST in (child.url or "")
+    on_the_node = [part.replace(NODE_HOST, "10.0.0.9") for part in child.command()]
+    got = parsed(on_the_node, monkeypatch)
+    assert (got["host"], got["allow_remote"]) == ("10.0.0.9", True)
+    assert got["engines"] == ["http://10.0.0.7:8000"]
+    assert child.url_template.replace(NODE_HOST, "10.0.0.9") == f"http://10.0.0.9:{got['port']}"
+    assert admin.url == child.url  # the admin client follows once the supervisor learns the url

@@ -79,8 +79,15 @@ def placement_lines(config: RunConfig) -> list[str]:
         Placement(f"rollout{i}", "rollout") for i in range(config.async_.rollout_workers)
     ]
     placements.append(trainer_placement(config))
-    return [f"launcher   {launcher.name}:"] + [
-        f"  {p.name:<9}-> {launcher.describe(p)}" for p in placements
+    listen = (
+        "the servers listen on their node's address (launcher.listen: node)"
+        if config.launcher.listen == "node"
+        else "the servers listen on 127.0.0.1: every node on one host (launcher.listen: loopback)"
+    )
+    return [
+        f"launcher   {launcher.name}:",
+        *[f"  {p.name:<9}-> {launcher.describe(p)}" for p in placements],
+        f"  {listen}",
     ]
 
 

@@ -80,6 +80,7 @@ class ServerProcess:
         self.url: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
+        self._log_start = 0
 
     def __repr__(self) -> str:
         return f"ServerProcess({self.name!r}, pid={self.pid}, url={self.url!r})"
@@ -96,6 +97,7 @@ class ServerProcess:
             _check_executable(command[0], env)  # the wrapper would only exit 127
             command = guarded(command)
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self._log_start = self._log.tell()  # where this start's output begins (restarts append)
         try:
             self._proc = subprocess.Popen(
                 command,
@@ -222,6 +224,28 @@ class ServerProcess:
                 raise TimeoutError(
                     self._failure(f"was not healthy at {health_url} after {timeout:g}s ({last})")
                 )
+            time.sleep(interval)
+
+    def wait_for_line(self, prefix: str, timeout: float, interval: float = 0.1) -> str:
+        """The rest of the first line of this start's output that begins with ``prefix`` (a
+        server announcing where it listens); fails like :meth:`wait_healthy`."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.name} was not started")
+        wanted = prefix.encode()
+        deadline = time.monotonic() + timeout
+        while True:
+            code = self._proc.poll()
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_start)
+                for line in fh:
+                    if line.startswith(wanted) and line.endswith(b"\n"):
+                        return line[len(wanted) :].decode(errors="replace").strip()
+            if code is not None:
+                raise ServerExitedError(
+                    self._failure(f"exited with code {code} before it printed {prefix!r}")
+                )
+            if time.monotonic() >= deadline:
+                raise TimeoutError(self._failure(f"printed no {prefix!r} in {timeout:g}s"))
             time.sleep(interval)
 
     def _failure(self, what: str) -> str:

@@ -418,6 +418,13 @@ class LauncherConfig(_Section):
         description="The launcher's own options (ray: address, resources per role; slurm: "
         "partition, nodes, time, ...); docs/scale-out.md lists them.",
     )
+    listen: Literal["loopback", "node"] = Field(
+        default="loopback",
+        description="Where the engines, the gateway and the trainer's queue listen: loopback "
+        "(127.0.0.1: every process of the run on one host) or node (the address of the node "
+        "each one runs on, which the others learn as it starts: a run across machines; put the "
+        "nodes on a private network). node needs a launcher that places processes (ray, slurm).",
+    )
 
 
 class RunConfig(_Section):
@@ -469,6 +476,12 @@ class RunConfig(_Section):
                 f"train.parallelism: dp {par.dp} × tp {par.tp} × pp {par.pp} × cp {par.cp} = "
                 f"{par.world_size} ranks but async.train_workers is {run.train_workers}: set "
                 f"async.train_workers={par.world_size} or make the product {run.train_workers}"
+            )
+        if self.launcher.listen == "node" and self.launcher.name == "local":
+            found.append(
+                "launcher.listen: node spreads the run over machines, but launcher.name is local "
+                "(every process on this one); pick a launcher that places processes (ray, slurm) "
+                "or keep listen: loopback"
             )
         if par.dp % par.dp_replicate:
             found.append(

@@ -66,6 +66,7 @@ class InferenceBackend:
 # these onto its server's own flags and may ignore what its server has no use for.
 ENGINE_OPTIONS = (
     "model_path",  # a local checkpoint directory
+    "host",  # optional: the address to listen on (default loopback; another: reachable remotely)
     "port",
     "max_running_requests",
     "weight_version",  # the version the weights in model_path are

@@ -78,6 +78,9 @@ class EngineSetup:
     output_dir: Path
     threads: int = 1  # torch threads of this process
     resume_from: Path | None = None  # the checkpoint directory a ``--resume`` continues from
+    # Where the trainer's own servers listen (the weight group's store): its node's address on
+    # a run across machines (``launcher.listen: node``).
+    listen_address: str = "127.0.0.1"
 
     @classmethod
     def from_config(
@@ -88,8 +91,17 @@ class EngineSetup:
         threads: int = 1,
         resume_from: Path | None = None,
     ) -> EngineSetup:
+        from areal.core.on_node import node_address
+
         sections = {name: getattr(config, name) for name in SECTIONS}
-        return cls(**sections, output_dir=output_dir, threads=threads, resume_from=resume_from)
+        listen = node_address() if config.launcher.listen == "node" else "127.0.0.1"
+        return cls(
+            **sections,
+            output_dir=output_dir,
+            threads=threads,
+            resume_from=resume_from,
+            listen_address=listen,
+        )
 
 
 class WeightSync(Protocol):

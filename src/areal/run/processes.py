@@ -8,6 +8,7 @@ gateway key) travel in the children's environment only, never in files or comman
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Awaitable, Callable
@@ -17,6 +18,7 @@ from typing import Any
 import yaml
 
 from areal.core.launcher import Placement
+from areal.core.on_node import NODE_HOST
 from areal.core.plugins import registry
 from areal.core.process import pick_free_port
 from areal.core.run_config import RunConfig
@@ -29,6 +31,7 @@ __all__ = [
     "engine_child",
     "gateway_child",
     "gateway_training_flags",
+    "listen_host",
     "router_config",
     "run_sampling",
     "worker_child",
@@ -48,8 +51,10 @@ def engine_child(
     after_start: Callable[[Child], Awaitable[None]] | None = None,
     before_restart: Callable[[Child], Awaitable[None]] | None = None,
 ) -> Child:
-    """Inference engine ``index`` on a port of its own (kept across restarts)."""
+    """Inference engine ``index`` on a port of its own (kept across restarts), on loopback or,
+    with ``launcher.listen: node``, on its node's address (:func:`listen_host`)."""
     port = pick_free_port()
+    host = listen_host(config)
     backend = registry("inference_backends").get(config.inference.backend)
     launcher = backend.load_launcher()
     total_concurrency = config.async_.rollout_workers * config.agent.concurrency
@@ -60,6 +65,7 @@ def engine_child(
         # The backend-neutral options (areal.core.specs.ENGINE_OPTIONS); the launcher maps them.
         options: dict[str, Any] = {
             "model_path": model_dir(),
+            "host": host,
             "port": port,
             "max_running_requests": max(64, total_concurrency),
             "weight_version": str(version()),
@@ -84,13 +90,19 @@ def engine_child(
             **server_env(backend.env),
             "OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads),
         },
-        url=f"http://127.0.0.1:{port}",
+        url=f"http://{host}:{port}",
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
         before_restart=before_restart,
         cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
         placement=engine_placement(config, index),
     )
+
+
+def listen_host(config: RunConfig) -> str:
+    """Where a server of the run listens: loopback, or its node's address, which the child
+    learns on its node and the supervisor from the child (:mod:`areal.core.on_node`)."""
+    return NODE_HOST if config.launcher.listen == "node" else "127.0.0.1"
 
 
 def engine_placement(config: RunConfig, index: int) -> Placement:
@@ -155,7 +167,7 @@ def gateway_child(
     config: RunConfig,
     *,
     router: Path,
-    engine_urls: list[str],
+    engine_urls: Callable[[], list[str]],
     queue_address: str,
     version: Callable[[], int],
     log_dir: Path,
@@ -170,33 +182,43 @@ def gateway_child(
     asked at every (re)start, so the budget starts where the run is; ``journal``: the episode
     journal's file."""
     port = pick_free_port()
+    host = listen_host(config)
 
     def command() -> list[str]:
         cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
-        cmd += ["--port", str(port), "--log-dir", str(log_dir), "--log-level", "warning"]
+        cmd += ["--host", host, "--port", str(port)] + (
+            [] if host == "127.0.0.1" else ["--allow-remote"]
+        )
+        cmd += ["--log-dir", str(log_dir), "--log-level", "warning"]
         cmd += ["--engine-backend", config.inference.backend]
         received, dropped = consumed()
         flags = gateway_training_flags(
             config, queue_address, version(), consumed=received, dropped=dropped, journal=journal
         )
         cmd += flags.to_argv()
-        for url in engine_urls:
+        for url in engine_urls():
             cmd += ["--engine", url]
         return cmd
 
-    url = f"http://127.0.0.1:{port}"
+    admin = GatewayAdmin(f"http://{host}:{port}", admin_token)
+
+    async def started(child: Child) -> None:
+        admin.url = child.url or admin.url  # the node's address, once the gateway said it
+        if after_start is not None:
+            await after_start(child)
+
     child = Child(
         name="gateway",
         command=command,
         log_path=log_dir / "gateway.out",
         env={"AREAL_ADMIN_TOKEN": admin_token, "AREAL_GATEWAY_KEY": gateway_key},
-        url=url,
+        url=admin.url,
         start_timeout=120.0,
-        after_start=after_start,
+        after_start=started,
         stage=1,
         placement=Placement("gateway", "gateway"),
     )
-    return child, GatewayAdmin(url, admin_token)
+    return child, admin
 
 
 def gateway_training_flags(
@@ -232,7 +254,7 @@ def worker_child(
     config: RunConfig,
     index: int,
     *,
-    gateway_url: str,
+    gateway_url: Callable[[], str],
     model_id: str,
     run_dir: Path,
     log_dir: Path,
@@ -242,10 +264,11 @@ def worker_child(
     gateway_key: str | None = None,
     before_restart: Callable[[Child], Awaitable[None]] | None = None,
 ) -> Child:
-    """Rollout worker ``index``: its spec file (no secrets), its progress file, its log."""
+    """Rollout worker ``index``: its spec file (no secrets, written at every start with where
+    the gateway is then), its progress file, its log."""
     reward, reward_options = reward_plugin(config)
     spec = WorkerSpec(
-        gateway_url=gateway_url,
+        gateway_url="",
         agent=config.agent.entrypoint,
         framework=config.agent.framework,
         dataset=config.dataset.model_dump(),
@@ -264,10 +287,14 @@ def worker_child(
         gateway_log=str(log_dir / "gateway.out"),
     )
     spec_path = run_dir / f"rollout{index}.json"
-    spec.save(spec_path)
+
+    def command() -> list[str]:
+        dataclasses.replace(spec, gateway_url=gateway_url()).save(spec_path)
+        return [sys.executable, "-m", "areal.run.rollout_worker", str(spec_path)]
+
     return Child(
         name=f"rollout{index}",
-        command=lambda: [sys.executable, "-m", "areal.run.rollout_worker", str(spec_path)],
+        command=command,
         log_path=log_dir / f"rollout{index}.log",
         env={
             "AREAL_ADMIN_TOKEN": admin_token,

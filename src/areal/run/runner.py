@@ -262,7 +262,10 @@ class _Run:
 
         source = make_source(
             "zmq",
-            {"address": "tcp://127.0.0.1:*", "queue_max_size": config.async_.queue_max_size},
+            {
+                "address": f"tcp://{setup.listen_address}:*",
+                "queue_max_size": config.async_.queue_max_size,
+            },
         )
         sync = self.sync = engine.weight_sync(self.out / "weights")
         supervisor, gateway = self.processes(
@@ -425,13 +428,22 @@ class _Run:
             admin_token = secrets.token_urlsafe(24)
             gateway_key = secrets.token_urlsafe(24)
 
+        served_at: dict[str, str] = {}  # engine name -> the url the gateway has for it
+
         async def catch_up(child: Child) -> None:
             """A (re)started engine gets the trainer's newest weights if it is behind; attached to
-            a running gateway, it then takes the gateway's traffic."""
+            a running gateway, it then takes the gateway's traffic. An engine that came back at
+            another address (on another node) moves in the weight sync and the run's gateway."""
+            url = child.url or ""
+            sync.engine_urls = [e.url or "" for e in engines]
             async with self.publish_lock:
-                await sync.catch_up(child.url or "", self.version)
+                await sync.catch_up(url, self.version)
             if attached is not None:
                 await attached.register(child)
+            elif served_at.get(child.name, url) != url:
+                await best_effort(gateway.detach_engine(served_at[child.name], drain=False))
+                await gateway.attach_engine(url, backend=config.inference.backend)
+            served_at[child.name] = url
 
         async def leave_gateway(child: Child) -> None:
             if attached is not None:
@@ -476,7 +488,7 @@ class _Run:
                 worker_child(
                     config,
                     i,
-                    gateway_url=gateway.url,
+                    gateway_url=lambda: gateway.url,
                     model_id=model_id,
                     run_dir=self.run_dir,
                     log_dir=self.log_dir,
@@ -506,7 +518,7 @@ class _Run:
         gateway_proc, gateway = gateway_child(
             config,
             router=router_config(config, self.run_dir),
-            engine_urls=[e.url or "" for e in engines],
+            engine_urls=lambda: [e.url or "" for e in engines],
             queue_address=queue_address,
             version=lambda: self.version,
             log_dir=self.log_dir,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal.core.launcher import Launcher, LocalLauncher, Placement
+from areal.core.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, on_node
 from areal.core.process import ServerProcess
 
 log = logging.getLogger("areal.supervisor")
@@ -44,7 +45,10 @@ class Child:
     command: Callable[[], Sequence[str]]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
-    url: str | None = None  # polled at {url}/health until it answers 200
+    # Polled at {url}/health until it answers 200. With NODE_HOST in it (a server that listens on
+    # its node's address), the child's command has it too, and the url is the node's once the
+    # child announces it (areal.core.on_node).
+    url: str | None = None
     start_timeout: float = 180.0
     max_restarts: int = 3
     stage: int = 0  # start_all starts stage 0 first (all at once), then 1, ...
@@ -55,6 +59,11 @@ class Child:
     restarts: int = 0
     up: bool = False
     process: ServerProcess | None = None
+    url_template: str | None = None  # the url as given, while ``url`` is where it is now
+
+    def __post_init__(self) -> None:
+        if self.url is not None and NODE_HOST in self.url:
+            self.url_template = self.url
 
     @property
     def running(self) -> bool:
@@ -113,8 +122,17 @@ class Supervisor:
         env = {**os.environ, **child.env, PROCESS_ENV: child.name}
         command = list(child.command())
         placed = child.placement is not None and self.launcher.name != "local"
+        if placed:  # this node's address is not the placed child's: its node tells it
+            env.pop(NODE_ADDRESS_ENV, None)
+        if child.url_template is not None and not placed:
+            raise ChildFailed(
+                f"{child.name} listens on its node's address, which only a launcher that "
+                f"places processes finds (launcher.name is {self.launcher.name})"
+            )
         if placed:
             assert child.placement is not None
+            if child.url_template is not None:
+                command = on_node(command)  # it learns its node's address there, and says it
             command = self.launcher.wrap(child.placement, command)
         stop = getattr(self.launcher, "stop_signal", signal.SIGTERM) if placed else signal.SIGTERM
         child.process = ServerProcess(
@@ -128,10 +146,17 @@ class Supervisor:
             self.on_spawn(child)
 
     async def _become_healthy(self, child: Child) -> None:
-        assert child.process is not None
+        process = child.process
+        assert process is not None
         if child.url is not None:
             try:
-                await asyncio.to_thread(child.process.wait_healthy, child.url, child.start_timeout)
+                if child.url_template is not None:
+                    host = await asyncio.to_thread(
+                        process.wait_for_line, ANNOUNCE, child.start_timeout
+                    )
+                    child.url = child.url_template.replace(NODE_HOST, host)
+                    log.info("%s runs on %s: %s", child.name, host, child.url)
+                await asyncio.to_thread(process.wait_healthy, child.url, child.start_timeout)
             except (TimeoutError, RuntimeError) as err:
                 raise ChildFailed(str(err)) from err
         if child.after_start is not None:

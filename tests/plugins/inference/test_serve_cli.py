@@ -137,3 +137,11 @@ def test_port_in_use_exits_non_zero(nano_model_dir: str, tmp_path: Path) -> None
     assert "address already in use" in log
     assert f"could not start on 127.0.0.1:{port}" in log
     assert "Traceback" not in log
+
+
+def test_an_engine_off_loopback_is_started_with_the_remote_bind_allowed() -> None:
+    """The run asks for it with ``launcher.listen: node``; the CLI refuses such a host without
+    ``--allow-remote``, and the engine command of a loopback run never carries it."""
+    assert "--allow-remote" not in build_command(_config("/m", 9))
+    remote = build_command(EmbeddedServerConfig(model_path="/m", host="10.0.0.7", port=9))
+    assert remote[remote.index("--host") + 1] == "10.0.0.7" and "--allow-remote" in remote

@@ -49,11 +49,13 @@ CASES: dict[str, tuple[list[str], dict[str, Any]]] = {
     ),
     "engine options": (
         engine_command(
-            {"model_path": "/ckpt/step-0", "port": 31001, "max_running_requests": 64,
+            {"model_path": "/ckpt/step-0", "host": "10.0.0.7", "port": 31001,
+             "max_running_requests": 64,
              "weight_version": "0", "seed": 7, "log_level": "warning", "tp_size": 2,
              "max_total_tokens": 8192, "mem_fraction_static": 0.7}
         ),
-        {"model_path": "/ckpt/step-0", "port": 31001, "max_running_requests": 64,
+        {"model_path": "/ckpt/step-0", "host": "10.0.0.7", "port": 31001,
+         "max_running_requests": 64,
          "weight_version": "0", "random_seed": 7, "log_level": "warning", "tp_size": 2,
          "max_total_tokens": 8192, "mem_fraction_static": 0.7},
     ),

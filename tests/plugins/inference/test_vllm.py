@@ -147,6 +147,7 @@ def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
     init_tiny(model, size="nano")
     full = {
         "model_path": str(model),
+        "host": "10.0.0.7",  # launcher.listen: node, on its node
         "port": 1234,
         "max_running_requests": 96,
         "weight_version": "3",
@@ -172,7 +173,7 @@ def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
     # nano: 2 layers x 2 KV heads x head_dim 16, K and V, float32 on this CPU (parsing only)
     assert first == {
         "model": str(model),
-        "host": "127.0.0.1",
+        "host": "10.0.0.7",
         "port": 1234,
         "served_model_name": ["policy"],
         "dtype": "float32",
@@ -186,9 +187,8 @@ def test_vllms_own_parser_reads_our_command_line(tmp_path: Path) -> None:
         "enforce_eager": True,  # on a CPU: no graph capture at start-up
         "max_num_batched_tokens": 2048,
     }
-    assert (
-        plain["port"] == 9 and plain["max_num_seqs"] is None and plain["seed"] == 0
-    )  # vLLM default
+    assert (plain["host"], plain["port"], plain["max_num_seqs"]) == ("127.0.0.1", 9, None)
+    assert plain["seed"] == 0  # vLLM default
     assert plain["max_num_batched_tokens"] is None
     assert wrong == {"error": 2}
 

@@ -149,6 +149,7 @@ def engine_command(options: Mapping[str, Any]) -> list[str]:
     levels = {"warning": "warning", "error": "error", "debug": "debug", "info": "info"}
     config = VLLMServerConfig(
         model_path=str(options["model_path"]),
+        host=str(options.get("host", "127.0.0.1")),
         port=int(options.get("port", 8000)),
         dtype=dtype,
         tensor_parallel_size=int(options.get("tp_size", 1)),

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
+from areal.core.on_node import NODE_ADDRESS_ENV
 from areal.core.parent_death import guarded
 
 POLL_S = 0.2
@@ -44,6 +45,9 @@ class ProcessActor:
         env = dict(env)
         if "CUDA_VISIBLE_DEVICES" in os.environ:  # the GPUs Ray gave this actor
             env["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        # The node's address as the cluster knows it: where the command's servers listen.
+        ip = ray.util.get_node_ip_address()
+        env[NODE_ADDRESS_ENV] = ip
         self.proc = subprocess.Popen(
             guarded(command, watch=True),  # dies with this actor, from whichever thread
             env=env,
@@ -57,7 +61,7 @@ class ProcessActor:
         return {
             "pid": self.proc.pid,
             "node": context.get_node_id(),
-            "ip": ray.util.get_node_ip_address(),
+            "ip": ip,
         }
 
     def _read(self) -> None:

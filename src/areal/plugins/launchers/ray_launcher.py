@@ -8,8 +8,9 @@ workers as actors too (:class:`RayLauncher`), each through a local stand-in proc
 where their resources are: start a node with ``ray start --resources '{"inference": 8}'`` and
 set ``launcher.options.resources.engine: {inference: 1}``, and the engines land there.
 
-Every process reaches the others at 127.0.0.1 today, so the nodes must share one host (the local
-multi-node cluster the tests use) until engines listen on their node's address.
+With ``launcher.listen: loopback`` (the default) every process reaches the others at 127.0.0.1,
+so the nodes must share one host; ``node`` has each server listen on the address Ray gives its
+node (the stand-in's actor passes it on, :mod:`areal.core.on_node`), so they may be anywhere.
 """
 
 from __future__ import annotations

@@ -319,6 +319,7 @@ def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
         return CollectiveWeightSync(
             [],
             backend=backend,
+            master_address=setup.listen_address,
             bucket_bytes=inference.weight_sync_bucket_mb * 1024**2,
             pause_mode=inference.pause_mode,
             engine_backend=inference.backend,

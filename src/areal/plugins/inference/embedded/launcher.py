@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from areal.core.bind import is_loopback
+
 
 @dataclass
 class EmbeddedServerConfig:
@@ -42,6 +44,8 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
         cmd += ["--mem-fraction-static", str(config.mem_fraction_static)]
     if config.weight_version is not None:
         cmd += ["--weight-version", config.weight_version]
+    if not is_loopback(config.host):  # the run asked for it (launcher.listen: node)
+        cmd.append("--allow-remote")
     return cmd + list(config.extra_args)
 
 
