@@ -79,7 +79,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 test: setup lint typecheck
-	$(PY) -m pytest -q -m "not gpu" --durations=25 tests
+	$(PY) -m pytest -q -m "not gpu" -n 2 --dist loadfile --durations=25 tests
 
 bench: $(STAMP)
 	$(PY) bench/generate.py

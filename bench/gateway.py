@@ -49,6 +49,7 @@ import aiohttp
 from areal.core.process import ServerProcess, pick_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
+TICKS = os.sysconf("SC_CLK_TCK")
 GATEWAY_KEY = "bench-gateway-key-0123456789"
 LITELLM_KEY = "sk-bench-litellm-0123456789"
 MODEL = "areal-bench"
@@ -84,6 +85,8 @@ class Case:
     peer: str | None = None  # the LiteLLM case to compare with
     samples: list[float] = field(default_factory=list)  # seconds
     rps: list[float] = field(default_factory=list)
+    cpu_ms: list[float] = field(default_factory=list)  # the proxy's CPU per request under load
+    pid: int | None = None  # the proxy's process, whose CPU time is read from /proc
     errors: int = 0
     skipped: str | None = None
 
@@ -101,6 +104,7 @@ class Row:
     rps_at_64: float | None
     rps_vs_litellm: float | None
     added_vs_litellm: float | None
+    cpu_ms_per_request: float | None = None
     note: str = ""
 
 
@@ -122,8 +126,28 @@ async def sequential(session: aiohttp.ClientSession, case: Case, n: int) -> list
     return [await one(session, case, payload) for _ in range(n)]
 
 
-async def under_load(case: Case, concurrency: int, max_requests: int, max_seconds: float) -> float:
-    """Requests/s of ``concurrency`` clients, each sending its next request when one returns."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of ``pid`` and every process below it, from /proc."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            fields = stat.read_text().rpartition(")")[2].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+            times[int(stat.parent.name)] = (int(fields[11]) + int(fields[12])) / TICKS
+    mine, grew = {pid}, True
+    while grew:
+        below = {p for p, parent in parents.items() if parent in mine} - mine
+        mine |= below
+        grew = bool(below)
+    return sum(times.get(p, 0.0) for p in mine)
+
+
+async def under_load(
+    case: Case, concurrency: int, max_requests: int, max_seconds: float
+) -> tuple[float, int]:
+    """Requests/s of ``concurrency`` clients, each sending its next request when one returns,
+    and how many completed."""
     payload = case.payload
     issued = completed = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -143,7 +167,7 @@ async def under_load(case: Case, concurrency: int, max_requests: int, max_second
                     case.errors += 1
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
-        return completed / (time.perf_counter() - started)
+        return completed / (time.perf_counter() - started), completed
 
 
 async def probe(session: aiohttp.ClientSession, case: Case) -> None:
@@ -176,9 +200,13 @@ async def measure(cases: list[Case], args: argparse.Namespace) -> None:
         for r in range(args.rounds):
             for case in live:
                 case.samples += await sequential(session, case, args.requests)
-                case.rps.append(
-                    await under_load(case, args.concurrency, args.load_requests, args.load_seconds)
+                before = cpu_seconds(case.pid) if case.pid else 0.0
+                rps, completed = await under_load(
+                    case, args.concurrency, args.load_requests, args.load_seconds
                 )
+                case.rps.append(rps)
+                if case.pid and completed:
+                    case.cpu_ms.append(1000 * (cpu_seconds(case.pid) - before) / completed)
             print(f"  round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
 
 
@@ -204,7 +232,8 @@ def rows_of(cases: list[Case]) -> list[Row]:
     rows = []
     for case in cases:
         if ok(case.name) is None:
-            rows.append(Row(case.name, None, None, None, None, None, None, case.skipped or ""))
+            skipped = Row(case.name, None, None, None, None, None, None, note=case.skipped or "")
+            rows.append(skipped)
             continue
         rps = statistics.median(case.rps)
         peer = ok(case.peer)
@@ -225,6 +254,7 @@ def rows_of(cases: list[Case]) -> list[Row]:
                 rps,
                 rps_ratio,
                 added_ratio,
+                statistics.median(case.cpu_ms) if case.cpu_ms else None,
                 note,
             )
         )
@@ -414,7 +444,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gw_env = {"AREAL_GATEWAY_KEY": GATEWAY_KEY}
         with contextlib.ExitStack() as stack:
             stack.enter_context(server("stub", stub_cmd, f"{stub_url}/health", work))
-            stack.enter_context(
+            gateway_proc = stack.enter_context(
                 server(
                     "gateway",
                     gateway_command(stub_url, gw_port, work, None),
@@ -423,12 +453,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     gw_env,
                 )
             )
-            lite_url = None
+            lite_url, lite_proc = None, None
             if litellm_bin is not None:
                 lite_port = pick_free_port()
                 lite_url = f"http://127.0.0.1:{lite_port}"
                 print("starting the LiteLLM proxy (takes a while) ...", file=sys.stderr)
-                stack.enter_context(
+                lite_proc = stack.enter_context(
                     server(
                         "litellm",
                         litellm_command(litellm_bin, stub_url, lite_port, work),
@@ -439,6 +469,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                     )
                 )
             cases = build_cases(stub_url, gw_url, lite_url)
+            for case in cases:  # the proxies' own CPU per request (the stub's is not theirs)
+                proxy = gateway_proc if case.name.startswith("areal") else None
+                proxy = lite_proc if case.name.startswith("LiteLLM") else proxy
+                case.pid = proxy.pid if proxy is not None else None
             asyncio.run(measure(cases, args))
             profile = profile_gateway(stub_url, work, args) if args.profile else None
     rows = rows_of(cases)
@@ -583,11 +617,11 @@ def print_report(result: dict[str, Any]) -> None:
         f"sequential requests per case; load: {s['concurrency']} clients, ≤ {s['load_requests']} "
         f"requests or {s['load_seconds']:g} s per round; stub answers {s['max_tokens']} tokens.\n"
     )
-    header = ("case", "p50 ms", "p99 ms", "added p50 ms", "req/s @64", "vs LiteLLM")
+    header = ("case", "p50 ms", "p99 ms", "added p50 ms", "req/s @64", "CPU ms/req", "vs LiteLLM")
     lines = [header]
     for r in result["rows"]:
         if r["p50_ms"] is None:
-            lines.append((r["case"], "—", "—", "—", "—", f"skipped: {r['note']}"))
+            lines.append((r["case"], "—", "—", "—", "—", "—", f"skipped: {r['note']}"))
             continue
         versus = ""
         if r["rps_vs_litellm"] is not None:
@@ -603,13 +637,14 @@ def print_report(result: dict[str, Any]) -> None:
                 fmt(r["p99_ms"]),
                 fmt(r["added_p50_ms"], "+.2f"),
                 fmt(r["rps_at_64"], ",.0f"),
+                fmt(r["cpu_ms_per_request"], ".3f"),
                 versus,
             )
         )
     widths = [max(len(str(line[i])) for line in lines) for i in range(len(header))]
     for i, line in enumerate(lines):
         cells = [
-            str(c).ljust(w) if j in (0, 5) else str(c).rjust(w)
+            str(c).ljust(w) if j in (0, 6) else str(c).rjust(w)
             for j, (c, w) in enumerate(zip(line, widths, strict=True))
         ]
         print("  ".join(cells).rstrip())
@@ -625,6 +660,11 @@ def print_report(result: dict[str, Any]) -> None:
                 f"{'met' if added_ok else 'NOT met'}), {fmt(r['rps_at_64'], ',.0f')} req/s @64 "
                 f"(target ≥ {TARGET_RPS:,.0f}: {'met' if rps_ok else 'NOT met'})"
             )
+            if r["cpu_ms_per_request"]:
+                print(
+                    f"  {r['cpu_ms_per_request']:.3f} ms of gateway CPU per request under load: "
+                    f"one gateway core serves ≈ {1000 / r['cpu_ms_per_request']:,.0f} req/s"
+                )
         elif r["case"].startswith("areal gateway"):
             print(f"{r['case']}: not measured: {r['note']}")
     if result["litellm_note"]:

@@ -1,11 +1,14 @@
 """Weight sync: disk (safetensors + ``/update_weights_from_disk``) against the collective broadcast
 (``/update_weights_from_distributed`` over gloo), trainer -> one embedded engine process.
 
-Run: ``.venv/bin/python bench/weight_sync.py [--size small] [--rounds 5] [--bucket-mb 64]``.
+Run: ``.venv/bin/python bench/weight_sync.py [--sizes nano tiny small] [--rounds 5]
+[--bucket-mb 64]``.
 
-Both publish the same model (``areal model init-tiny``'s ``size``) to the same engine process,
+Both publish the same model (``areal model init-tiny``'s sizes) to the same engine process,
 ``rounds`` times each after one warm-up (the collective's first publish also forms its group);
-reported: median seconds per publish, the phases of the last one, and the ratio.
+reported per size: median seconds per publish, the phases of the last one, MB/s and the ratio;
+over several sizes, a line fitted per sync (fixed seconds + seconds per MB) and what it says
+for a 7B model's 14.2 GB in bf16 (an extrapolation from this machine's loopback and page cache).
 """
 
 from __future__ import annotations
@@ -37,30 +40,44 @@ async def timed(sync: Any, model: Any, rounds: int) -> tuple[list[float], dict[s
     return times, phases
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", default="small")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--bucket-mb", type=int, default=64)
-    args = parser.parse_args(argv)
+def publish_times(size: str, rounds: int, bucket_mb: int) -> tuple[float, dict[str, float]]:
+    """The model's megabytes and the median seconds per publish of each sync."""
     with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / args.size
-        init_tiny(path, size=args.size, seed=0)
+        path = Path(tmp) / size
+        init_tiny(path, size=size, seed=0)
         model = load_model(path)
         megabytes = sum(t.numel() * t.element_size() for t in hf_tensors(model).values()) / 1e6
         with embedded_engine(str(path), Path(tmp)) as url:
             disk = DiskWeightSync([url], Path(tmp) / "weights")
-            collective = CollectiveWeightSync([url], bucket_bytes=args.bucket_mb * 1024**2)
+            collective = CollectiveWeightSync([url], bucket_bytes=bucket_mb * 1024**2)
             results = {}
             for name, sync in (("disk", disk), ("collective", collective)):
-                times, phases = asyncio.run(timed(sync, model, args.rounds))
+                times, phases = asyncio.run(timed(sync, model, rounds))
                 results[name] = statistics.median(times)
                 shown = ", ".join(f"{k} {v:.3f}" for k, v in phases.items())
-                print(f"{name:10s} {results[name]:.3f} s per publish ({shown})")
-    print(
-        f"{megabytes:.1f} MB of weights; collective / disk time: "
-        f"{results['collective'] / results['disk']:.2f}x"
-    )
+                print(f"{size:6s} {name:10s} {results[name]:.3f} s per publish ({shown})")
+    return megabytes, results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", nargs="+", default=["small"], help="nano, tiny, small")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=int, default=64)
+    args = parser.parse_args(argv)
+    measured = [(size, *publish_times(size, args.rounds, args.bucket_mb)) for size in args.sizes]
+    print(f"\n{'size':6s} {'MB':>7s} {'disk s':>8s} {'coll. s':>8s} {'disk MB/s':>10s} "
+          f"{'coll. MB/s':>10s} {'coll./disk':>10s}")  # fmt: skip
+    for size, megabytes, results in measured:
+        disk, coll = results["disk"], results["collective"]
+        print(f"{size:6s} {megabytes:7.1f} {disk:8.3f} {coll:8.3f} {megabytes / disk:10.0f} "
+              f"{megabytes / coll:10.0f} {coll / disk:9.2f}x")  # fmt: skip
+    if len(measured) > 1:  # seconds = fixed + per-MB x MB, least squares over the sizes
+        xs = [m for _, m, _ in measured]
+        for name in ("disk", "collective"):
+            slope, fixed = statistics.linear_regression(xs, [r[name] for _, _, r in measured])
+            print(f"{name:10s} ≈ {fixed:.3f} s + {1000 * slope:.2f} ms per MB "
+                  f"(≈ {slope * 1000 * 14.2:.1f} s for 14.2 GB, a 7B model in bf16)")  # fmt: skip
     return 0
 
 

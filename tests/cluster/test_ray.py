@@ -138,19 +138,25 @@ def test_a_stand_in_runs_its_command_as_an_actor_where_the_resource_is(
     assert {a["state"] for a in actors.values()} == {"DEAD"}
 
 
-def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
-    ray_cluster: RayCluster, tmp_path: Path
-) -> None:
-    command = [
+def quickstart(tmp_path: Path, steps: int, *sets: str) -> list[str]:
+    """``areal train`` of the quickstart, made small, on Ray, with the engine and the trainer
+    on the nodes holding their resources."""
+    return [
         sys.executable, "-m", "areal", "train", str(REPO / "configs" / "quickstart.yaml"),
-        "--launcher", "ray", "--set", "launcher.listen=node",
+        "--launcher", "ray", *(part for s in sets for part in ("--set", s)),
         "--set", "launcher.options={resources: {engine: {inference: 1}, trainer: {train: 1}}}",
-        "--set", "train.max_steps=3", "--set", "warm_start.steps=0",
+        "--set", f"train.max_steps={steps}", "--set", "warm_start.steps=0",
         "--set", "model.init_tiny=nano", "--set", f"model.path={tmp_path / 'model'}",
         "--set", "async.trigger_batch_size=8", "--set", "train.global_batch_size=8",
         "--set", "train.mini_batch_size=8", "--set", "agent.concurrency=8",
         "--set", f"logging.log_dir={tmp_path / 'logs'}", "--output-dir", str(tmp_path / "out"),
     ]  # fmt: skip
+
+
+def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    command = quickstart(tmp_path, 3, "launcher.listen=node")
     done = subprocess.run(
         command, cwd=tmp_path, env=ray_cluster.env, capture_output=True, text=True, timeout=600
     )
@@ -177,3 +183,65 @@ def test_the_quickstart_trains_three_steps_on_two_ray_nodes(
     assert [line.split()[1] for line in lines if line.startswith("[train] ")] == [
         "step=1", "step=2", "step=3"
     ]  # fmt: skip
+
+
+def test_ray_job_submit_runs_areal_train_as_the_jobs_driver(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """``ray job submit -- areal train ... --launcher ray``: the driver runs on the head node in
+    a job of its own, hands the trainer to Ray from there, and the job ends with the run."""
+    submission = f"areal-job-{os.getpid()}"
+    command = [str(RAY), "job", "submit", "--address", ray_cluster.dashboard]
+    command += ["--submission-id", submission, "--", *quickstart(tmp_path, 2)]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=ray_cluster.env, capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output  # the CLI: 0 only when the job succeeded
+    assert "done: 2 steps, version 2" in done.stdout, output  # the job's log, streamed back
+    (job,) = [j for j in ray_cluster.ray("list", "jobs") if j["submission_id"] == submission]
+    assert job["status"] == "SUCCEEDED", job
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 2
+    counters = summary["counters"]
+    assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]
+    (namespace,) = {line.split("namespace ")[1].rstrip(")") for line in done.stdout.splitlines()
+                    if "the trainer goes to Ray (namespace" in line}  # fmt: skip
+    actors = ray_cluster.actors(namespace)
+    assert actors["trainer"]["node_id"] == ray_cluster.node_with("train")
+    assert all(a["state"] == "DEAD" for a in actors.values())
+
+
+def test_a_trainer_over_two_ray_nodes_trains_with_one_rank_on_each(
+    ray_cluster: RayCluster, tmp_path: Path
+) -> None:
+    """``launcher.options.trainer_nodes: 2``: a placement group puts one trainer actor on each
+    node (STRICT_SPREAD), each runs torchrun with one rank, they meet at the first bundle's
+    node, and the dp2 run trains with rank 0's supervisor placing the rest."""
+    port = pick_free_port()
+    options = "launcher.options={resources: {engine: {inference: 1}}, trainer_nodes: 2, "
+    options += f"rendezvous_port: {port}}}"
+    command = quickstart(tmp_path, 2, "launcher.listen=node")
+    at = command.index(
+        "launcher.options={resources: {engine: {inference: 1}, trainer: {train: 1}}}"
+    )
+    command[at] = options  # the trainer's bundles: a CPU each, on two different nodes
+    command += ["--set", "async.train_workers=2", "--set", "train.parallelism.dp=2"]
+    done = subprocess.run(
+        command, cwd=tmp_path, env=ray_cluster.env, capture_output=True, text=True, timeout=600
+    )
+    output = done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.returncode == 0, output
+    everything = done.stdout + done.stderr
+    assert f"2 trainer nodes meet at {ray_cluster.node_ip}:{port}" in everything, output
+    assert "done: 2 steps, version 2" in everything, output
+    (namespace,) = {line.split("namespace ")[1].rstrip(")") for line in done.stderr.splitlines()
+                    if "the trainer goes to Ray (namespace" in line}  # fmt: skip
+    actors = ray_cluster.actors(namespace)
+    assert {"trainer0", "trainer1", "engine0", "gateway", "rollout0"} <= set(actors), actors
+    assert actors["trainer0"]["node_id"] != actors["trainer1"]["node_id"]  # one per node
+    assert all(a["state"] == "DEAD" for a in actors.values())
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["steps"] == 2
+    counters = summary["counters"]
+    assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]

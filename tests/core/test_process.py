@@ -150,3 +150,27 @@ def test_missing_executable_raises_and_cannot_start_twice(tmp_path: Path) -> Non
     with pytest.raises(RuntimeError, match="already started"):
         server.start()
     server.stop()
+
+
+def test_one_failed_trainer_node_stops_the_others_and_its_code_is_returned(tmp_path: Path) -> None:
+    """A trainer over several nodes: the node that fails first names the exit code, and the
+    ones still running get the graceful stop (SIGINT) instead of waiting for their peers."""
+    import subprocess
+
+    from areal.core.process import wait_passing_on_stops
+
+    waits = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('stopped', flush=True), sys.exit(0)))\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    log = tmp_path / "waiting.log"
+    with log.open("w") as out:
+        waiting = subprocess.Popen([sys.executable, "-c", waits], stdout=out)
+        deadline = time.monotonic() + 30
+        while "ready" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
+        assert wait_passing_on_stops(waiting, failing, interval=0.05) == (3, False)
+    assert waiting.returncode == 0 and log.read_text() == "ready\nstopped\n"

@@ -239,6 +239,12 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "gateway_config to a router config whose model_routing has it",
         ),
         (
+            ["launcher.name=slurm", "launcher.options={trainer_nodes: 2}"],
+            "launcher.options.trainer_nodes: 2 nodes put the trainer's rank 0 (and the queue "
+            "and weight group it serves) on any of them; set launcher.listen: node so the "
+            "engines and the gateway reach it there",
+        ),
+        (
             ["launcher.listen=node"],
             "launcher.listen: node spreads the run over machines, but launcher.name is local "
             "(every process on this one); pick a launcher that places processes (ray, slurm) "

@@ -318,21 +318,44 @@ def _stop_leftovers() -> None:
         server.stop(timeout=5.0)
 
 
-def wait_passing_on_stops(proc: subprocess.Popen[bytes]) -> tuple[int, bool]:
-    """Wait for ``proc``, a trainer started by this process; a SIGINT or SIGTERM meanwhile is
-    passed on as SIGINT, the trainer's graceful stop. Returns its exit code and whether a stop
-    was passed on."""
+def wait_passing_on_stops(
+    *procs: subprocess.Popen[bytes], grace: float = 60.0, interval: float = 0.2
+) -> tuple[int, bool]:
+    """Wait for ``procs``, the trainer's processes started by this one (one per node); a SIGINT
+    or SIGTERM meanwhile is passed on to each as SIGINT, the trainer's graceful stop. One that
+    fails stops the others the same way (SIGKILL after ``grace`` seconds): a trainer node alone
+    would wait for its peers until the collectives time out. Returns the first failure's exit
+    code (else 0) and whether a stop was passed on."""
     signalled: list[int] = []
+
+    def stop_all(signum: int) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
 
     def forward(signum: int, _frame: object) -> None:
         signalled.append(signum)
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGINT)
+        stop_all(signal.SIGINT)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed: int | None = None
+    stopping_since: float | None = None
     try:
-        code = proc.wait()
+        while True:
+            codes = [proc.poll() for proc in procs]
+            for code in codes:
+                if code and failed is None:
+                    failed = code
+            if all(code is not None for code in codes):
+                break
+            if failed is not None and stopping_since is None:
+                stopping_since = time.monotonic()
+                stop_all(signal.SIGINT)
+            elif stopping_since is not None and time.monotonic() - stopping_since > grace:
+                stop_all(signal.SIGKILL)
+            time.sleep(interval)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-    return code, bool(signalled)
+    return failed or 0, bool(signalled)

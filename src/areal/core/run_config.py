@@ -477,6 +477,13 @@ class RunConfig(_Section):
                 f"{par.world_size} ranks but async.train_workers is {run.train_workers}: set "
                 f"async.train_workers={par.world_size} or make the product {run.train_workers}"
             )
+        trainer_nodes = self.launcher.options.get("trainer_nodes", 1)
+        if isinstance(trainer_nodes, int) and trainer_nodes > 1 and self.launcher.listen != "node":
+            found.append(
+                f"launcher.options.trainer_nodes: {trainer_nodes} nodes put the trainer's rank 0 "
+                "(and the queue and weight group it serves) on any of them; set "
+                "launcher.listen: node so the engines and the gateway reach it there"
+            )
         if self.launcher.listen == "node" and self.launcher.name == "local":
             found.append(
                 "launcher.listen: node spreads the run over machines, but launcher.name is local "

@@ -418,9 +418,16 @@ def test_in_place_keeps_the_request_and_labels_the_switch(
 def test_retract_resubmits_and_the_rest_is_the_new_models(
     vllm_url: str, checkpoints: dict[str, str], restore: None, stream: bool
 ) -> None:
-    out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream))
+    # The same premise as above (the update lands while the request runs), tried again the
+    # same way when a loaded machine let the engine finish first.
+    for _attempt in range(3):
+        out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream))
+        spans = out.weight_versions
+        if not (len(spans) == 1 and spans[0].version != "1"):
+            break
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert out.finish_reason is not None and out.finish_reason.type == "length"
+    assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
     assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", N)
     assert 0 < after.start < N, "the update should land mid-request"

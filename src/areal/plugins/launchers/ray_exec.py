@@ -101,6 +101,14 @@ def actor_options(args: argparse.Namespace) -> dict[str, Any]:
     resources = json.loads(args.resources or "{}")
     if resources:
         options["resources"] = resources
+    if args.placement_group:  # a trainer node: its bundle of the run's trainer group
+        from ray.util import get_placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
+            get_placement_group(args.placement_group),
+            placement_group_bundle_index=args.bundle_index,
+        )
     return options
 
 
@@ -112,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-gpus", type=float, default=0.0)
     parser.add_argument("--resources", default="", help="custom resources as JSON")
     parser.add_argument("--stop-timeout", type=float, default=30.0)
+    parser.add_argument("--placement-group", default="", help="a named group to run in")
+    parser.add_argument("--bundle-index", type=int, default=0, help="its bundle to run on")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
