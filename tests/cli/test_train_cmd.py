@@ -113,3 +113,23 @@ def test_the_seed_agent_config_names_the_gateway_and_max_turns() -> None:
         "configs/taotoken_router.yaml"
     )
     assert "sk-..." not in config.to_yaml()  # the agent's key never lands in the run's config
+
+
+def test_dry_run_on_slurm_prints_the_sbatch_script_it_would_submit(tmp_path: Path) -> None:
+    """The same script ``submit`` writes (read back by Slurm's own sbatch in the cluster tests),
+    and with ``launcher.listen: node`` the servers' addresses are their nodes'."""
+    from areal.core.run_config import load_run_config
+    from areal.plugins.launchers.slurm import SlurmOptions, sbatch_script
+
+    sets = ["launcher.options={trainer_nodes: 2, inference_nodes: 1}", "launcher.listen=node"]
+    args = ["train", "configs/quickstart.yaml", "--dry-run", "--launcher", "slurm"]
+    args += [part for s in sets for part in ("--set", s)] + ["--output-dir", str(tmp_path)]
+    result = runner.invoke(make_app(), args)
+    assert result.exit_code == 0, result.output
+    plan, _, script = result.stdout.partition("# the script `areal train` would submit")
+    assert "#   engine0    embedded on <its node's address>:<free port at start>" in plan
+    config = load_run_config("configs/quickstart.yaml", [*sets, "launcher.name=slurm"])
+    options = SlurmOptions(trainer_nodes=2, inference_nodes=1)
+    expected = sbatch_script(config, tmp_path, tmp_path / "run" / "resolved.yaml", options)
+    assert script.partition("):\n")[2].strip() == expected.strip()
+    assert "#SBATCH --nodes=3" in expected and "--rdzv-backend c10d" in expected

@@ -138,6 +138,37 @@ def test_a_stand_in_runs_its_command_as_an_actor_where_the_resource_is(
     assert {a["state"] for a in actors.values()} == {"DEAD"}
 
 
+SPREAD = ("--spread",)  # the engines' default (RayOptions.spread)
+
+
+def test_spread_actors_land_on_different_nodes(ray_cluster: RayCluster, tmp_path: Path) -> None:
+    """Two small actors fit on either node; ``--spread`` (the engines' default) puts them on
+    both, where Ray's default would pack them."""
+    env = {**ray_cluster.env, "AREAL_RAY_NAMESPACE": "spread"}
+    program = "import time; print('ready', flush=True); time.sleep(120)"
+    logs = [tmp_path / f"engine{i}.log" for i in range(2)]
+    procs = []
+    for i, log in enumerate(logs):
+        with log.open("wb") as out:
+            procs.append(subprocess.Popen(
+                stand_in("--name", f"engine{i}", *SPREAD, "--", sys.executable, "-c", program),
+                env=env, stdout=out, stderr=subprocess.STDOUT,
+            ))  # fmt: skip
+    try:
+        deadline = time.monotonic() + 90
+        while not all("ready" in log.read_text() for log in logs):
+            assert time.monotonic() < deadline, [log.read_text() for log in logs]
+            assert all(p.poll() is None for p in procs), [log.read_text() for log in logs]
+            time.sleep(0.2)
+        actors = ray_cluster.actors("spread")
+        assert actors["engine0"]["node_id"] != actors["engine1"]["node_id"], actors
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
 def quickstart(tmp_path: Path, steps: int, *sets: str) -> list[str]:
     """``areal train`` of the quickstart, made small, on Ray, with the engine and the trainer
     on the nodes holding their resources."""

@@ -119,6 +119,8 @@ def test_ray_options_are_checked_with_the_key_named() -> None:
     assert wrapped[1:3] == ["-m", "areal.plugins.launchers.ray_exec"]
     assert wrapped[wrapped.index("--") :] == ["--", "serve", "--port", "9"]
     assert wrapped[wrapped.index("--resources") + 1] == '{"inference": 1.0}'
+    assert "--spread" in wrapped  # engines go over the nodes by default; the rest may pack
+    assert "--spread" not in launcher.wrap(Placement("gateway", "gateway"), ["g"])
     assert launcher.describe(Placement("engine0", "engine")) == (
         "Ray actor 'engine0' on a node with 1 CPU, 1 inference"
     )

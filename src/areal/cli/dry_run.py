@@ -1,7 +1,7 @@
 """``areal train --dry-run``: what a run would start, where, and on what, without starting it.
 
-Ports are chosen free on 127.0.0.1 when the run starts (so two runs never collide), which the plan
-says instead of guessing numbers; devices come from the config and a torch-free look at the
+Ports are chosen free when the run starts (so two runs never collide), on 127.0.0.1 or on the
+node each server lands on (``launcher.listen``), which the plan says instead of guessing numbers; devices come from the config and a torch-free look at the
 machine (:func:`areal.core.run_config.gpu_count`).
 """
 
@@ -13,27 +13,29 @@ from areal.core.launcher import Placement
 from areal.core.run_config import RunConfig
 from areal.run.machine import backend_uses_gpu, gpu_count
 
-FREE_PORT = "127.0.0.1:<free port at start>"
+LOOPBACK_PORT = "127.0.0.1:<free port at start>"
+NODE_PORT = "<its node's address>:<free port at start>"
 
 
 def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
     """One line per process (and one for the output), each starting with ``# ``."""
     inference, run, train, agent = config.inference, config.async_, config.train, config.agent
+    free_port = NODE_PORT if config.launcher.listen == "node" else LOOPBACK_PORT
     gpus = gpu_count()
     engine_device = "cuda" if backend_uses_gpu(inference.backend) and gpus else "cpu"
     cores = _cores(inference.cpu_affinity)
     lines = [
-        f"engine{i}    {inference.backend} on {FREE_PORT}, {engine_device}{cores}, "
+        f"engine{i}    {inference.backend} on {free_port}, {engine_device}{cores}, "
         f"{inference.max_total_tokens} KV tokens"
         for i in range(inference.engines)
     ]
-    sink = f"trajectories to the trainer's ZeroMQ queue (tcp://{FREE_PORT})"
+    sink = f"trajectories to the trainer's ZeroMQ queue (tcp://{free_port})"
     mode = (
         f"async, staleness_threshold {run.staleness_threshold}"
         if run.enabled
         else "sync (staleness 0)"
     )
-    lines.append(f"gateway    {FREE_PORT}, {sink}, {mode}")
+    lines.append(f"gateway    {free_port}, {sink}, {mode}")
     framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
     source = config.dataset.path or f"task set {config.dataset.name}"
     lines += [
@@ -101,3 +103,11 @@ def _engine(name: str) -> str:
 
 def _cores(affinity: list[int] | None) -> str:
     return f" (cores {','.join(map(str, affinity))})" if affinity else ""
+
+
+def launch_script(config: RunConfig, output_dir: Path) -> str | None:
+    """What the launcher would submit, when it submits a script (Slurm's sbatch script)."""
+    from areal.core.launcher import launcher_for
+
+    script = getattr(launcher_for(config), "script", None)
+    return script(output_dir) if callable(script) else None

@@ -65,7 +65,7 @@ def train_command(
         raise CLIError(str(err)) from None
     out = output_dir or entry.default_output_dir(str(config))
     if dry_run:
-        from areal.cli.dry_run import plan_lines
+        from areal.cli.dry_run import launch_script, plan_lines
 
         try:
             plan = plan_lines(run_config, out)
@@ -73,6 +73,10 @@ def train_command(
             raise CLIError(str(err)) from None
         typer.echo(run_config.to_yaml())
         typer.echo("\n".join(plan))
+        script = launch_script(run_config, out)
+        if script is not None:
+            where = Path(out) / "run"
+            typer.echo(f"\n# the script `areal train` would submit (written to {where}):\n{script}")
         return
     names = run_config.logging.metric_sinks
     extra = shlex.split(torchrun)

@@ -101,6 +101,8 @@ def actor_options(args: argparse.Namespace) -> dict[str, Any]:
     resources = json.loads(args.resources or "{}")
     if resources:
         options["resources"] = resources
+    if args.spread:  # one of several of a role (engines): over the nodes, not packed
+        options["scheduling_strategy"] = "SPREAD"
     if args.placement_group:  # a trainer node: its bundle of the run's trainer group
         from ray.util import get_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -120,6 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--num-gpus", type=float, default=0.0)
     parser.add_argument("--resources", default="", help="custom resources as JSON")
     parser.add_argument("--stop-timeout", type=float, default=30.0)
+    parser.add_argument("--spread", action="store_true", help="Ray's SPREAD strategy")
     parser.add_argument("--placement-group", default="", help="a named group to run in")
     parser.add_argument("--bundle-index", type=int, default=0, help="its bundle to run on")
     parser.add_argument("command", nargs=argparse.REMAINDER)

@@ -47,6 +47,9 @@ class RayOptions(BaseModel):
     resources: dict[Role, dict[str, float]] = Field(default_factory=dict)  # custom, per role
     cpus: dict[Role, float] = Field(default_factory=dict)  # logical CPUs per role (default 1)
     stop_timeout_s: float = Field(default=30.0, gt=0)
+    # Roles whose actors Ray spreads over the nodes that fit (its SPREAD strategy) instead of
+    # packing them onto the fewest: engines on different nodes share no node's CPUs or network.
+    spread: tuple[Role, ...] = ("engine",)
     # A trainer over several nodes: one actor per node in a placement group (STRICT_SPREAD),
     # each running torchrun with the node's share of async.train_workers, meeting at the first.
     trainer_nodes: int = Field(default=1, ge=1)
@@ -79,6 +82,8 @@ class RayLauncher:
         args += ["--num-gpus", str(placement.gpus), "--stop-timeout", str(opts.stop_timeout_s)]
         if opts.address:
             args += ["--address", opts.address]
+        if placement.role in opts.spread:
+            args.append("--spread")
         resources = opts.resources.get(placement.role)
         return args + (["--resources", json.dumps(resources)] if resources else [])
 

@@ -250,6 +250,13 @@ class SlurmLauncher:
         self.options = options
         self.config = config
 
+    def script(self, output_dir: Path) -> str:
+        """The sbatch script ``submit`` would write for this run (``--dry-run`` prints it)."""
+        if self.config is None:
+            raise ValueError("the Slurm launcher needs the run's config to write its script")
+        resolved = output_dir / "run" / "resolved.yaml"
+        return sbatch_script(self.config, output_dir, resolved, self.options)
+
     def node(self, placement: Placement, env: Mapping[str, str] | None = None) -> str | None:
         """Engines round-robin over the inference nodes (by the index in their name); the rest
         on the first trainer node; ``None`` outside the sbatch script (srun picks)."""
