@@ -34,6 +34,10 @@ Role = Literal["engine", "gateway", "rollout", "trainer"]
 # cluster, so ``areal train`` runs it instead of submitting it again.
 LAUNCHED_BY_ENV = "AREAL_LAUNCHED_BY"
 
+# torchrun flags for a trainer over several nodes (``--nnodes``, ``--node-rank``, ``--rdzv-*``):
+# a launcher that spreads the trainer sets it per node, and ``areal train`` appends it.
+TORCHRUN_ENV = "AREAL_TORCHRUN_ARGS"
+
 
 @dataclass(frozen=True)
 class Placement:

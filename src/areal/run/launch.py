@@ -30,6 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from areal.core.launcher import TORCHRUN_ENV
 from areal.core.parent_death import guarded
 from areal.core.process import wait_passing_on_stops
 from areal.core.train_engine import dist_timeout, launched, rank
@@ -46,7 +47,6 @@ __all__ = [
     "write_resolved",
 ]
 
-TORCHRUN_ENV = "AREAL_TORCHRUN_ARGS"
 
 
 def torchrun_command(

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from areal.core.launcher import LAUNCHED_BY_ENV, Placement, Role
+from areal.core.launcher import LAUNCHED_BY_ENV, TORCHRUN_ENV, Placement, Role
 from areal.core.parent_death import guarded
 from areal.core.process import wait_passing_on_stops
 from areal.plugins.launchers.ray_exec import NAMESPACE_ENV
@@ -174,8 +174,6 @@ def _submit_trainer_nodes(
         placement_group_table,
         remove_placement_group,
     )
-
-    from areal.run.launch import TORCHRUN_ENV
 
     opts = launcher.options
     nodes = launcher.node_placements(trainer)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from areal.core.config import ConfigError, key_path
-from areal.core.launcher import LAUNCHED_BY_ENV, Placement
+from areal.core.launcher import LAUNCHED_BY_ENV, TORCHRUN_ENV, Placement
 
 if TYPE_CHECKING:
     from areal.core.run_config import RunConfig
@@ -138,7 +138,7 @@ def sbatch_script(
     if trainers > 1:
         rdzv = f"--nnodes {trainers} --rdzv-backend c10d"
         rdzv += f" --rdzv-endpoint $FIRST_TRAINER_NODE:{RDZV_PORT} --rdzv-id $SLURM_JOB_ID"
-        lines.append(f'export AREAL_TORCHRUN_ARGS="{rdzv}"')
+        lines.append(f'export {TORCHRUN_ENV}="{rdzv}"')
     step = ["srun", "--overlap", f"--nodes={trainers}", f"--ntasks={trainers}"]
     step += ["--ntasks-per-node=1", '--nodelist="$(IFS=,; echo "${TRAINER[*]}")"']
     step += ['--cpus-per-task="${SLURM_CPUS_ON_NODE:-1}"', "--kill-on-bad-exit=1"]
