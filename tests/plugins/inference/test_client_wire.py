@@ -25,6 +25,7 @@ from areal.core.inference_client import (
     InferenceClient,
     InferenceError,
     SamplingParams,
+    StreamOutput,
     UnknownTokenVersionsError,
     WeightVersionSpan,
     _lines,
@@ -295,7 +296,12 @@ def run(url: str, scenario: Callable[[InferenceClient], Awaitable[Any]], **kwarg
 
 
 async def collect(client: InferenceClient, **kwargs: Any) -> list[GenerateOutput]:
-    return [chunk async for chunk in client.generate_stream(**kwargs)]
+    """Each chunk as it was when yielded (a stream's cumulative lists keep growing)."""
+    return [_snapshot(chunk) async for chunk in client.generate_stream(**kwargs)]
+
+
+def _snapshot(out: GenerateOutput) -> GenerateOutput:
+    return out.snapshot() if isinstance(out, StreamOutput) else out
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -465,9 +471,9 @@ def test_stream_auto_survives_repeated_tokens_with_counts() -> None:
     """Incremental chunks that look like a cumulative prefix are told apart by completion_tokens."""
     asm = _StreamAssembler("auto")
     outs = [
-        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 1}}),
-        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 2}}),
-        asm.add({"output_ids": [7, 7], "meta_info": {"completion_tokens": 4}}),
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 1}}).snapshot(),
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 2}}).snapshot(),
+        asm.add({"output_ids": [7, 7], "meta_info": {"completion_tokens": 4}}).snapshot(),
     ]
     assert [o.output_ids for o in outs] == [[7], [7, 7], [7, 7, 7, 7]]
     assert outs[-1].delta_output_ids == [7, 7]
