@@ -755,3 +755,35 @@ def test_logprob_null_becomes_nan() -> None:
         {"output_ids": [5], "meta_info": {"output_token_logprobs": [[None, 5, None]]}}
     )
     assert math.isnan(out.output_logprobs[0])
+
+
+@pytest.mark.parametrize("chunking", ["cumulative", "incremental", "auto"])
+def test_stream_text_deltas_hold_back_a_partial_character(chunking: str) -> None:
+    """SGLang's cumulative text may end in U+FFFD until the next token completes the character:
+    the delta waits for it, so the deltas join to the final text."""
+    asm = _StreamAssembler(chunking)  # type: ignore[arg-type]
+    if chunking == "incremental":
+        texts = ["a", "", "é", "b"]  # an incremental server sends only whole characters
+    else:
+        texts = ["a\ufffd", "a\ufffd", "aé", "aéb"]
+    outs = []
+    for i, text in enumerate(texts):
+        meta = {"completion_tokens": i + 1, "finish_reason": {"type": "length"} if i == 3 else None}
+        outs.append(asm.add({"text": text, "output_ids": [i] if chunking == "incremental" else list(range(i + 1)), "meta_info": meta}))  # fmt: skip
+    assert [o.delta_text for o in outs] == ["a", "", "é", "b"]
+    assert "".join(o.delta_text for o in outs) == outs[-1].text == "aéb"
+    assert outs[-1].output_ids == [0, 1, 2, 3]
+
+
+def test_stream_outputs_share_the_growing_lists() -> None:
+    """No per-chunk copy of the lists: every output is a view of the stream so far (snapshot()
+    keeps one as it was), which is what makes a long stream linear."""
+    asm = _StreamAssembler("incremental")
+    outs = []
+    for i in range(2000):
+        meta = {"completion_tokens": i + 1, "output_token_logprobs": [[-0.5, i, None]]}
+        outs.append(asm.add({"text": "x", "output_ids": [i], "meta_info": meta}))
+    assert all(o.output_ids is outs[-1].output_ids for o in outs)
+    assert outs[9].text == "x" * 10 and outs[-1].text == "x" * 2000  # joined as of its chunk
+    assert outs[-1].output_logprobs == [-0.5] * 2000
+    assert outs[0].snapshot().output_ids == list(range(2000))  # a snapshot taken late is late
