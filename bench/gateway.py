@@ -13,7 +13,11 @@ to the stub's OpenAI-compatible route. What the table shows:
 - "added": the p50 through the proxy minus the p50 of the same call straight to its backend. The
   gateway's backend call is the stub's ``/generate`` (SGLang's API: the gateway renders the chat
   template and tokenizes), LiteLLM's is the stub's ``/v1/chat/completions``;
-- requests/s with 64 concurrent clients, bounded by a request count and a duration.
+- requests/s with 64 concurrent clients, bounded by a request count and a duration;
+- a streamed request by its length (64, 512 and 4,096 tokens; ``--no-lengths`` skips it): the
+  bytes the engine sent and the gateway's CPU per request, when the engine streams cumulative
+  chunks (SGLang's default) and incremental ones (the embedded engine's). Each chunking has its
+  own stub and gateway; the streamed short request is measured against both too.
 
 Cases alternate round by round, so slow phases of this shared machine hit all of them alike.
 ``--profile`` then runs one more gateway under cProfile and says where its CPU time goes.
