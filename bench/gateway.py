@@ -449,6 +449,20 @@ def stub_command(port: int, model_dir: Path, chunking: str) -> list[str]:
     return [sys.executable, script, *flags]
 
 
+def baseline_case(cases: list[Case], url: str, pid: int | None) -> Case:
+    """The streamed chat case against the ``--baseline-src`` gateway (cumulative chunks)."""
+    mine = next(c for c in cases if c.name == "areal gateway (stream, cumulative chunks)")
+    return Case(
+        "areal gateway at --baseline-src (stream, cumulative chunks)",
+        url.rstrip("/") + "/v1/chat/completions",
+        mine.headers,
+        mine.body,
+        True,
+        baseline=mine.baseline,
+        pid=pid,
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from areal.plugins.models.tiny import init_tiny
 
@@ -506,7 +520,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 )
             cumulative = pairs["cumulative"]
             cases = build_cases(stub_url, gw_url, lite_url, cumulative[:2])
+            if args.baseline_src:  # another checkout's gateway, as it ran before this one
+                base_port = pick_free_port()
+                base_url = f"http://127.0.0.1:{base_port}"
+                base_env = {**gw_env, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
+                base_cmd = gateway_command(cumulative[0], base_port, work, None, "router-base")
+                base = stack.enter_context(
+                    server("gateway-base", base_cmd, f"{base_url}/health", work, base_env)
+                )
+                cases.append(baseline_case(cases, base_url, base.pid))
             for case in cases:  # the proxies' own CPU per request (the stub's is not theirs)
+                if case.pid is not None:
+                    continue
                 if case.name.startswith("areal"):
                     case.pid = cumulative[2] if "cumulative" in case.name else gw_pid
                 elif case.name.startswith("LiteLLM") and lite_proc is not None:
@@ -849,6 +874,12 @@ def main(argv: list[str] | None = None) -> int:
         dest="lengths",
         action="store_false",
         help="skip the bytes and gateway CPU per streamed request at 64, 512 and 4,096 tokens",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also measure the gateway of another checkout's src/ (e.g. `git archive REV src`) "
+        "in front of the cumulative stub: the streamed request before a change",
     )
     parser.add_argument("--profile", action="store_true", help="also profile the gateway")
     parser.add_argument("--profile-requests", type=int, default=2000)
