@@ -13,7 +13,11 @@ to the stub's OpenAI-compatible route. What the table shows:
 - "added": the p50 through the proxy minus the p50 of the same call straight to its backend. The
   gateway's backend call is the stub's ``/generate`` (SGLang's API: the gateway renders the chat
   template and tokenizes), LiteLLM's is the stub's ``/v1/chat/completions``;
-- requests/s with 64 concurrent clients, bounded by a request count and a duration.
+- requests/s with 64 concurrent clients, bounded by a request count and a duration;
+- a streamed request by its length (64, 512 and 4,096 tokens; ``--no-lengths`` skips it): the
+  bytes the engine sent and the gateway's CPU per request, when the engine streams cumulative
+  chunks (SGLang's default) and incremental ones (the embedded engine's). Each chunking has its
+  own stub and gateway; the streamed short request is measured against both too.
 
 Cases alternate round by round, so slow phases of this shared machine hit all of them alike.
 ``--profile`` then runs one more gateway under cProfile and says where its CPU time goes.
@@ -58,6 +62,9 @@ MESSAGES = [
     {"role": "user", "content": "Name one primary colour, in one word."},
 ]
 MAX_TOKENS = 8
+STREAM_LENGTHS = (64, 512, 4096)  # tokens per streamed request, for the cost-by-length table
+TOKENS_PER_CASE = 4096  # per length, chunking and round: 64 streams of 64 tokens ... 1 of 4096
+CHUNKINGS = ("cumulative", "incremental")  # before and after: the engine's stream chunks
 TARGET_ADDED_MS = 1.5
 TARGET_RPS = 1000.0
 LITELLM_INSTALL = "python3 -m venv .venv/litellm && .venv/litellm/bin/pip install 'litellm[proxy]'"
@@ -151,7 +158,7 @@ async def under_load(
     payload = case.payload
     issued = completed = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
-    timeout = aiohttp.ClientTimeout(total=60)
+    timeout = aiohttp.ClientTimeout(total=max(60.0, max_seconds))
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
         started = time.perf_counter()
         deadline = started + max_seconds
@@ -296,10 +303,13 @@ def server(
         yield proc
 
 
-def gateway_command(stub_url: str, port: int, work: Path, profile_to: Path | None) -> list[str]:
-    router = work / "router.yaml"
+def gateway_command(
+    stub_url: str, port: int, work: Path, profile_to: Path | None, name: str = "router"
+) -> list[str]:
+    router = work / f"{name}.yaml"
     router.write_text(
-        f"model_routing:\n  policy_model:\n    model_id: {MODEL}\n    max_tokens: 16\n"
+        f"model_routing:\n  policy_model:\n    model_id: {MODEL}\n"
+        f"    max_tokens: {max(STREAM_LENGTHS)}\n"
     )
     args = [
         "--config",
@@ -309,7 +319,7 @@ def gateway_command(stub_url: str, port: int, work: Path, profile_to: Path | Non
         "--port",
         str(port),
         "--log-dir",
-        str(work / "gateway-logs"),
+        str(work / f"{name}-logs"),
         "--log-level",
         "warning",
     ]
@@ -372,7 +382,11 @@ LITELLM_ENV = {
 # --- the run -------------------------------------------------------------------------------------
 
 
-def build_cases(stub: str, gateway: str, litellm: str | None) -> list[Case]:
+def build_cases(
+    stub: str, gateway: str, litellm: str | None, cumulative: tuple[str, str] | None = None
+) -> list[Case]:
+    """The chat cases; ``cumulative`` (a stub and a gateway in front of it) adds the streamed
+    gateway case against an engine that sends cumulative chunks, the cost this bench compares."""
     chat = {"model": MODEL, "messages": MESSAGES, "max_tokens": MAX_TOKENS}
     gw_headers = {"Authorization": f"Bearer {GATEWAY_KEY}"}
     lite_headers = {"Authorization": f"Bearer {LITELLM_KEY}"}
@@ -401,6 +415,19 @@ def build_cases(stub: str, gateway: str, litellm: str | None) -> list[Case]:
                 peer=lite if litellm else None,
             )
         )
+        if stream and cumulative is not None:
+            direct_cumulative = "stub /generate, direct (stream, cumulative chunks)"
+            cases.append(Case(direct_cumulative, f"{cumulative[0]}/generate", {}, generate, True))
+            cases.append(
+                Case(
+                    "areal gateway (stream, cumulative chunks)",
+                    f"{cumulative[1]}/v1/chat/completions",
+                    gw_headers,
+                    chat,
+                    True,
+                    baseline=direct_cumulative,
+                )
+            )
         if litellm:
             cases.append(Case(direct_chat, f"{stub}/v1/chat/completions", {}, chat, stream))
             cases.append(
@@ -416,6 +443,26 @@ def build_cases(stub: str, gateway: str, litellm: str | None) -> list[Case]:
     return cases
 
 
+def stub_command(port: int, model_dir: Path, chunking: str) -> list[str]:
+    script = str(ROOT / "bench/stub_engine.py")
+    flags = ["--port", str(port), "--model-dir", str(model_dir), "--chunking", chunking]
+    return [sys.executable, script, *flags]
+
+
+def baseline_case(cases: list[Case], url: str, pid: int | None) -> Case:
+    """The streamed chat case against the ``--baseline-src`` gateway (cumulative chunks)."""
+    mine = next(c for c in cases if c.name == "areal gateway (stream, cumulative chunks)")
+    return Case(
+        "areal gateway at --baseline-src (stream, cumulative chunks)",
+        url.rstrip("/") + "/v1/chat/completions",
+        mine.headers,
+        mine.body,
+        True,
+        baseline=mine.baseline,
+        pid=pid,
+    )
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from areal.plugins.models.tiny import init_tiny
 
@@ -427,32 +474,35 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             " (or run `make bench-gateway`)"
         )
         print(litellm_note, file=sys.stderr)
+    lengths: list[LengthCase] = []
     with tempfile.TemporaryDirectory(prefix="areal-bench-gateway-") as tmp:
         work = Path(tmp)
         model_dir = work / "nano"
         init_tiny(model_dir, size="nano", seed=0)
-        stub_port, gw_port = pick_free_port(), pick_free_port()
-        stub_url, gw_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{gw_port}"
-        stub_cmd = [
-            sys.executable,
-            str(ROOT / "bench/stub_engine.py"),
-            "--port",
-            str(stub_port),
-            "--model-dir",
-            str(model_dir),
-        ]
         gw_env = {"AREAL_GATEWAY_KEY": GATEWAY_KEY}
         with contextlib.ExitStack() as stack:
-            stack.enter_context(server("stub", stub_cmd, f"{stub_url}/health", work))
-            gateway_proc = stack.enter_context(
-                server(
-                    "gateway",
-                    gateway_command(stub_url, gw_port, work, None),
-                    f"{gw_url}/health",
-                    work,
-                    gw_env,
+            # A stub and a gateway per chunking: incremental (the embedded engine's default, the
+            # one the main table uses) and cumulative (SGLang's default), measured side by side.
+            pairs: dict[str, tuple[str, str, int]] = {}
+            for chunking in ("incremental", "cumulative"):
+                stub_port, gw_port = pick_free_port(), pick_free_port()
+                stub_url, gw_url = f"http://127.0.0.1:{stub_port}", f"http://127.0.0.1:{gw_port}"
+                stub_cmd = stub_command(stub_port, model_dir, chunking)
+                stack.enter_context(
+                    server(f"stub-{chunking}", stub_cmd, f"{stub_url}/health", work)
                 )
-            )
+                gateway_proc = stack.enter_context(
+                    server(
+                        f"gateway-{chunking}",
+                        gateway_command(stub_url, gw_port, work, None, f"router-{chunking}"),
+                        f"{gw_url}/health",
+                        work,
+                        gw_env,
+                    )
+                )
+                assert gateway_proc.pid is not None
+                pairs[chunking] = (stub_url, gw_url, gateway_proc.pid)
+            stub_url, gw_url, gw_pid = pairs["incremental"]
             lite_url, lite_proc = None, None
             if litellm_bin is not None:
                 lite_port = pick_free_port()
@@ -468,12 +518,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         timeout=300,
                     )
                 )
-            cases = build_cases(stub_url, gw_url, lite_url)
+            cumulative = pairs["cumulative"]
+            cases = build_cases(stub_url, gw_url, lite_url, cumulative[:2])
+            if args.baseline_src:  # another checkout's gateway, as it ran before this one
+                base_port = pick_free_port()
+                base_url = f"http://127.0.0.1:{base_port}"
+                base_env = {**gw_env, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
+                base_cmd = gateway_command(cumulative[0], base_port, work, None, "router-base")
+                base = stack.enter_context(
+                    server("gateway-base", base_cmd, f"{base_url}/health", work, base_env)
+                )
+                cases.append(baseline_case(cases, base_url, base.pid))
             for case in cases:  # the proxies' own CPU per request (the stub's is not theirs)
-                proxy = gateway_proc if case.name.startswith("areal") else None
-                proxy = lite_proc if case.name.startswith("LiteLLM") else proxy
-                case.pid = proxy.pid if proxy is not None else None
+                if case.pid is not None:
+                    continue
+                if case.name.startswith("areal"):
+                    case.pid = cumulative[2] if "cumulative" in case.name else gw_pid
+                elif case.name.startswith("LiteLLM") and lite_proc is not None:
+                    case.pid = lite_proc.pid
             asyncio.run(measure(cases, args))
+            if args.lengths:
+                lengths = asyncio.run(measure_lengths(pairs, args))
             profile = profile_gateway(stub_url, work, args) if args.profile else None
     rows = rows_of(cases)
     return {
@@ -485,12 +550,83 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "load_seconds": args.load_seconds,
             "max_tokens": MAX_TOKENS,
             "cpus": os.cpu_count(),
+            "load_average": os.getloadavg(),
         },
         "rows": [asdict(r) for r in rows],
+        "lengths": [lc.summary() for lc in lengths],
         "litellm": litellm_bin,
         "litellm_note": litellm_note,
         "profile": profile,
     }
+
+
+# --- cost of a streamed request by its length -----------------------------------------------------
+
+
+@dataclass
+class LengthCase:
+    """Streamed chat requests of ``tokens`` tokens through the gateway whose engine sends
+    ``chunking`` chunks: the bytes the engine sent and the gateway's CPU, per request."""
+
+    tokens: int
+    chunking: str
+    case: Case
+    stub: str
+    cpu_ms: list[float] = field(default_factory=list)
+    wire_bytes: list[float] = field(default_factory=list)
+
+    @property
+    def requests(self) -> int:
+        return max(1, TOKENS_PER_CASE // self.tokens)
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tokens": self.tokens,
+            "chunking": self.chunking,
+            "requests_per_round": self.requests,
+            "bytes_per_stream": statistics.median(self.wire_bytes) if self.wire_bytes else None,
+            "cpu_ms_per_stream": statistics.median(self.cpu_ms) if self.cpu_ms else None,
+            "rounds": len(self.cpu_ms),
+            "errors": self.case.errors,
+            "skipped": self.case.skipped,
+        }
+
+
+async def stub_stream_bytes(session: aiohttp.ClientSession, stub: str) -> int:
+    async with session.get(f"{stub}/stats") as resp:
+        return int((await resp.json())["stream_bytes"])
+
+
+async def measure_lengths(
+    pairs: dict[str, tuple[str, str, int]], args: argparse.Namespace
+) -> list[LengthCase]:
+    """Rounds of every (length, chunking) case in turn, so both chunkings see the same load;
+    each case sends ``TOKENS_PER_CASE`` tokens' worth of streams, 8 at a time at most."""
+    headers = {"Authorization": f"Bearer {GATEWAY_KEY}"}
+    cases: list[LengthCase] = []
+    for tokens in STREAM_LENGTHS:
+        for chunking in CHUNKINGS:
+            stub, gateway, pid = pairs[chunking]
+            body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens}
+            url = f"{gateway}/v1/chat/completions"
+            case = Case(f"{tokens} tokens, {chunking}", url, headers, body, True, pid=pid)
+            cases.append(LengthCase(tokens, chunking, case, stub))
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        for lc in cases:
+            if lc.tokens == min(STREAM_LENGTHS):  # one that must work before any is measured
+                await probe(session, lc.case)
+                if lc.case.skipped:
+                    raise RuntimeError(f"{lc.case.name}: {lc.case.skipped}")
+        for r in range(args.rounds):
+            for lc in cases:
+                assert lc.case.pid is not None
+                cpu, sent = cpu_seconds(lc.case.pid), await stub_stream_bytes(session, lc.stub)
+                _, done = await under_load(lc.case, min(8, lc.requests), lc.requests, 600.0)
+                if done:
+                    lc.cpu_ms.append(1000 * (cpu_seconds(lc.case.pid) - cpu) / done)
+                    lc.wire_bytes.append((await stub_stream_bytes(session, lc.stub) - sent) / done)
+            print(f"  lengths: round {r + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    return cases
 
 
 # --- profile -------------------------------------------------------------------------------------
@@ -669,6 +805,7 @@ def print_report(result: dict[str, Any]) -> None:
             print(f"{r['case']}: not measured: {r['note']}")
     if result["litellm_note"]:
         print(result["litellm_note"])
+    print_lengths(result["lengths"])
     prof = result["profile"]
     if prof and "error" not in prof:
         print(
@@ -689,6 +826,39 @@ def print_report(result: dict[str, Any]) -> None:
         print(prof["error"])
 
 
+def print_lengths(lengths: list[dict[str, Any]]) -> None:
+    """Bytes on the engine→gateway wire and gateway CPU per streamed request, by length."""
+    if not lengths:
+        return
+    print(
+        "\nA streamed chat request by its length (medians over rounds; the engine streams "
+        "cumulative chunks, as SGLang by default, or incremental ones, as the embedded engine):"
+    )
+    by = {(r["tokens"], r["chunking"]): r for r in lengths}
+    header = ("tokens", "streams/round", "engine→gateway bytes", "", "gateway CPU ms", "")
+    lines = [header, ("", "", "cumulative", "incremental", "cumulative", "incremental")]
+    for tokens in sorted({r["tokens"] for r in lengths}):
+        cum, inc = by.get((tokens, "cumulative")), by.get((tokens, "incremental"))
+        if cum is None or inc is None:
+            continue
+        lines.append(
+            (
+                f"{tokens:,}",
+                str(inc["requests_per_round"]),
+                fmt(cum["bytes_per_stream"], ",.0f"),
+                fmt(inc["bytes_per_stream"], ",.0f"),
+                fmt(cum["cpu_ms_per_stream"], ",.1f"),
+                fmt(inc["cpu_ms_per_stream"], ",.1f"),
+            )
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    for line in lines:
+        print("  " + "  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+    errors = [f"{r['tokens']} {r['chunking']}: {r['errors']}" for r in lengths if r["errors"]]
+    if errors:
+        print("  errors: " + ", ".join(errors))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--rounds", type=int, default=3)
@@ -699,6 +869,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-seconds", type=float, default=3.0, help="per case per round")
     parser.add_argument("--litellm", help="the litellm executable (default: .venv/litellm/bin)")
     parser.add_argument("--no-litellm", action="store_true", help="skip the LiteLLM rows")
+    parser.add_argument(
+        "--no-lengths",
+        dest="lengths",
+        action="store_false",
+        help="skip the bytes and gateway CPU per streamed request at 64, 512 and 4,096 tokens",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also measure the gateway of another checkout's src/ (e.g. `git archive REV src`) "
+        "in front of the cumulative stub: the streamed request before a change",
+    )
     parser.add_argument("--profile", action="store_true", help="also profile the gateway")
     parser.add_argument("--profile-requests", type=int, default=2000)
     parser.add_argument("--profile-out", help="also keep the gateway's pstats file here")

@@ -1,14 +1,21 @@
 """A STUB inference engine that answers instantly, for the gateway benchmark.
 
-It is not a model: every ``/generate`` returns the same 8 tokens (real ids of the policy
-tokenizer, with their text, log-probs and weight version) the moment the request is read, so a
-benchmark that puts the gateway in front of it measures the gateway's own cost and nothing else.
-It speaks the SGLang native subset the gateway uses (``/health``, ``/model_info``, ``/generate``
-plain and streamed) and, for the peer baseline, an equally instant OpenAI-compatible
-``/v1/chat/completions`` (plain and streamed) that a LiteLLM proxy can forward to.
+It is not a model: every ``/generate`` returns ``max_new_tokens`` tokens (8 when not given) that
+repeat the same 8 (real ids of the policy tokenizer, with their text, log-probs and weight
+version) the moment the request is read, so a benchmark that puts the gateway in front of it
+measures the gateway's own cost and nothing else. It speaks the SGLang native subset the gateway
+uses (``/health``, ``/model_info``, ``/generate`` plain and streamed) and, for the peer baseline,
+an equally instant OpenAI-compatible ``/v1/chat/completions`` (plain and streamed, always 8
+tokens) that a LiteLLM proxy can forward to.
 
-Run alone: ``.venv/bin/python bench/stub_engine.py --port 30000 [--model-dir DIR]`` (without
-``--model-dir`` it writes a "nano" tiny model to a temporary directory for its tokenizer).
+Streamed ``/generate`` chunks are incremental (what each token adds, as the embedded engine and
+SGLang with ``--incremental-streaming-output`` send) or, with ``--chunking cumulative``, the
+whole output so far (SGLang's default). ``GET /stats`` says how many bytes of streamed
+``/generate`` answers it wrote, for the benchmark's bytes per stream.
+
+Run alone: ``.venv/bin/python bench/stub_engine.py --port 30000 [--model-dir DIR]
+[--chunking cumulative]`` (without ``--model-dir`` it writes a "nano" tiny model to a temporary
+directory for its tokenizer).
 """
 
 from __future__ import annotations
@@ -26,7 +33,9 @@ from aiohttp import web
 
 OUTPUT_TEXT = " The quick brown fox jumps over the lazy dog again and again"
 OUTPUT_TOKENS = 8
-CONTEXT_LENGTH = 4096
+CONTEXT_LENGTH = 16384
+MAX_TOKENS = 8192  # the most tokens one /generate answers
+CACHED_UP_TO = 64  # streams of at most this many tokens are built once and kept
 WEIGHT_VERSION = "0"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
@@ -43,6 +52,10 @@ class FixedOutput:
     def text(self) -> str:
         return self.prefix_texts[-1]
 
+    def pieces(self) -> list[str]:
+        """The text each token adds (the 8 tokens are whole words, so their texts join)."""
+        return [t[len(p) :] for p, t in zip(["", *self.prefix_texts], self.prefix_texts)]
+
     @classmethod
     def from_tokenizer(cls, model_dir: str | Path) -> FixedOutput:
         from tokenizers import Tokenizer
@@ -58,9 +71,10 @@ class FixedOutput:
 class StubEngine:
     """The routes of the stub; everything it answers is computed once, at start-up."""
 
-    def __init__(self, model_dir: str | Path) -> None:
+    def __init__(self, model_dir: str | Path, chunking: str = "incremental") -> None:
         self.model_dir = str(Path(model_dir).resolve())
         self.out = FixedOutput.from_tokenizer(model_dir)
+        self.incremental = chunking == "incremental"
         self.info = {
             "model_path": self.model_dir,
             "served_model_name": "stub",
@@ -70,30 +84,71 @@ class StubEngine:
             "context_length": CONTEXT_LENGTH,
             "model_type": "qwen3",
             "stub": True,
+            "stream_chunking": chunking,
         }
-        self.sse_generate = [
-            self._sse(self._generate_payload(k + 1, 0, final=k + 1 == OUTPUT_TOKENS))
-            for k in range(OUTPUT_TOKENS)
+        # JSON of each of the 8 tokens, encoded once: a stream is joined from these.
+        self.id_json = [str(t).encode() for t in self.out.ids]
+        self.logprob_json = [
+            json.dumps([lp, t, None]).encode()
+            for lp, t in zip(self.out.logprobs, self.out.ids, strict=True)
         ]
+        self.text_pieces = self.out.pieces()
+        self.cache: dict[tuple[int, int], list[bytes]] = {}
+        self.stream_bytes = 0
+        self.streams = 0
 
     # --- SGLang native -----------------------------------------------------------------------
 
-    def _generate_payload(self, n: int, prompt_tokens: int, final: bool) -> dict[str, Any]:
-        ids = self.out.ids[:n]
-        meta: dict[str, Any] = {
+    def _generate_payload(self, n: int, prompt_tokens: int) -> dict[str, Any]:
+        ids = [self.out.ids[i % OUTPUT_TOKENS] for i in range(n)]
+        lps = [self.out.logprobs[i % OUTPUT_TOKENS] for i in range(n)]
+        meta = self._meta(n, prompt_tokens, final=True)
+        meta["output_token_logprobs"] = [[lp, t, None] for lp, t in zip(lps, ids, strict=True)]
+        text = "".join(self.text_pieces[i % OUTPUT_TOKENS] for i in range(n))
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+    @staticmethod
+    def _meta(k: int, prompt_tokens: int, final: bool) -> dict[str, Any]:
+        return {
             "id": "stub",
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": n,
+            "completion_tokens": k,
             "cached_tokens": 0,
-            "finish_reason": {"type": "length", "length": n} if final else None,
+            "finish_reason": {"type": "length", "length": k} if final else None,
             "weight_version": WEIGHT_VERSION,
-            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": n}],
-            "output_token_logprobs": [
-                [lp, t, None] for lp, t in zip(self.out.logprobs[:n], ids, strict=True)
-            ],
+            "weight_versions": [{"version": WEIGHT_VERSION, "start": 0, "end": k}],
             "e2e_latency": 0.0,
         }
-        return {"text": self.out.prefix_texts[n - 1], "output_ids": ids, "meta_info": meta}
+
+    def _stream(self, n: int, prompt_tokens: int) -> list[bytes]:
+        """The SSE chunks of an n-token stream: built once for short streams, else each time."""
+        key = (n, prompt_tokens)
+        chunks = self.cache.get(key)
+        if chunks is None:
+            chunks = [*self._chunks(n, prompt_tokens), b"data: [DONE]\n\n"]
+            if n <= CACHED_UP_TO:
+                self.cache[key] = chunks
+        return chunks
+
+    def _chunks(self, n: int, prompt_tokens: int) -> list[bytes]:
+        chunks, text, all_ids, all_lps = [], "", b"", b""
+        for k in range(1, n + 1):
+            j = (k - 1) % OUTPUT_TOKENS
+            if self.incremental:
+                ids, lps, chunk_text = self.id_json[j], self.logprob_json[j], self.text_pieces[j]
+            else:  # the whole output so far, as SGLang streams by default
+                sep = b", " if k > 1 else b""
+                all_ids += sep + self.id_json[j]
+                all_lps += sep + self.logprob_json[j]
+                text += self.text_pieces[j]
+                ids, lps, chunk_text = all_ids, all_lps, text
+            meta = json.dumps(self._meta(k, prompt_tokens, final=k == n)).encode()
+            chunks.append(
+                b'data: {"text": ' + json.dumps(chunk_text).encode()
+                + b', "output_ids": [' + ids + b'], "meta_info": ' + meta[:-1]
+                + b', "output_token_logprobs": [' + lps + b"]}}\n\n"
+            )  # fmt: skip
+        return chunks
 
     @staticmethod
     def _sse(payload: Any) -> bytes:
@@ -105,17 +160,22 @@ class StubEngine:
     async def model_info(self, request: web.Request) -> web.Response:
         return web.json_response(self.info)
 
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response({"stream_bytes": self.stream_bytes, "streams": self.streams})
+
     async def generate(self, request: web.Request) -> web.StreamResponse:
         body = json.loads(await request.read())
         prompt_tokens = len(body.get("input_ids") or [])
+        asked = (body.get("sampling_params") or {}).get("max_new_tokens") or OUTPUT_TOKENS
+        n = max(1, min(int(asked), MAX_TOKENS))
         if not body.get("stream"):
-            payload = self._generate_payload(OUTPUT_TOKENS, prompt_tokens, final=True)
-            return web.json_response(payload)
+            return web.json_response(self._generate_payload(n, prompt_tokens))
         response = web.StreamResponse(headers=SSE_HEADERS)
         await response.prepare(request)
-        for chunk in self.sse_generate:  # cumulative chunks, one per token, as SGLang sends
+        for chunk in self._stream(n, prompt_tokens):
             await response.write(chunk)
-        await response.write(b"data: [DONE]\n\n")
+            self.stream_bytes += len(chunk)
+        self.streams += 1
         return response
 
     # --- OpenAI-compatible (the backend of the LiteLLM baseline) ------------------------------
@@ -165,6 +225,7 @@ class StubEngine:
         app.router.add_get("/model_info", self.model_info)
         app.router.add_get("/get_model_info", self.model_info)
         app.router.add_post("/generate", self.generate)
+        app.router.add_get("/stats", self.stats)
         app.router.add_post("/v1/chat/completions", self.chat_completions)
         app.router.add_get("/v1/models", self.models)
         return app
@@ -177,6 +238,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--model-dir", help="a model dir with tokenizer.json (default: a fresh nano)"
     )
+    parser.add_argument(
+        "--chunking",
+        choices=("incremental", "cumulative"),
+        default="incremental",
+        help="streamed /generate chunks: what each token adds, or the whole output so far",
+    )
     args = parser.parse_args(argv)
     model_dir = args.model_dir
     if model_dir is None:
@@ -185,7 +252,11 @@ def main(argv: list[str] | None = None) -> None:
         model_dir = str(Path(tempfile.mkdtemp(prefix="areal-stub-")) / "nano")
         init_tiny(model_dir, size="nano", seed=0)
     web.run_app(
-        StubEngine(model_dir).app(), host=args.host, port=args.port, print=None, access_log=None
+        StubEngine(model_dir, args.chunking).app(),
+        host=args.host,
+        port=args.port,
+        print=None,
+        access_log=None,
     )
 
 

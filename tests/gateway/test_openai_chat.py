@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ from transformers import AutoTokenizer
 
 from areal.core.inference_client import InferenceClient
 from areal.gateway.chat_messages import StreamText, normalize_messages, partial_stop
+from areal.gateway.policy import Generation
 from areal.run.gateway_client import GatewayAdmin, OpenedSession
 
 WEATHER = {
@@ -503,13 +505,30 @@ def test_stream_text_holds_back_partial_stop_strings() -> None:
     assert partial_stop("abc EN", ["END"]) == 2
     assert partial_stop("abc E", ["END", "EX"]) == 1
     assert partial_stop("abc", ["END"]) == 0
-    text = StreamText(["END"])
-    assert text.delta("abc E") == "abc "
-    assert text.delta("abc EN") == ""
-    assert text.delta("abc ENX") == "ENX"
-    final = StreamText(["END"])
-    assert final.delta("ab E") == "ab "
-    assert final.delta("ab ", final=True) == ""  # the engine trimmed the stop string
+    for streamed in (False, True):  # cumulative generations, or streamed ones with deltas
+        step = stepper(streamed)
+        text = StreamText(["END"])
+        assert text.step(step("abc E")) == "abc "
+        assert text.step(step("abc EN")) == ""
+        assert text.step(step("abc ENX")) == "ENX"
+        step = stepper(streamed)
+        final = StreamText(["END"])
+        assert final.step(step("ab E")) == "ab "
+        assert final.step(step("ab ", final=True)) == ""  # the engine trimmed the stop string
+
+
+def stepper(streamed: bool) -> Callable[..., Generation]:
+    """Generations of one stream from its cumulative texts: plain ones, or with the delta."""
+    seen = ""
+
+    def step(text: str, final: bool = False) -> Generation:
+        nonlocal seen
+        delta = text[len(seen) :] if streamed and not final else None
+        seen = text
+        reason = "stop" if final else None
+        return Generation(text, [], [], [], [], finish_reason=reason, delta_text=delta)
+
+    return step
 
 
 # --- recording --------------------------------------------------------------------------------

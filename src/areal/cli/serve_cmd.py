@@ -51,6 +51,13 @@ def inference_command(
     served_model_name: str | None = typer.Option(
         None, "--served-model-name", help="Model name reported by /model_info (default: path)."
     ),
+    incremental_streaming_output: bool = typer.Option(
+        True,
+        "--incremental-streaming-output/--cumulative-streaming-output",
+        help="Streamed /generate chunks carry only the new ids, log-probs and text (O(n) bytes "
+        "per stream); --cumulative-streaming-output sends the whole output so far in every "
+        "chunk, as SGLang does without its --incremental-streaming-output.",
+    ),
     attach: str | None = typer.Option(
         None,
         "--attach",
@@ -92,6 +99,7 @@ def inference_command(
         log_level=log_level,
         served_model_name=served_model_name,
         hooks=hooks,
+        incremental_streaming_output=incremental_streaming_output,
     )
     if hooks is not None:
         raise typer.Exit(hooks.finish())

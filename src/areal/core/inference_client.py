@@ -11,7 +11,9 @@ detectable: ``stream_chunking="auto"`` (the default) compares each chunk's lengt
 falls back to a prefix test when the count is missing, and remembers the answer for the rest of the
 stream. Pass ``"cumulative"`` or ``"incremental"`` to skip detection. Whatever the server sends,
 :meth:`InferenceClient.generate_stream` yields cumulative outputs plus the ``delta_*`` of each
-chunk.
+chunk, in time linear in what the chunks carry: the cumulative lists are the stream's own (they
+keep growing after a chunk is yielded) and the cumulative text is joined only when read, so a
+reader that follows every step should take the ``delta_*``.
 
 HTTP goes through aiohttp, areal's one HTTP stack. The session is made on first use, inside the
 running event loop, so a client can be built anywhere (a config, a constructor) and used later.
@@ -23,6 +25,7 @@ the run supervisor import it.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import math
 import time
@@ -206,28 +209,35 @@ class GenerateOutput:
         output_ids = [int(t) for t in data.get("output_ids") or []]
         logprobs = _logprob_values(meta.get("output_token_logprobs"))
         text = data.get("text")
-        prompt_ids = data.get("prompt_token_ids")
         return cls(
             output_ids=output_ids,
             text=text,
             output_logprobs=logprobs,
-            finish_reason=FinishReason.from_json(meta.get("finish_reason")),
-            prompt_tokens=int(meta.get("prompt_tokens") or 0),
-            completion_tokens=int(meta.get("completion_tokens") or len(output_ids)),
-            cached_tokens=int(meta.get("cached_tokens") or 0),
-            rid=meta.get("id"),
-            weight_version=str(meta.get("weight_version", "default")),
-            weight_versions=[
-                WeightVersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
-                for s in meta.get("weight_versions") or []
-            ],
-            prompt_token_ids=None if prompt_ids is None else [int(t) for t in prompt_ids],
-            meta_info=meta,
-            spans_known="weight_versions" in meta,
+            **_output_fields(data, meta, len(output_ids)),
             delta_output_ids=list(output_ids),
             delta_logprobs=list(logprobs),
             delta_text=text or "",
         )
+
+
+def _output_fields(data: Mapping[str, Any], meta: dict[str, Any], n_ids: int) -> dict[str, Any]:
+    """The fields of :class:`GenerateOutput` read from ``meta_info`` (and the prompt ids)."""
+    prompt_ids = data.get("prompt_token_ids")
+    return {
+        "finish_reason": FinishReason.from_json(meta.get("finish_reason")),
+        "prompt_tokens": int(meta.get("prompt_tokens") or 0),
+        "completion_tokens": int(meta.get("completion_tokens") or n_ids),
+        "cached_tokens": int(meta.get("cached_tokens") or 0),
+        "rid": meta.get("id"),
+        "weight_version": str(meta.get("weight_version", "default")),
+        "weight_versions": [
+            WeightVersionSpan(str(s["version"]), int(s["start"]), int(s["end"]))
+            for s in meta.get("weight_versions") or []
+        ],
+        "prompt_token_ids": None if prompt_ids is None else [int(t) for t in prompt_ids],
+        "meta_info": meta,
+        "spans_known": "weight_versions" in meta,
+    }
 
 
 def _logprob_values(triples: Any) -> list[float]:
@@ -240,44 +250,141 @@ def _logprob_values(triples: Any) -> list[float]:
 # --- stream reassembly -----------------------------------------------------------------------
 
 
+class TextPieces:
+    """Text that grows piece by piece, joined only when someone reads it.
+
+    A stream's cumulative text rebuilt on every chunk costs O(n) per chunk, O(n²) per stream;
+    readers that need every step take ``delta_text`` instead.
+    """
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+        self._joined = ""  # "".join(parts[:_count])
+        self._count = 0
+
+    def add(self, piece: str) -> None:
+        if piece:
+            self.parts.append(piece)
+
+    def upto(self, count: int) -> str:
+        """The text of the first ``count`` pieces."""
+        if count < self._count:  # an older output read late
+            return "".join(self.parts[:count])
+        if count > self._count:
+            self._joined += "".join(self.parts[self._count : count])
+            self._count = count
+        return self._joined
+
+
+class StreamOutput(GenerateOutput):
+    """A stream's output so far. ``output_ids`` and ``output_logprobs`` are the stream's own
+    lists, which keep growing after this output is yielded (copying them on every chunk would
+    cost O(n²) per stream): copy them to keep a snapshot. ``text`` is joined when read."""
+
+    _pieces: tuple[TextPieces, int] | None = None
+    _text: str | None = None
+
+    @property  # type: ignore[override]
+    def text(self) -> str | None:
+        if self._pieces is not None:
+            pieces, count = self._pieces
+            return pieces.upto(count)
+        return self._text
+
+    @text.setter
+    def text(self, value: str | None) -> None:
+        self._text, self._pieces = value, None
+
+    def snapshot(self) -> GenerateOutput:
+        """A plain copy that stays as it is now (O(n): for tests and rare readers)."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GenerateOutput)}
+        fields.update(output_ids=list(self.output_ids), output_logprobs=list(self.output_logprobs))
+        return GenerateOutput(**fields)
+
+    def text_from(self, pieces: TextPieces) -> StreamOutput:
+        """Read ``text`` from ``pieces`` as they are now (without joining them yet)."""
+        self._pieces = (pieces, len(pieces.parts))
+        return self
+
+
 class _StreamAssembler:
-    """Turns SSE chunks, cumulative or incremental, into cumulative :class:`GenerateOutput`."""
+    """Turns SSE chunks, cumulative or incremental, into cumulative :class:`StreamOutput`, in
+    time linear in what each chunk carries: lists grow in place and text is joined on demand."""
 
     def __init__(self, chunking: StreamChunking) -> None:
         self.chunking = chunking
         self.ids_mode: str | None = None if chunking == "auto" else chunking
         self.text_mode: str | None = None if chunking == "auto" else chunking
         self.ids: list[int] = []
-        self.triples: list[Any] = []
-        self.text: str | None = None
+        self.logprobs: list[float] = []
+        self.whole: str | None = None  # the text so far, while the text is read as cumulative
+        self.sent = ""  # what delta_text has said of ``whole``
+        self.pieces: TextPieces | None = None  # the text, once it is read as incremental
         self.spans: list[WeightVersionSpan] = []  # from chunk versions, when the server sends none
 
-    def add(self, data: Mapping[str, Any]) -> GenerateOutput:
+    def add(self, data: Mapping[str, Any]) -> StreamOutput:
         meta = dict(data.get("meta_info") or {})
-        prev_ids, prev_triples, prev_text = self.ids, self.triples, self.text or ""
+        new_ids: list[int] = []
         chunk_ids = data.get("output_ids")
         if chunk_ids is not None:
             chunk_ids = [int(t) for t in chunk_ids]
             mode = self._ids_mode(chunk_ids, meta.get("completion_tokens"))
-            self.ids = chunk_ids if mode == "cumulative" else prev_ids + chunk_ids
+            new_ids = chunk_ids[len(self.ids) :] if mode == "cumulative" else chunk_ids
+            self.ids.extend(new_ids)
         triples = meta.get("output_token_logprobs")
-        if triples is not None:
-            self.triples = self._merge_logprobs(list(triples))
+        new_logprobs = self._add_logprobs(triples) if triples is not None else []
+        finished = meta.get("finish_reason") is not None
+        delta_text = ""
         if data.get("text") is not None:
-            chunk_text = str(data["text"])
-            mode = self._text_mode(chunk_text)
-            self.text = chunk_text if mode == "cumulative" else prev_text + chunk_text
+            delta_text = self._add_text(str(data["text"]), finished)
 
-        merged = {**data, "output_ids": self.ids, "text": self.text}
-        merged["meta_info"] = {**meta, "output_token_logprobs": self.triples}
-        out = GenerateOutput.from_json(merged)
-        out.meta_info = meta  # keep the chunk's meta_info as the server sent it
-        out.delta_output_ids = _delta(prev_ids, self.ids)
-        out.delta_logprobs = _logprob_values(_delta(prev_triples, self.triples))
-        out.delta_text = _delta(prev_text, self.text or "")
+        out = StreamOutput(
+            output_ids=self.ids,
+            output_logprobs=self.logprobs,
+            **_output_fields(data, meta, len(self.ids)),
+            delta_output_ids=new_ids,
+            delta_logprobs=new_logprobs,
+            delta_text=delta_text,
+        )
+        out.text = self.whole
+        if self.pieces is not None:
+            out.text_from(self.pieces)
         if not out.spans_known:
             out.weight_versions, out.spans_known = self._chunk_spans(out), True
         return out
+
+    def _add_logprobs(self, triples: list[Any]) -> list[float]:
+        """Extend the log-probs by what this chunk adds. They follow the ids' chunking; their
+        length against the new id count decides, and the ids' mode breaks a tie."""
+        have, total = len(self.logprobs), len(self.ids)
+        if len(triples) == total:
+            new = _logprob_values(triples[have:])
+        elif have + len(triples) == total or self.ids_mode == "incremental":
+            new = _logprob_values(triples)
+        else:  # cumulative, but not as long as the ids: take it as it is
+            values = _logprob_values(triples)
+            self.logprobs[:] = values
+            return values[have:] if len(values) >= have else values
+        self.logprobs.extend(new)
+        return new
+
+    def _add_text(self, chunk: str, finished: bool) -> str:
+        """Take the chunk's text; return what it adds. Cumulative text that ends in a partial
+        UTF-8 character (U+FFFD, completed by a later chunk) is held back from the delta."""
+        if self._text_mode(chunk) == "cumulative":
+            self.whole = chunk
+            stable = chunk if finished else chunk.rstrip("\ufffd")
+            if len(stable) <= len(self.sent) or not stable.startswith(self.sent):
+                return ""  # nothing new, or decoding changed earlier text: say nothing new
+            delta, self.sent = stable[len(self.sent) :], stable
+            return delta
+        if self.pieces is None:  # the first chunk was read as the whole text: it was a piece
+            whole, self.whole, self.pieces = self.whole or "", None, TextPieces()
+            self.pieces.add(whole)
+            self.pieces.add(chunk)
+            return whole[len(self.sent) :] + chunk  # with what was held back of the first
+        self.pieces.add(chunk)
+        return chunk
 
     def _chunk_spans(self, out: GenerateOutput) -> list[WeightVersionSpan]:
         """Spans from each chunk's ``weight_version``: the version its new tokens were made at."""
@@ -312,21 +419,13 @@ class _StreamAssembler:
             self.ids_mode = mode
         return mode
 
-    def _merge_logprobs(self, chunk: list[Any]) -> list[Any]:
-        # Logprobs follow the ids' chunking; their length against the new id count decides.
-        if len(chunk) == len(self.ids):
-            return chunk
-        if len(self.triples) + len(chunk) == len(self.ids):
-            return self.triples + chunk
-        return chunk if self.ids_mode != "incremental" else self.triples + chunk
-
     def _text_mode(self, chunk: str) -> str:
         if self.text_mode is not None:
             return self.text_mode
         if self.ids_mode is not None:  # text is chunked as the ids are, and their test is exact
             return self.ids_mode
         # A trailing partial UTF-8 character (U+FFFD) may come back completed in the next chunk.
-        acc = (self.text or "").rstrip("\ufffd")
+        acc = (self.whole or "").rstrip("\ufffd")
         if not acc:
             return "cumulative"
         if not chunk.startswith(acc):
@@ -334,13 +433,6 @@ class _StreamAssembler:
             return "incremental"
         # A chunk that starts with all the text so far is ambiguous; trust the ids' evidence.
         return self.ids_mode or "cumulative"
-
-
-def _delta(prev: Any, total: Any) -> Any:
-    """What ``total`` adds to ``prev`` (all of ``total`` if it does not extend ``prev``)."""
-    if len(total) >= len(prev) and total[: len(prev)] == prev:
-        return total[len(prev) :]
-    return total
 
 
 async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
@@ -608,6 +700,9 @@ class InferenceClient:
         stream_chunking: StreamChunking | None = None,
     ) -> AsyncIterator[GenerateOutput]:
         """Streaming ``POST /generate``: yields the cumulative output after each chunk.
+
+        The outputs share the stream's growing ``output_ids`` and ``output_logprobs`` (see
+        :class:`StreamOutput`); ``delta_*`` hold what each chunk added.
 
         A consumer that may stop early should wrap it in ``contextlib.aclosing`` so the
         connection is released at once rather than when the generator is collected.

@@ -411,23 +411,28 @@ def partial_stop(text: str, stops: Sequence[str]) -> int:
 
 
 class StreamText:
-    """Cumulative engine text → safe deltas.
+    """A stream's generations → safe text deltas.
 
-    Holds back a trailing partial UTF-8 character (as :class:`TextDeltas`) and a tail that may be
-    the start of a stop string: the engine streams text before it knows whether a stop string
-    completes, and trims the whole stop string from its final text, so a client must never see
-    the first half of one.
+    Holds back a tail that may be the start of a stop string: the engine streams text before it
+    knows whether a stop string completes, and trims the whole stop string from its final text,
+    so a client must never see the first half of one. Partial characters are held back by
+    :class:`TextDeltas`, and the final text closes the stream exactly.
     """
 
     def __init__(self, stops: Sequence[str] = ()) -> None:
         self.stops = [s for s in stops if s]
         self._deltas = TextDeltas()
+        self.held = ""  # may be the start of a stop string
 
-    def delta(self, text: str, final: bool = False) -> str:
-        if not final and self.stops:
-            text = text.rstrip("\ufffd")
-            text = text[: len(text) - partial_stop(text, self.stops)]
-        return self._deltas.delta(text, final)
+    def step(self, gen: Generation) -> str:
+        if gen.finished:
+            self.held = ""
+            return self._deltas.final(gen.text)
+        text = self.held + self._deltas.new_text(gen)
+        # the longest suffix that may grow into a stop string lies within held + new text
+        keep = partial_stop(text, self.stops) if self.stops else 0
+        piece, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        return self._deltas.say(piece)
 
 
 class OutputStream:
@@ -449,7 +454,7 @@ class OutputStream:
 
     def step(self, gen: Generation) -> list[StreamEvent]:
         """What ``gen`` (the generation so far; the last one is finished) adds."""
-        delta = self.text.delta(gen.text, final=gen.finished)
+        delta = self.text.step(gen)
         if self.calls is None:
             return [StreamEvent("text", delta)] if delta else []
         events = self.calls.feed(delta) if delta else []

@@ -645,7 +645,7 @@ async def _relay(
     deltas = TextDeltas()
     gen = first
     while gen is not None:
-        delta = deltas.delta(gen.text, final=gen.finished)
+        delta = deltas.step(gen)
         if parser is None:
             await out.text(delta)
         else:

@@ -42,6 +42,7 @@ class Generation:
     engine: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     sampling: dict[str, Any] = field(default_factory=dict)  # types.sampling_record of the call
+    delta_text: str | None = None  # while streaming: the text this step added (None: all of it)
 
     @property
     def finished(self) -> bool:
@@ -55,13 +56,7 @@ class Generation:
         engine: str,
         sampling: dict[str, Any] | None = None,
     ) -> Generation:
-        try:
-            labels = out.token_versions(default=out.weight_version)
-        except UnknownTokenVersionsError as err:  # never train on guessed versions
-            raise GatewayError(
-                502, f"the inference engine at {engine} cannot be trained on: {err}"
-            ) from None
-        versions = [version_number(v) for v in labels]
+        versions = [version_number(v) for v in _labels(out, engine)]
         reason = out.finish_reason
         return cls(
             text=out.text or "",
@@ -75,6 +70,77 @@ class Generation:
             meta=out.meta_info,
             sampling=sampling_record(sampling or {}),
         )
+
+
+def _labels(out: GenerateOutput, engine: str) -> list[str]:
+    """The version of each output token; never a guess (training on one would be wrong)."""
+    try:
+        return out.token_versions(default=out.weight_version)
+    except UnknownTokenVersionsError as err:
+        raise GatewayError(
+            502, f"the inference engine at {engine} cannot be trained on: {err}"
+        ) from None
+
+
+class StreamGeneration(Generation):
+    """A streamed generation so far. Its lists are the stream's own and keep growing after it
+    is yielded, and ``text`` is joined from the engine output only when read: rebuilding them
+    for every chunk would cost O(n²) per stream. Readers that follow every step use
+    ``delta_text`` (:class:`TextDeltas`)."""
+
+    _output: GenerateOutput | None = None
+    _text: str = ""
+
+    @property  # type: ignore[override]
+    def text(self) -> str:
+        return (self._output.text or "") if self._output is not None else self._text
+
+    @text.setter
+    def text(self, value: str) -> None:
+        self._text, self._output = value, None
+
+
+class GenerationStream:
+    """Engine outputs of one stream → :class:`StreamGeneration` s, each in time linear in what
+    its chunk added: the versions of new tokens only, from the spans (a handful)."""
+
+    def __init__(self, prompt_ids: list[int], engine: str, sampling: dict[str, Any]) -> None:
+        self.prompt_ids = prompt_ids
+        self.engine = engine
+        self.sampling = sampling_record(sampling)
+        self.versions: list[int] = []
+
+    def step(self, out: GenerateOutput) -> StreamGeneration:
+        n = len(out.output_ids)
+        if out.finished:  # once, O(n): the final labels as a plain answer would have them
+            self.versions[:] = [version_number(v) for v in _labels(out, self.engine)]
+        elif n > len(self.versions):
+            self.versions.extend(self._new_versions(out, len(self.versions), n))
+        reason = out.finish_reason
+        gen = StreamGeneration(
+            text="",
+            output_ids=out.output_ids,
+            logprobs=out.output_logprobs,
+            versions=self.versions,
+            prompt_ids=self.prompt_ids,
+            finish_reason=reason.type if reason else None,
+            matched_stop=reason.matched if reason else None,
+            engine=self.engine,
+            meta=out.meta_info,
+            sampling=self.sampling,
+            delta_text=out.delta_text,
+        )
+        gen._output = out
+        return gen
+
+    def _new_versions(self, out: GenerateOutput, start: int, end: int) -> list[int]:
+        if not out.spans_known:
+            _labels(out, self.engine)  # raises: the tokens' versions are unknown
+        labels = [out.weight_version] * (end - start)
+        for span in out.weight_versions:
+            for i in range(max(start, span.start), min(end, span.end)):
+                labels[i - start] = span.version
+        return [version_number(v) for v in labels]
 
 
 DEFAULT_TOOL_PARSER = "hermes"  # the tool-call format of the built-in chat template
@@ -322,10 +388,11 @@ class PolicyService:
             engine = self._next_engine(sticky, tried)
             started = False
             outputs = engine.client.generate_stream(input_ids=prompt_ids, sampling_params=sampling)
+            generations = GenerationStream(prompt_ids, engine.url, sampling)
             try:
                 async for out in self.pool.stream(engine, outputs):
                     started = True
-                    yield Generation.from_output(out, prompt_ids, engine.url, sampling)
+                    yield generations.step(out)
                 return
             except EngineLost:
                 if started:
@@ -384,16 +451,41 @@ def _load_tokenizer(path: str) -> Any:
 
 
 class TextDeltas:
-    """Turns cumulative texts into deltas, holding back a trailing partial UTF-8 character (the
-    replacement char) until the next token completes it."""
+    """A stream's generations → the text each adds, such that the pieces join to the final text.
+
+    A streamed step says its ``delta_text`` (O(new text)); a cumulative one (``delta_text``
+    None) what its text adds, holding back a trailing partial UTF-8 character (U+FFFD). The
+    finished generation says what its text adds to all that was said, so an engine that trimmed
+    a stop string from its final text (or a caller that held text back) still ends exactly on
+    it. A piece once said is never taken back: when the final text does not start with what was
+    said, nothing more is said.
+    """
 
     def __init__(self) -> None:
-        self.sent = ""
+        self.said: list[str] = []
+        self._seen = ""  # the stable text of the last cumulative generation
 
-    def delta(self, text: str, final: bool = False) -> str:
-        stable = text if final else text.rstrip("\ufffd")
-        if not stable.startswith(self.sent):  # decoding changed earlier text: send nothing new
+    def step(self, gen: Generation) -> str:
+        """What ``gen`` adds."""
+        return self.final(gen.text) if gen.finished else self.say(self.new_text(gen))
+
+    def new_text(self, gen: Generation) -> str:
+        """What an unfinished ``gen`` adds to the text, before any hold-back of the caller."""
+        if gen.delta_text is not None:
+            return gen.delta_text
+        stable = gen.text.rstrip("\ufffd")
+        if not stable.startswith(self._seen):  # decoding changed earlier text: nothing new
             return ""
-        out = stable[len(self.sent) :]
-        self.sent = stable
-        return out
+        new, self._seen = stable[len(self._seen) :], stable
+        return new
+
+    def say(self, piece: str) -> str:
+        if piece:
+            self.said.append(piece)
+        return piece
+
+    def final(self, text: str) -> str:
+        """What the final ``text`` adds to all that was said (O(n), once)."""
+        said = "".join(self.said)
+        self.said = [text]
+        return text[len(said) :] if text.startswith(said) else ""

@@ -19,6 +19,7 @@ from areal.core.inference_client import (
     InferenceClient,
     InferenceError,
     SamplingParams,
+    StreamOutput,
 )
 
 PROMPT = [11, 402, 77, 1500, 9, 333]
@@ -130,7 +131,8 @@ def test_generate_by_text_equals_its_token_ids(server: Any) -> None:
 
 def test_stream_grows_to_the_non_stream_result(server: Any) -> None:
     async def scenario(client: InferenceClient) -> tuple[list[GenerateOutput], GenerateOutput]:
-        chunks = [c async for c in client.generate_stream(input_ids=PROMPT, sampling_params=GREEDY)]
+        stream = client.generate_stream(input_ids=PROMPT, sampling_params=GREEDY)
+        chunks = [c.snapshot() async for c in stream if isinstance(c, StreamOutput)]
         whole = await client.generate(input_ids=PROMPT, sampling_params=GREEDY)
         return chunks, whole
 
@@ -142,7 +144,7 @@ def test_stream_grows_to_the_non_stream_result(server: Any) -> None:
         assert chunk.output_ids[: len(previous)] == previous  # grows, never rewrites
         assert chunk.delta_output_ids == chunk.output_ids[len(previous) :]
         assert len(chunk.output_logprobs) == len(chunk.output_ids)
-        previous = chunk.output_ids
+        previous = list(chunk.output_ids)
     assert [c.finished for c in chunks] == [False] * (len(chunks) - 1) + [True]
     final = chunks[-1]
     assert final.output_ids == whole.output_ids

@@ -25,6 +25,7 @@ from areal.core.inference_client import (
     InferenceClient,
     InferenceError,
     SamplingParams,
+    StreamOutput,
     UnknownTokenVersionsError,
     WeightVersionSpan,
     _lines,
@@ -295,7 +296,12 @@ def run(url: str, scenario: Callable[[InferenceClient], Awaitable[Any]], **kwarg
 
 
 async def collect(client: InferenceClient, **kwargs: Any) -> list[GenerateOutput]:
-    return [chunk async for chunk in client.generate_stream(**kwargs)]
+    """Each chunk as it was when yielded (a stream's cumulative lists keep growing)."""
+    return [_snapshot(chunk) async for chunk in client.generate_stream(**kwargs)]
+
+
+def _snapshot(out: GenerateOutput) -> GenerateOutput:
+    return out.snapshot() if isinstance(out, StreamOutput) else out
 
 
 # --- records ---------------------------------------------------------------------------------
@@ -465,9 +471,9 @@ def test_stream_auto_survives_repeated_tokens_with_counts() -> None:
     """Incremental chunks that look like a cumulative prefix are told apart by completion_tokens."""
     asm = _StreamAssembler("auto")
     outs = [
-        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 1}}),
-        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 2}}),
-        asm.add({"output_ids": [7, 7], "meta_info": {"completion_tokens": 4}}),
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 1}}).snapshot(),
+        asm.add({"output_ids": [7], "meta_info": {"completion_tokens": 2}}).snapshot(),
+        asm.add({"output_ids": [7, 7], "meta_info": {"completion_tokens": 4}}).snapshot(),
     ]
     assert [o.output_ids for o in outs] == [[7], [7, 7], [7, 7, 7, 7]]
     assert outs[-1].delta_output_ids == [7, 7]
@@ -749,3 +755,35 @@ def test_logprob_null_becomes_nan() -> None:
         {"output_ids": [5], "meta_info": {"output_token_logprobs": [[None, 5, None]]}}
     )
     assert math.isnan(out.output_logprobs[0])
+
+
+@pytest.mark.parametrize("chunking", ["cumulative", "incremental", "auto"])
+def test_stream_text_deltas_hold_back_a_partial_character(chunking: str) -> None:
+    """SGLang's cumulative text may end in U+FFFD until the next token completes the character:
+    the delta waits for it, so the deltas join to the final text."""
+    asm = _StreamAssembler(chunking)  # type: ignore[arg-type]
+    if chunking == "incremental":
+        texts = ["a", "", "é", "b"]  # an incremental server sends only whole characters
+    else:
+        texts = ["a\ufffd", "a\ufffd", "aé", "aéb"]
+    outs = []
+    for i, text in enumerate(texts):
+        meta = {"completion_tokens": i + 1, "finish_reason": {"type": "length"} if i == 3 else None}
+        outs.append(asm.add({"text": text, "output_ids": [i] if chunking == "incremental" else list(range(i + 1)), "meta_info": meta}))  # fmt: skip
+    assert [o.delta_text for o in outs] == ["a", "", "é", "b"]
+    assert "".join(o.delta_text for o in outs) == outs[-1].text == "aéb"
+    assert outs[-1].output_ids == [0, 1, 2, 3]
+
+
+def test_stream_outputs_share_the_growing_lists() -> None:
+    """No per-chunk copy of the lists: every output is a view of the stream so far (snapshot()
+    keeps one as it was), which is what makes a long stream linear."""
+    asm = _StreamAssembler("incremental")
+    outs = []
+    for i in range(2000):
+        meta = {"completion_tokens": i + 1, "output_token_logprobs": [[-0.5, i, None]]}
+        outs.append(asm.add({"text": "x", "output_ids": [i], "meta_info": meta}))
+    assert all(o.output_ids is outs[-1].output_ids for o in outs)
+    assert outs[9].text == "x" * 10 and outs[-1].text == "x" * 2000  # joined as of its chunk
+    assert outs[-1].output_logprobs == [-0.5] * 2000
+    assert outs[0].snapshot().output_ids == list(range(2000))  # a snapshot taken late is late

@@ -41,6 +41,8 @@ from areal.core.inference_client import (
     PauseMode,
     SamplingParams,
     StreamChunking,
+    StreamOutput,
+    TextPieces,
     WeightVersionSpan,
     _json,
 )
@@ -138,7 +140,7 @@ class _Answer:
     rid: str
     ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
-    text: str = ""
+    text: TextPieces = field(default_factory=TextPieces)
     spans: list[WeightVersionSpan] = field(default_factory=list)
     piece_start: int = 0  # where the current piece's tokens start in ``ids``
     finish: FinishReason | None = None
@@ -150,7 +152,7 @@ class _Answer:
     def add(self, piece: _Piece) -> None:
         self.ids += piece.ids
         self.logprobs += piece.logprobs
-        self.text += piece.text
+        self.text.add(piece.text)
         cached = (piece.usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         if isinstance(cached, int) and self.piece_start == 0:
             self.cached_tokens = cached
@@ -174,6 +176,9 @@ class _Answer:
         self.pieces += 1
 
     def output(self, delta: _Piece | None = None) -> GenerateOutput:
+        """The answer so far. A stream's outputs (``delta`` given) share this answer's growing
+        lists and join the text only when read, as :class:`StreamOutput` says: copying them for
+        every chunk would cost O(n²) per stream."""
         meta: dict[str, Any] = {
             "id": self.rid,
             "finish_reason": self.finish.raw if self.finish else None,
@@ -182,28 +187,43 @@ class _Answer:
             "cached_tokens": self.cached_tokens,
             "weight_version": self.version,
             "weight_versions": [vars(s) for s in self.spans],
-            # SGLang's shape, for code that reads meta_info: (log-prob, token id, text)
-            "output_token_logprobs": [
-                [lp, t, None] for lp, t in zip(self.logprobs, self.ids, strict=False)
-            ],
         }
-        return GenerateOutput(
-            output_ids=list(self.ids),
-            text=self.text,
-            output_logprobs=list(self.logprobs),
-            finish_reason=self.finish,
-            prompt_tokens=len(self.prompt_ids),
-            completion_tokens=len(self.ids),
-            cached_tokens=self.cached_tokens,
-            rid=self.rid,
-            weight_version=self.version,
-            weight_versions=list(self.spans),
-            prompt_token_ids=list(self.prompt_ids),
-            meta_info=meta,
-            delta_output_ids=list(delta.ids if delta else self.ids),
-            delta_logprobs=list(delta.logprobs if delta else self.logprobs),
-            delta_text=delta.text if delta else self.text,
+        if delta is None or self.finish is not None:
+            # SGLang's shape, for code that reads meta_info: (log-prob, token id, text)
+            meta["output_token_logprobs"] = [
+                [lp, t, None] for lp, t in zip(self.logprobs, self.ids, strict=False)
+            ]
+        fields: dict[str, Any] = {
+            "finish_reason": self.finish,
+            "prompt_tokens": len(self.prompt_ids),
+            "completion_tokens": len(self.ids),
+            "cached_tokens": self.cached_tokens,
+            "rid": self.rid,
+            "weight_version": self.version,
+            "weight_versions": list(self.spans),
+            "prompt_token_ids": list(self.prompt_ids) if delta is None else self.prompt_ids,
+            "meta_info": meta,
+        }
+        if delta is None:
+            text = self.text.upto(len(self.text.parts))
+            return GenerateOutput(
+                output_ids=list(self.ids),
+                text=text,
+                output_logprobs=list(self.logprobs),
+                delta_output_ids=list(self.ids),
+                delta_logprobs=list(self.logprobs),
+                delta_text=text,
+                **fields,
+            )
+        out = StreamOutput(
+            output_ids=self.ids,
+            output_logprobs=self.logprobs,
+            delta_output_ids=list(delta.ids),
+            delta_logprobs=list(delta.logprobs),
+            delta_text=delta.text,
+            **fields,
         )
+        return out.text_from(self.text)
 
 
 def _finish_reason(piece: _Piece, ids: list[int]) -> FinishReason:

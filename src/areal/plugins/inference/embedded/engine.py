@@ -40,6 +40,7 @@ from areal.plugins.inference.embedded.sampling import (
     sample,
 )
 from areal.plugins.inference.embedded.sequence import Sequence
+from areal.plugins.inference.embedded.streaming import TextChunker
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
 
@@ -53,6 +54,9 @@ class EngineConfig:
     max_prefill_tokens: int = 4096  # padded prompt tokens per prefill batch
     weight_version: str = "0"
     seed: int = 0
+    # stream only what each step adds (SGLang's --incremental-streaming-output); False: the
+    # whole output so far in every chunk, as SGLang streams by default
+    incremental_streaming_output: bool = True
 
 
 class Engine:
@@ -291,6 +295,9 @@ class Engine:
                 },
             )
             return
+        if req.stream and self.config.incremental_streaming_output:
+            skip = params.skip_special_tokens
+            seq.chunker = TextChunker(lambda ids: self.decode(ids, skip), params.stop or [])
         self.waiting.append(seq)
 
     def _admit(self) -> None:
@@ -371,7 +378,7 @@ class Engine:
         held = [
             b
             for b, seq in enumerate(seqs)
-            if len(seq.output_ids) < seq.req.params.min_new_tokens and seq.stop_ids
+            if seq.n_output < seq.req.params.min_new_tokens and seq.stop_ids
         ]
         # Reported: the temperature-scaled softmax over the whole vocabulary, taken before any
         # mask or truncation changes the logits (sampling.py says why).
@@ -390,9 +397,7 @@ class Engine:
             logp = reported
         chosen = logp.gather(1, tokens[:, None]).squeeze(1).tolist()
         for b, (seq, token) in enumerate(zip(seqs, tokens.tolist())):
-            seq.full_ids.append(token)
-            seq.output_logprobs.append(chosen[b])
-            seq.token_versions.append(self.weight_version)
+            seq.add_token(token, chosen[b], self.weight_version)
             if seq.req.return_logprob and seq.req.top_logprobs_num > 0:
                 values, ids = logp[b].topk(seq.req.top_logprobs_num)
                 seq.output_top_logprobs.append(
@@ -401,7 +406,15 @@ class Engine:
             self.tokens_generated += 1
             self._check_finished(seq, token)
             if seq.finish is None and seq.req.stream:
-                seq.emit(seq.payload(self.weight_version, self._text(seq), self._token_text), False)
+                self._stream_step(seq)
+
+    def _stream_step(self, seq: Sequence) -> None:
+        """One chunk after a new token: only what it adds, or the whole output so far."""
+        if seq.chunker is None:
+            seq.emit(seq.payload(self.weight_version, self._text(seq), self._token_text), False)
+            return
+        piece = seq.chunker.step(seq.full_ids, seq.prompt_len)
+        seq.emit(seq.chunk(self.weight_version, piece, self._token_text), False)
 
     def _apply_grammars(self, seqs: list[Sequence], logits: torch.Tensor) -> None:
         """Mask what each grammar forbids. Once a grammar is complete it allows the server's stop
@@ -423,7 +436,7 @@ class Engine:
         ):
             self._finish(seq, {"type": "stop", "matched": token})
             return
-        if token in seq.stop_ids and len(seq.output_ids) > params.min_new_tokens - 1:
+        if token in seq.stop_ids and seq.n_output > params.min_new_tokens - 1:
             self._finish(seq, {"type": "stop", "matched": token})
             return
         if params.stop and self._stop_string_in_tail(seq):
@@ -433,15 +446,16 @@ class Engine:
             seq.text = text[: at + len(stop)] if params.no_stop_trim else text[:at]
             self._finish(seq, {"type": "stop", "matched": stop}, text_ready=True)
             return
-        if len(seq.output_ids) >= params.max_new_tokens:
-            self._finish(seq, {"type": "length", "length": len(seq.output_ids)})
+        if seq.n_output >= params.max_new_tokens:
+            self._finish(seq, {"type": "length", "length": seq.n_output})
 
     def _stop_string_in_tail(self, seq: Sequence) -> bool:
         """Decode only the last few tokens: every token adds at least one byte, so a stop string of
         c characters (at most 4c bytes) that the newest token completed lies within 4c + 4 tokens."""
         stops = seq.req.params.stop or []
         window = 4 * max(len(s) for s in stops) + 4
-        tail = self.decode(seq.output_ids[-window:], seq.req.params.skip_special_tokens)
+        start = max(seq.prompt_len, len(seq.full_ids) - window)
+        tail = self.decode(seq.full_ids[start:], seq.req.params.skip_special_tokens)
         return any(s in tail for s in stops)
 
     def _token_text(self, token: int) -> str:
@@ -458,7 +472,11 @@ class Engine:
         elif seq in self.waiting:
             self.waiting.remove(seq)
         text = seq.text if text_ready else self._text(seq)
-        seq.emit(seq.payload(self.weight_version, text, self._token_text), True)
+        if seq.chunker is not None:
+            piece = seq.chunker.finish(text, seq.req.rid)
+            seq.emit(seq.chunk(self.weight_version, piece, self._token_text), True)
+        else:
+            seq.emit(seq.payload(self.weight_version, text, self._token_text), True)
 
     def _release(self, seq: Sequence) -> None:
         if seq.slots is not None:

@@ -427,6 +427,7 @@ def build_server(
     seed: int = 0,
     served_model_name: str | None = None,
     start_engine: bool = True,
+    incremental_streaming_output: bool = True,
 ) -> InferenceServer:
     """Load the model and tokenizer; start the engine on a background thread unless told not to
     (``serve`` runs it on the main thread). The HTTP app is not bound here."""
@@ -446,6 +447,7 @@ def build_server(
         max_running_requests=max_running_requests,
         weight_version=weight_version or "0",
         seed=seed,
+        incremental_streaming_output=incremental_streaming_output,
     )
     # Compact JSON (no free whitespace between tokens): an untrained policy under a schema would
     # otherwise spend its whole budget on newlines, and a forced tool call must always finish.
@@ -500,6 +502,7 @@ def serve(
     log_level: str = "info",
     served_model_name: str | None = None,
     hooks: ServeHooks | None = None,
+    incremental_streaming_output: bool = True,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
@@ -519,6 +522,7 @@ def serve(
         seed=seed,
         served_model_name=served_model_name,
         start_engine=False,
+        incremental_streaming_output=incremental_streaming_output,
     )
     http = ServerThread(server.app(), host, port)
     try:
