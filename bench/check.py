@@ -1,0 +1,294 @@
+"""The regression gate: the fast benchmarks' ratios against ``bench/baseline.json``.
+
+Run: ``make bench-check`` or ``.venv/bin/python bench/check.py [--strict] [--rounds N]
+[--only engine gateway queue async] [--update]``.
+
+Runs the engine, gateway, queue and (quick) async-vs-sync benchmarks as subprocesses with small
+sizes, reads their ``--json`` output and keeps only ratios measured within one run (ours / a
+baseline beside it in the same run), which move far less between machines and loads than
+absolute rates. Each is compared with the baseline file; the table says which fell by more than
+its noise band (``bench/gate.py``). It exits 0 whatever it finds (this box is shared, and a
+gate that fails on noise gets switched off) unless ``--strict``: then a fall, or a benchmark
+that failed, exits 1.
+
+``--update --rounds 5`` measures a new baseline: each ratio's median over the rounds and its
+band, the rounds' spread. ``--only`` with ``--update`` replaces those benchmarks' entries and
+keeps the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+from gate import baseline_entries, compare, median_of_rounds, table  # noqa: E402
+
+BASELINE = BENCH / "baseline.json"
+
+
+@dataclass(frozen=True)
+class Bench:
+    """One benchmark as the gate runs it: its fast command line and the ratios it yields."""
+
+    name: str
+    args: tuple[str, ...]  # after ``python``; "{json}" stands for a file the JSON goes to
+    ratios: Callable[[Any], dict[str, float]]
+    what: dict[str, str]  # ratio -> what it is, for the baseline file
+
+
+def _engine(out: Any) -> dict[str, float]:
+    return {
+        "engine_batch1_vs_transformers": out["ratio_batch1"],
+        "engine_16_vs_transformers_padded": out["ratio_16_vs_padded_batch"],
+    }
+
+
+def _gateway(out: Any) -> dict[str, float]:
+    rps = {row["case"]: row["rps_at_64"] for row in out["rows"]}
+    ratios = {}
+    for kind in ("plain", "stream"):
+        mine, direct = (
+            rps.get(f"areal gateway ({kind})"),
+            rps.get(f"stub /generate, direct ({kind})"),
+        )
+        if mine and direct:
+            ratios[f"gateway_rps_vs_direct_{kind}"] = mine / direct
+    return ratios
+
+
+def _queue(out: Any) -> dict[str, float]:
+    return {f"queue_vs_raw_{row['tokens'] // 1024}k": row["ratio"] for row in out}
+
+
+def _async(out: Any) -> dict[str, float]:
+    rates = out["rates"]
+    return {
+        "async_over_sync": rates["async_over_sync"],
+        "async_over_bound": rates["async_over_bound"],
+    }
+
+
+BENCHES = (
+    Bench(
+        "engine",
+        ("generate.py", "--json", "--no-vllm", "--repeats", "2", "--waves", "1"),
+        _engine,
+        {
+            "engine_batch1_vs_transformers": "embedded engine / transformers generate(), tokens/s, batch 1",
+            "engine_16_vs_transformers_padded": "engine with 16 concurrent requests / one padded "
+            "generate() batch of 16, tokens/s",
+        },
+    ),
+    Bench(
+        "gateway",
+        (
+            "gateway.py",
+            "--json",
+            "--no-litellm",
+            "--rounds",
+            "2",
+            "--requests",
+            "100",
+            "--warmup",
+            "20",
+            "--load-requests",
+            "1500",
+            "--load-seconds",
+            "1.5",
+        ),
+        _gateway,
+        {
+            "gateway_rps_vs_direct_plain": "req/s at 64 clients through the gateway / straight to "
+            "the stub engine",
+            "gateway_rps_vs_direct_stream": "the same, streamed",
+        },
+    ),
+    Bench(
+        "queue",
+        (
+            "trajectory_queue.py",
+            "--json",
+            "--tokens",
+            "1024",
+            "8192",
+            "--rounds",
+            "2",
+            "--megabytes",
+            "40",
+        ),
+        _queue,
+        {
+            "queue_vs_raw_1k": "trajectories/s, areal's ZeroMQ queue / raw PUSH-PULL, 1k tokens",
+            "queue_vs_raw_8k": "the same, 8k tokens",
+        },
+    ),
+    Bench(
+        "async",
+        ("async_vs_sync.py", "--quick", "--json", "{json}"),
+        _async,
+        {
+            "async_over_sync": "samples/s, async run / sync run (--quick)",
+            "async_over_bound": "samples/s, async run / min(generation only, training only)",
+        },
+    ),
+)
+
+
+def run_bench(bench: Bench, timeout: float, extra: Sequence[str] = ()) -> dict[str, float]:
+    """Run one benchmark (``extra`` appended to its arguments, so they override them); its
+    ratios, or an empty dict (and why, on stderr) if it failed."""
+    with tempfile.TemporaryDirectory(prefix="areal-check-") as tmp:
+        json_path = Path(tmp) / "out.json"
+        args = [a.replace("{json}", str(json_path)) for a in (*bench.args, *extra)]
+        command = [sys.executable, str(BENCH / args[0]), *args[1:]]
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, cwd=BENCH.parent
+            )
+        except subprocess.TimeoutExpired:
+            print(f"{bench.name}: no result within {timeout:.0f} s", file=sys.stderr)
+            return {}
+        if done.returncode != 0:
+            tail = "\n".join(done.stderr.splitlines()[-15:])
+            print(f"{bench.name}: exit {done.returncode}\n{tail}", file=sys.stderr)
+            return {}
+        try:
+            out = (
+                json.loads(json_path.read_text())
+                if "{json}" in bench.args
+                else _json_of(done.stdout)
+            )
+            return {k: float(v) for k, v in bench.ratios(out).items()}
+        except (ValueError, KeyError, TypeError) as err:
+            print(f"{bench.name}: unreadable output ({err!r})", file=sys.stderr)
+            return {}
+
+
+def _json_of(stdout: str) -> Any:
+    """The JSON a benchmark printed: all of stdout, or its last line after a table."""
+    try:
+        return json.loads(stdout)
+    except json.JSONDecodeError:
+        return json.loads(stdout.strip().splitlines()[-1])
+
+
+def measure(
+    benches: list[Bench], rounds: int, timeout: float, extra: Mapping[str, Sequence[str]]
+) -> list[dict[str, float]]:
+    """``rounds`` rounds, each running every benchmark once (so drift hits them all alike)."""
+    results = []
+    for i in range(rounds):
+        found: dict[str, float] = {}
+        for bench in benches:
+            started = time.monotonic()
+            print(
+                f"[round {i + 1}/{rounds}] {bench.name} ...", end=" ", file=sys.stderr, flush=True
+            )
+            got = run_bench(bench, timeout, extra.get(bench.name, ()))
+            print(f"{time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+            found.update(got)
+        results.append(found)
+    return results
+
+
+def write_baseline(
+    path: Path, benches: list[Bench], rounds: list[dict[str, float]], load: tuple[float, ...]
+) -> None:
+    old = json.loads(path.read_text()) if path.exists() else {}
+    entries = dict(old.get("ratios", {}))
+    what = {k: v for b in benches for k, v in b.what.items()}
+    for name, entry in baseline_entries(rounds).items():
+        entries[name] = {**entry, "what": what.get(name, "")}
+    names = [b.name for b in benches]
+    doc = {
+        "about": (
+            "Ratios of bench/check.py's fast benchmarks, each ours / a baseline measured in the "
+            "same run (higher is better). value: the median over the rounds; band: the rounds' "
+            "spread, (max - min) / median, at least 5 %; a later check flags a ratio below "
+            "value * (1 - band)."
+        ),
+        "command": f"python bench/check.py --update --rounds {len(rounds)} --only {' '.join(names)}",
+        "measured": datetime.date.today().isoformat(),
+        "machine": {
+            "cpus": os.cpu_count(),
+            "load_average_1min_before_after": [round(x, 2) for x in load],
+        },
+        "ratios": entries,
+    }
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    names = [b.name for b in BENCHES]
+    parser.add_argument("--only", nargs="+", choices=names, default=names)
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each benchmark (median)")
+    parser.add_argument("--baseline", type=Path, default=BASELINE)
+    parser.add_argument("--strict", action="store_true", help="exit 1 when a ratio fell")
+    parser.add_argument("--update", action="store_true", help="rewrite the baseline from this run")
+    parser.add_argument(
+        "--extra",
+        nargs=2,
+        action="append",
+        default=[],
+        metavar=("BENCH", "ARGS"),
+        help="more arguments for one benchmark, e.g. --extra queue '--rounds 1'",
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per benchmark run")
+    parser.add_argument("--json", type=Path, help="also write the measurements and verdicts here")
+    parser.add_argument(
+        "--reuse",
+        type=Path,
+        help="compare the measurements of an earlier --json instead of measuring",
+    )
+    args = parser.parse_args(argv)
+    benches = [b for b in BENCHES if b.name in args.only]
+    load_before = os.getloadavg()[0]
+    if args.reuse:
+        rounds = json.loads(args.reuse.read_text())["rounds"]
+    else:
+        extra = {name: shlex.split(text) for name, text in args.extra}
+        rounds = measure(benches, max(1, args.rounds), args.timeout, extra)
+    load = (load_before, os.getloadavg()[0])
+    print(f"load average (1 min) before and after: {load[0]:.2f}, {load[1]:.2f}")
+    if args.update:
+        if len(rounds) < 3:
+            print(
+                "note: a band from fewer than 3 rounds says little about the noise", file=sys.stderr
+            )
+        write_baseline(args.baseline, benches, rounds, load)
+        print(f"wrote {args.baseline}")
+    baseline = json.loads(args.baseline.read_text())["ratios"] if args.baseline.exists() else {}
+    expected = {k for b in benches for k in b.what}
+    verdicts = compare(
+        {k: v for k, v in baseline.items() if k in expected}, median_of_rounds(rounds)
+    )
+    print(table(verdicts))
+    fell = [v for v in verdicts if v.fell]
+    failed = [v for v in verdicts if v.verdict == "missing"]
+    for v in fell:
+        print(f"FELL: {v.name} {v.baseline:.3f} -> {v.now:.3f} ({100 * (v.change or 0):+.1f} %, "
+              f"band ±{100 * (v.band or 0):.1f} %)")  # fmt: skip
+    if args.json:
+        verdicts_out = [{**v.__dict__, "change": v.change} for v in verdicts]
+        args.json.write_text(json.dumps({"rounds": rounds, "verdicts": verdicts_out}, indent=2))
+    return 1 if args.strict and (fell or failed) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
