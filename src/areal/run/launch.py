@@ -48,7 +48,6 @@ __all__ = [
 ]
 
 
-
 def torchrun_command(
     workers: int, config_path: Path, output_dir: Path, *, resume: bool, extra: Sequence[str] = ()
 ) -> list[str]:
