@@ -70,12 +70,12 @@ def compare(baseline: Mapping[str, Mapping[str, float]], now: Mapping[str, float
 
 
 def baseline_entries(rounds: Sequence[Mapping[str, float]]) -> dict[str, dict[str, object]]:
-    """The baseline of each ratio measured in every one of ``rounds``: its median, its band and
-    the measurements they came from."""
-    names = [n for n in rounds[0] if all(n in r for r in rounds)] if rounds else []
+    """The baseline of each ratio from the rounds that measured it (a benchmark can fail or time
+    out in one): its median, its band and the measurements they came from."""
+    names = list(dict.fromkeys(n for r in rounds for n in r))
     out: dict[str, dict[str, object]] = {}
     for name in names:
-        samples = [float(r[name]) for r in rounds]
+        samples = [float(r[name]) for r in rounds if name in r]
         out[name] = {
             "value": round(statistics.median(samples), 4),
             "band": round(band_of(samples), 4),

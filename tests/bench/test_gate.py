@@ -61,7 +61,10 @@ def test_verdicts() -> None:
 def test_baseline_entries_take_the_median_and_spread() -> None:
     rounds = [{"a": 1.0, "b": 5.0}, {"a": 1.2}, {"a": 0.8, "b": 5.0}]
     entries = gate.baseline_entries(rounds)
-    assert entries == {"a": {"value": 1.0, "band": 0.4, "samples": [1.0, 1.2, 0.8]}}
+    assert entries == {
+        "a": {"value": 1.0, "band": 0.4, "samples": [1.0, 1.2, 0.8]},
+        "b": {"value": 5.0, "band": gate.MIN_BAND, "samples": [5.0, 5.0]},  # one round lacked it
+    }
     assert gate.median_of_rounds(rounds) == {"a": 1.0, "b": 5.0}
 
 
