@@ -202,6 +202,9 @@ def print_report(result: dict[str, Any]) -> None:
     print(f"{'sum of the peaks':<42}{total:>14.0f}   (target ≤ {TARGET_DEMO_MIB} MiB: {verdict})")
     print(f"{'peak of the sum':<42}{mem['peak_of_total_rss_mib']:>14.0f}"
           f"{mem['peak_of_total_pss_mib']:>14.0f}")  # fmt: skip
+    print(f"largest RSS (MiB) per {mem['timeline_window_s']:g} s:")
+    for label, line in mem["timeline_mib"].items():
+        print(f"  {label}: {' '.join(str(x) for x in line)}")
     for url, kv in result["kv_pool"].items():
         print(
             f"engine {url}: KV budget {kv['budget_tokens']} tokens = {kv['pool_mib']} MiB "

@@ -61,10 +61,13 @@ class TreeSampler:
     root: int
     label_of: Callable[[psutil.Process, bool], str]  # (process, is the root) -> a label
     interval: float = 0.5
+    window: float = 60.0  # the timeline's step: each label's largest RSS per window
     processes: dict[int, ProcessPeak] = field(default_factory=dict)
     peak_total_rss: int = 0
     peak_total_pss: int = 0
     samples: int = 0
+    timeline: dict[str, list[int]] = field(default_factory=dict)  # label -> bytes per window
+    _t0: float = field(default_factory=time.monotonic)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -106,6 +109,10 @@ class TreeSampler:
             peak.peak_rss = max(peak.peak_rss, rss * 1024, (hwm or 0) * 1024)
             peak.peak_pss = max(peak.peak_pss, (pss or 0) * 1024)
             total_rss += rss * 1024
+            slot = int((time.monotonic() - self._t0) // self.window)
+            line = self.timeline.setdefault(peak.label, [])
+            line.extend([0] * (slot + 1 - len(line)))
+            line[slot] = max(line[slot], rss * 1024)
             total_pss += (pss or 0) * 1024
         self.peak_total_rss = max(self.peak_total_rss, total_rss)
         self.peak_total_pss = max(self.peak_total_pss, total_pss)
@@ -133,6 +140,10 @@ class TreeSampler:
             "sum_of_peak_rss_mib": round(sum(p.peak_rss for p in rows) / MiB, 1),
             "peak_of_total_rss_mib": round(self.peak_total_rss / MiB, 1),
             "peak_of_total_pss_mib": round(self.peak_total_pss / MiB, 1),
+            "timeline_mib": {
+                label: [round(b / MiB) for b in line] for label, line in self.timeline.items()
+            },
+            "timeline_window_s": self.window,
             "samples": self.samples,
             "interval_s": self.interval,
         }
