@@ -97,14 +97,15 @@ class TreeSampler:
             )
             if rss is None:
                 continue
+            try:  # read each time: a child seen between fork and exec has its parent's
+                cmdline = " ".join(proc.cmdline())
+                label = self.label_of(proc, proc.pid == self.root)
+            except psutil.Error:
+                continue
             peak = self.processes.get(proc.pid)
             if peak is None:
-                try:
-                    cmdline = " ".join(proc.cmdline())
-                    label = self.label_of(proc, proc.pid == self.root)
-                except psutil.Error:
-                    continue
                 peak = self.processes[proc.pid] = ProcessPeak(proc.pid, label, cmdline)
+            peak.label, peak.cmdline = label, cmdline
             peak.last_rss = rss * 1024
             peak.peak_rss = max(peak.peak_rss, rss * 1024, (hwm or 0) * 1024)
             peak.peak_pss = max(peak.peak_pss, (pss or 0) * 1024)
