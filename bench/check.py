@@ -278,9 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {args.baseline}")
     baseline = json.loads(args.baseline.read_text())["ratios"] if args.baseline.exists() else {}
     expected = {k for b in benches for k in b.what}
-    verdicts = compare(
-        {k: v for k, v in baseline.items() if k in expected}, median_of_rounds(rounds)
-    )
+    now = {k: v for k, v in median_of_rounds(rounds).items() if k in expected}
+    verdicts = compare({k: v for k, v in baseline.items() if k in expected}, now)
     print(table(verdicts))
     fell = [v for v in verdicts if v.fell]
     failed = [v for v in verdicts if v.verdict == "missing"]
