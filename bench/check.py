@@ -204,7 +204,11 @@ def measure(
 
 
 def write_baseline(
-    path: Path, benches: list[Bench], rounds: list[dict[str, float]], load: tuple[float, ...]
+    path: Path,
+    benches: list[Bench],
+    rounds: list[dict[str, float]],
+    load: tuple[float, ...],
+    command: str,
 ) -> None:
     old = json.loads(path.read_text()) if path.exists() else {}
     entries = dict(old.get("ratios", {}))
@@ -213,7 +217,6 @@ def write_baseline(
     for name, entry in baseline_entries(rounds).items():
         if name in what:  # a ratio the gate no longer reads stays out
             entries[name] = {**entry, "what": what[name], "measured": today, "load": list(load)}
-    names = [b.name for b in benches]
     doc = {
         "about": (
             "Ratios of bench/check.py's fast benchmarks, each ours / a baseline measured in the "
@@ -221,11 +224,11 @@ def write_baseline(
             "spread, (max - min) / median, at least 5 %; a later check flags a ratio below "
             "value * (1 - band)."
         ),
-        "command": f"python bench/check.py --update --rounds {len(rounds)} --only {' '.join(names)}",
+        "command": command,
         "measured": today,
         "machine": {
             "cpus": os.cpu_count(),
-            "load_average_1min_before_after": list(load),
+            "load_average_1min": list(load),  # before and after each measuring run
         },
         "ratios": entries,
     }
@@ -253,20 +256,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--reuse",
         type=Path,
-        help="compare the measurements of an earlier --json instead of measuring",
+        nargs="+",
+        help="compare the measurements of earlier --json runs instead of measuring",
     )
     args = parser.parse_args(argv)
     benches = [b for b in BENCHES if b.name in args.only]
     load_before = round(os.getloadavg()[0], 2)
-    if args.reuse:  # the measurements and the load they were taken under
-        kept = json.loads(args.reuse.read_text())
-        rounds = kept["rounds"]
-        load = tuple(kept.get("load", (load_before, load_before)))
+    this_command = "python bench/check.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    if args.reuse:  # the measurements and the loads they were taken under, all files together
+        kept = [json.loads(path.read_text()) for path in args.reuse]
+        rounds = [r for k in kept for r in k["rounds"]]
+        load = tuple(x for k in kept for x in k.get("load", (load_before, load_before)))
     else:
         extra = {name: shlex.split(text) for name, text in args.extra}
         rounds = measure(benches, max(1, args.rounds), args.timeout, extra)
         load = (load_before, round(os.getloadavg()[0], 2))
-    print(f"load average (1 min) before and after: {load[0]:.2f}, {load[1]:.2f}")
+    print("load average (1 min) before and after:", ", ".join(f"{x:.2f}" for x in load))
     if max(load) > (os.cpu_count() or 1):
         print("note: the machine was busier than its cores; expect ratios outside their bands")
     if args.update:
@@ -274,7 +279,11 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 "note: a band from fewer than 3 rounds says little about the noise", file=sys.stderr
             )
-        write_baseline(args.baseline, benches, rounds, load)
+        command = this_command
+        if args.reuse:  # the runs that measured, then the update that combined them
+            runs = "; ".join(str(k.get("command", "?")) for k in kept)
+            command = f"{runs}; then {this_command}"
+        write_baseline(args.baseline, benches, rounds, load, command)
         print(f"wrote {args.baseline}")
     baseline = json.loads(args.baseline.read_text())["ratios"] if args.baseline.exists() else {}
     expected = {k for b in benches for k in b.what}
@@ -289,7 +298,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         verdicts_out = [{**v.__dict__, "change": v.change} for v in verdicts]
         args.json.write_text(
-            json.dumps({"rounds": rounds, "load": load, "verdicts": verdicts_out}, indent=2)
+            json.dumps(
+                {"command": this_command, "rounds": rounds, "load": load, "verdicts": verdicts_out},
+                indent=2,
+            )
         )
     return 1 if args.strict and (fell or failed) else 0
 
