@@ -47,9 +47,6 @@ def test_the_child_s_peak_is_seen_and_summed() -> None:
     assert rows["child"]["peak_rss_mib"] > 64
     assert rows["child"]["peak_pss_mib"] > 60  # its own pages: not shared
     total = rows["child"]["peak_rss_mib"] + rows["parent"]["peak_rss_mib"]
-    assert (
-        report["sum_of_peak_rss_mib"] == round(total, 1)
-        or abs(report["sum_of_peak_rss_mib"] - total) < 0.2
-    )
+    assert abs(report["sum_of_peak_rss_mib"] - total) < 0.2
     assert report["peak_of_total_rss_mib"] > 64
     assert max(report["timeline_mib"]["child"]) > 64
