@@ -98,6 +98,13 @@ bench-gateway: $(STAMP)
 bench-async: $(STAMP)
 	$(PY) bench/async_vs_sync.py $(BENCH_ARGS)
 
+# The regression gate: the fast benchmarks' in-run ratios against bench/baseline.json, each with
+# its measured noise band (a few minutes). Exits 0 whatever it finds unless BENCH_ARGS has
+# --strict; `BENCH_ARGS="--update --rounds 5"` measures a new baseline. Not part of `make test`.
+.PHONY: bench-check
+bench-check: $(STAMP)
+	$(PY) bench/check.py $(BENCH_ARGS)
+
 # A one-node Slurm cluster on this machine, for tests/cluster and `areal train --launcher slurm`
 # (root: apt-installs slurm-wlm and munge when slurmctld is missing; state in /tmp/areal-slurm).
 # `make setup` does not need it; the cluster tests bring it up themselves or skip.

@@ -9,7 +9,8 @@ same prompts through its token route, as areal's vLLM backend drives it. The eng
 HTTP, so its figures include the HTTP layer; transformers runs in this process. For 16 concurrent
 requests the baseline is transformers' best case, one left-padded batch of 16 prompts (a server
 built on generate() would run them one after the other, which is also printed). The engine's
-resident memory is sampled under sustained load to show the KV budget keeps it flat.
+resident memory is sampled under sustained load to show the KV budget keeps it flat, and the KV
+pool's budget is printed beside the most of it the load held (``/server_info``).
 """
 
 from __future__ import annotations
@@ -213,6 +214,7 @@ def main() -> int:
             statistics.median(runs[k]) if runs[k] else 0.0 for k in ("vllm_1", "vllm_16")
         )
         rss = sustained_rss(url, server.pid or 0, args.waves)
+        info = httpx.get(f"{url}/server_info", timeout=30).json()
     if vllm is not None:
         vllm[0].stop()
 
@@ -235,6 +237,9 @@ def main() -> int:
         "ratio_16_vs_padded_batch": round(ours_16 / hf_16, 2),
         "ratio_16_vs_sequential": round(ours_16 / hf_1, 2),
         "engine_rss_mib_per_wave": [round(r, 1) for r in rss],
+        "kv_budget_tokens": info["kv_capacity_tokens"],
+        "kv_pool_mib": round(info["kv_cache_bytes"] / 2**20, 1),
+        "kv_peak_used_tokens": info["kv_peak_used_tokens"],
     }
     if vllm is not None:
         result.update(
@@ -265,6 +270,11 @@ def main() -> int:
             f"{ours_16 / hf_1:>8.2f}{v16s}"
         )
         print("engine RSS MiB after each wave of 32 requests:", ", ".join(f"{r:.0f}" for r in rss))
+        print(
+            f"KV pool: budget {info['kv_capacity_tokens']} tokens, "
+            f"{info['kv_cache_bytes'] / 2**20:.1f} MiB reserved at start; at most "
+            f"{info['kv_peak_used_tokens']} tokens held at once"
+        )
     return 0
 
 

@@ -671,6 +671,10 @@ class _Run:
                 # malformed messages the queue counted and skipped (a producer's bug, or noise)
                 "trajectories_rejected": int(getattr(source, "rejected", 0)),
                 "trajectories_queued": source.buffered,
+                # the queue's memory against queue_max_size (wire bytes; zmq's source counts them)
+                "trajectories_queued_peak": int(getattr(source, "peak_buffered", 0)),
+                "queue_bytes": int(getattr(source, "buffered_bytes", 0)),
+                "queue_peak_bytes": int(getattr(source, "peak_buffered_bytes", 0)),
                 "samples_trained": counters["trained"],
                 "samples_dropped": counters["dropped"],
                 "samples_buffered": counters["buffered"],

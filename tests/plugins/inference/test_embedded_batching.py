@@ -65,6 +65,7 @@ def test_kv_budget_queues_instead_of_growing(start_server: Any) -> None:
         assert all(len(o["output_ids"]) == 32 for o in outs)
         stats = srv.http.get("/server_info").json()
         assert stats["kv_used_tokens"] == 0 and stats["running"] == 0
+        assert 40 <= stats["kv_peak_used_tokens"] <= 64  # one request's 40 at a time, in budget
         assert engine.pool.nbytes() == pool_bytes
         too_big = srv.http.post(
             "/generate", json={"input_ids": [1] * 40, "sampling_params": {"max_new_tokens": 30}}

@@ -89,9 +89,12 @@ def test_a_producer_process_that_closes_right_after_its_last_put_loses_nothing(
         assert source.get(timeout=0.2) is None
     assert got == sent  # exact, in order, unicode metadata and empty samples included
     assert json.loads(out) == {"sent": 40, "acked": 40, "pending": 0, "resent": 0, "rejected": 0}
-    assert source.counters() == {
-        "received": 40, "delivered": 40, "buffered": 0, "duplicates": 0, "rejected": 0
+    counters = source.counters()
+    assert counters | {"peak_buffered": 0, "peak_buffered_bytes": 0} == {
+        "received": 40, "delivered": 40, "buffered": 0, "duplicates": 0, "rejected": 0,
+        "buffered_bytes": 0, "peak_buffered": 0, "peak_buffered_bytes": 0,
     }  # fmt: skip
+    assert 1 <= counters["peak_buffered"] <= 40  # how many the trainer let pile up: timing
 
 
 @pytest.mark.parametrize("send_turns", [False, True])
@@ -135,6 +138,33 @@ def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:
 
         asyncio.run(produce())
         assert drain(source, 2) == [trajectory(1), trajectory(2)]
+
+
+def test_the_consumer_counts_the_bytes_its_bound_holds() -> None:
+    """``buffered_bytes`` is the wire size of what is buffered; the peaks stay at the most the
+    bound let in (``bench/memory.py`` reports them against ``queue_max_size``)."""
+    sent = [trajectory(i) for i in range(3)]
+    sizes = [sum(len(f) for f in codec.encode(t)) for t in sent]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=2) as source:
+
+        async def produce() -> None:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            for t in sent[:2]:
+                await asyncio.wait_for(sink.put(t), 5)
+            third = asyncio.create_task(sink.put(sent[2]))
+            await asyncio.wait([third], timeout=0.3)
+            assert source.counters()["buffered_bytes"] == sizes[0] + sizes[1]
+            assert await source.aget(timeout=1) == sent[0]
+            await asyncio.wait_for(third, 5)
+            await sink.close()
+
+        asyncio.run(produce())
+        counters = source.counters()
+        assert counters["buffered_bytes"] == sizes[1] + sizes[2]
+        assert counters["peak_buffered"] == 2
+        assert counters["peak_buffered_bytes"] == max(sizes[0] + sizes[1], sizes[1] + sizes[2])
+        drain(source, 2)
+        assert source.counters()["buffered_bytes"] == 0
 
 
 def test_two_producers_one_consumer_each_trajectory_exactly_once(tmp_path: Path) -> None:

@@ -235,7 +235,9 @@ class ZmqTrajectorySource:
     ``aget`` (async) hand trajectories out in arrival order. After ``close``, ``get`` still
     returns what was buffered (so a checkpoint can save it), then ``None``. ``address`` is the
     bound endpoint (``tcp://127.0.0.1:*`` picks a free port). Counters: ``received``,
-    ``delivered``, ``buffered``, ``duplicates``, ``rejected``.
+    ``delivered``, ``buffered``, ``duplicates``, ``rejected``; and for the memory the bound
+    holds, ``buffered_bytes`` (the buffered trajectories' size on the wire), ``peak_buffered``
+    and ``peak_buffered_bytes``.
     """
 
     def __init__(self, address: str, *, queue_max_size: int = 64, ack_linger_ms: int = 500) -> None:
@@ -248,6 +250,10 @@ class ZmqTrajectorySource:
         self.rejected = 0
         self._ack_linger_ms = ack_linger_ms
         self._buffer: deque[Trajectory] = deque()
+        self._sizes: deque[int] = deque()  # wire bytes of each buffered trajectory
+        self.buffered_bytes = 0
+        self.peak_buffered = 0
+        self.peak_buffered_bytes = 0
         self._cond = threading.Condition()
         self._stopping = False
         self._error: BaseException | None = None
@@ -287,6 +293,9 @@ class ZmqTrajectorySource:
             "buffered": self.buffered,
             "duplicates": self.duplicates,
             "rejected": self.rejected,
+            "buffered_bytes": self.buffered_bytes,
+            "peak_buffered": self.peak_buffered,
+            "peak_buffered_bytes": self.peak_buffered_bytes,
         }
 
     def get(self, timeout: float | None = None) -> Trajectory | None:
@@ -299,6 +308,7 @@ class ZmqTrajectorySource:
                 return None
             was_full = len(self._buffer) >= self.queue_max_size
             item = self._buffer.popleft()
+            self.buffered_bytes -= self._sizes.popleft()
             self.delivered += 1
         if was_full:
             self._wake()  # there is room again: let the socket thread read (and ack) the next
@@ -406,8 +416,13 @@ class ZmqTrajectorySource:
         # Only a put that decoded may tell the consumer which ids to forget: a malformed one
         # with a high ``low`` would otherwise let a resent trajectory through twice.
         acked.difference_update([s for s in acked if s < low])
+        size = sum(len(frame) for frame in message[4:])
         with self._cond:
             self._buffer.append(trajectory)
+            self._sizes.append(size)
+            self.buffered_bytes += size
+            self.peak_buffered = max(self.peak_buffered, len(self._buffer))
+            self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered_bytes)
             self.received += 1
             self._cond.notify()
         acked.add(seq)

@@ -204,6 +204,7 @@ class Engine:
             "paused": self.paused,
             "kv_capacity_tokens": self.pool.capacity,
             "kv_used_tokens": self.pool.used_tokens,
+            "kv_peak_used_tokens": self.pool.peak_used,
             "kv_cache_bytes": self.pool.nbytes(),
             "tokens_generated": self.tokens_generated,
             "peak_running": self.peak_running,

@@ -34,6 +34,7 @@ class TokenKVPool:
         self.capacity = num_tokens
         self._free = torch.arange(1, num_tokens + 1, dtype=torch.long)
         self._n_free = num_tokens
+        self.peak_used = 0  # the most slots held at once: how much of the budget a load needed
 
     @property
     def free_tokens(self) -> int:
@@ -53,6 +54,7 @@ class TokenKVPool:
         start = self._n_free - n
         slots = self._free[start : self._n_free].clone()
         self._n_free = start
+        self.peak_used = max(self.peak_used, self.capacity - start)
         return slots
 
     def release(self, slots: torch.Tensor) -> None:

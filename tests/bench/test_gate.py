@@ -1,0 +1,94 @@
+"""The regression gate (``bench/check.py``): its verdicts on hand-made numbers, and one real run
+of its cheapest benchmark against a baseline written by ``--update``."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+gate = _load("gate")
+
+
+def test_band_is_the_relative_spread_with_a_floor() -> None:
+    assert gate.band_of([0.9, 1.0, 1.1]) == pytest.approx(0.2)
+    assert gate.band_of([1.0, 1.0, 1.01]) == gate.MIN_BAND
+    with pytest.raises(ValueError):
+        gate.band_of([])
+
+
+def test_verdicts() -> None:
+    baseline = {
+        "steady": {"value": 2.0, "band": 0.1},
+        "fell": {"value": 2.0, "band": 0.1},
+        "rose": {"value": 2.0, "band": 0.1},
+        "edge": {"value": 2.0, "band": 0.1},
+        "gone": {"value": 1.0, "band": 0.1},
+    }
+    now = {"steady": 1.9, "fell": 1.7, "rose": 2.5, "edge": 1.8, "fresh": 3.0}
+    got = {v.name: v for v in gate.compare(baseline, now)}
+    assert {n: v.verdict for n, v in got.items()} == {
+        "steady": "ok",
+        "fell": "FELL",
+        "rose": "rose",
+        "edge": "ok",  # exactly at the band's edge is noise
+        "gone": "missing",
+        "fresh": "new",
+    }
+    assert got["fell"].change == pytest.approx(-0.15)
+    assert got["fell"].fell and not got["rose"].fell
+    text = gate.table(list(got.values()))
+    assert "-15.0 %" in text and "±10.0 %" in text and "FELL" in text
+
+
+def test_baseline_entries_take_the_median_and_spread() -> None:
+    rounds = [{"a": 1.0, "b": 5.0}, {"a": 1.2}, {"a": 0.8, "b": 5.0}]
+    entries = gate.baseline_entries(rounds)
+    assert entries == {
+        "a": {"value": 1.0, "band": 0.4, "samples": [1.0, 1.2, 0.8]},
+        "b": {"value": 5.0, "band": gate.MIN_BAND, "samples": [5.0, 5.0]},  # one round lacked it
+    }
+    assert gate.median_of_rounds(rounds) == {"a": 1.0, "b": 5.0}
+
+
+def _check(*args: str) -> subprocess.CompletedProcess[str]:
+    small = ("--extra", "queue", "--rounds 1 --megabytes 20")  # a test, not a measurement
+    command = [sys.executable, str(BENCH / "check.py"), "--only", "queue", *small, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
+    """``--update`` writes the file; a strict check against an impossible baseline exits 1 and
+    names the fall; without ``--strict`` the same check exits 0 (those two reuse the real run's
+    measurements: ``--reuse``)."""
+    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
+    done = _check("--baseline", str(path), "--update", "--json", str(measured))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(path.read_text())
+    assert set(doc["ratios"]) == {"queue_vs_raw_1k", "queue_vs_raw_8k"}
+    assert "--update" in doc["command"] and doc["ratios"]["queue_vs_raw_8k"]["value"] > 0
+    for entry in doc["ratios"].values():
+        entry["value"], entry["band"] = 1000.0, 0.05  # no queue is 1000x raw ZeroMQ
+    path.write_text(json.dumps(doc))
+    again = ("--baseline", str(path), "--reuse", str(measured))
+    strict = _check(*again, "--strict")
+    assert strict.returncode == 1, strict.stdout + strict.stderr
+    assert "FELL: queue_vs_raw_8k" in strict.stdout
+    assert _check(*again).returncode == 0
