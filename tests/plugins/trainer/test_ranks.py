@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -133,8 +134,14 @@ def test_two_ranks_train_stop_on_ctrl_c_and_resume_in_another_layout(tmp_path: P
     final = latest_checkpoint(out)
     assert final is not None and final.name == f"step-{steps + 1:06d}"
     assert load_checkpoint(final).state["loop"]["version"] == steps + 1
-    sessions = [json.loads(line)["session_id"] for line in (out / "run" / "trained.jsonl").open()]
-    assert len(sessions) == len(set(sessions)) == (steps + 1) * 4  # nothing trained twice
+    audit = [json.loads(line) for line in (out / "run" / "trained.jsonl").open()]
+    sessions = [record["session_id"] for record in audit]
+    assert len(sessions) == len(set(sessions))  # nothing trained twice
+    # Each step trains whole groups totalling at least the batch (4); a group restored with a
+    # member lost at the Ctrl-C (no tombstone) is trained as it is, so a step may take 5.
+    per_step = collections.Counter(record["step"] for record in audit)
+    assert sorted(per_step) == list(range(1, steps + 2))
+    assert all(4 <= n <= 5 for n in per_step.values()), per_step
 
 
 def test_a_dead_follower_fails_the_run_with_a_clear_error(tmp_path: Path) -> None:
