@@ -1,6 +1,6 @@
 """Rollout workers against a real gateway and engine: an openai-SDK agent over tasks × samples lands
 in the JSONL sink with task ids, groups and rewards; crashes and timeouts are counted without
-blocking the rest; a full staleness budget is waited out (or given up on, with a clear error)."""
+blocking the rest, but an agent that never finishes an episode stops the worker; a full staleness budget is waited out (or given up on, with a clear error)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from areal.core.episode import Episode
 from areal.core.staleness import StalenessBudget
 from areal.core.types import Trajectory
 from areal.plugins.rewards.rules import exact_match
-from areal.run.rollout import RolloutError, RolloutWorker
+from areal.run.rollout import GIVE_UP_AFTER, AgentBroken, RolloutError, RolloutWorker
 
 LOOKUP = {
     "type": "function",
@@ -113,6 +113,40 @@ def test_crashes_and_timeouts_are_counted_and_do_not_block(start_gateway: Any) -
         assert dict(stats.errors) == {"ValueError": 1, "TimeoutError": 1}
         listing = gw.state.sessions.budget.snapshot()
         assert listing.running == 0  # every slot came back, discarded ones too
+
+
+def test_an_agent_that_never_works_stops_the_worker_with_its_error(start_gateway: Any) -> None:
+    async def agent(episode: Episode) -> float:
+        import areal_no_such_module  # type: ignore[import-not-found]  # noqa: F401
+
+        return 1.0
+
+    def endless() -> Any:
+        i = 0
+        while True:
+            yield {"task_id": f"t{i}"}
+            i += 1
+
+    with start_gateway() as gw:
+        rollout = worker(gw, agent, concurrency=4)
+        with pytest.raises(AgentBroken, match="areal_no_such_module") as caught:
+            asyncio.run(rollout.run(endless()))
+        assert f"all of its first {GIVE_UP_AFTER} episodes" in str(caught.value)
+        assert isinstance(caught.value, RolloutError)  # the worker process exits 1 on it
+        assert rollout.last_stats is not None and rollout.last_stats.finished == 0
+        assert gw.state.sessions.budget.snapshot().running == 0  # every slot came back
+
+
+def test_an_agent_that_worked_once_only_counts_its_failures(start_gateway: Any) -> None:
+    async def agent(episode: Episode) -> float:
+        if episode.task["task_id"] != "t0":
+            raise ValueError("a flaky tool")
+        return 1.0
+
+    tasks = [{"task_id": f"t{i}"} for i in range(GIVE_UP_AFTER + 4)]
+    with start_gateway() as gw:
+        stats = asyncio.run(worker(gw, agent, concurrency=1).run(tasks))
+    assert (stats.finished, stats.failed) == (1, GIVE_UP_AFTER + 3)
 
 
 def test_an_answer_without_reward_fn_fails_the_episode(gateway: Any) -> None:

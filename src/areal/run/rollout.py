@@ -19,6 +19,8 @@ exception type in ``errors``). Discarding rather than rewarding 0 keeps crashes 
 gradient (a crash says nothing about the policy) and gives the budget slot back at once, so the
 trainer never waits for them. Errors of the session API itself (the gateway is down, the budget
 stays full past ``max_wait_s``) are not the agent's fault and stop the run with :class:`RolloutError`.
+Neither does an agent that never works: when the first ``GIVE_UP_AFTER`` episodes all failed and
+none finished, the worker stops with :class:`AgentBroken`, naming the error.
 """
 
 from __future__ import annotations
@@ -52,8 +54,17 @@ LONG_POLL_S = 10.0  # how long one session request may wait at the gateway for a
 T = TypeVar("T")
 
 
+GIVE_UP_AFTER = 32  # a worker whose first this-many episodes all failed stops (AgentBroken)
+
+
 class RolloutError(RuntimeError):
     """The session API failed (not the agent): the run cannot go on."""
+
+
+class AgentBroken(RolloutError):
+    """Every episode so far failed and none finished: the agent cannot run here (an import
+    error, a missing key, a bug), which no amount of training fixes. The worker stops with the
+    error instead of discarding episodes forever while the trainer waits."""
 
 
 @dataclass
@@ -256,6 +267,12 @@ class RolloutWorker:
             log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
             await self._before_end(admin, episode)
             await self._discard(admin, sid)
+            if stats.finished == 0 and stats.failed >= GIVE_UP_AFTER:
+                raise AgentBroken(
+                    f"the agent failed in all of its first {stats.failed} episodes and finished "
+                    f"none (last error: {err!r}; errors: {dict(stats.errors)}): the agent or its "
+                    "environment is broken, not the policy; fix it and run again"
+                ) from err
             return
         await self._before_end(admin, episode)
         end = admin.end(sid, reward=reward) if self.train else admin.end(sid, discard=True)
