@@ -64,7 +64,18 @@ class RolloutError(RuntimeError):
 class AgentBroken(RolloutError):
     """Every episode so far failed and none finished: the agent cannot run here (an import
     error, a missing key, a bug), which no amount of training fixes. The worker stops with the
-    error instead of discarding episodes forever while the trainer waits."""
+    error instead of discarding episodes forever while the trainer waits. HTTP and network
+    errors do not count: an engine restarting makes every episode fail for a while."""
+
+
+_WIRE_MODULES = ("openai", "anthropic", "httpx", "httpcore", "aiohttp", "requests", "urllib3")
+
+
+def _wire_error(err: BaseException) -> bool:
+    """Did the agent fail talking to the gateway (an SDK's API error, a connection error)?"""
+    if isinstance(err, (OSError, TimeoutError)):
+        return True
+    return any(cls.__module__.split(".")[0] in _WIRE_MODULES for cls in type(err).__mro__)
 
 
 @dataclass
@@ -76,6 +87,7 @@ class RolloutStats:
     sent: int = 0  # of those, trajectories the gateway handed to the trainer (non-empty)
     failed: int = 0  # the agent (or the reward function) raised
     timed_out: int = 0
+    broken: int = 0  # of the failures, those that were not an HTTP or network error
     rewards: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
     waited_s: float = 0.0  # time spent waiting out 429s
@@ -92,6 +104,7 @@ class RolloutStats:
             "sent": self.sent,
             "failed": self.failed,
             "timed_out": self.timed_out,
+            "broken": self.broken,
             "mean_reward": self.mean_reward,
             "errors": dict(self.errors),
             "waited_s": round(self.waited_s, 3),
@@ -267,7 +280,8 @@ class RolloutWorker:
             log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
             await self._before_end(admin, episode)
             await self._discard(admin, sid)
-            if stats.finished == 0 and stats.failed >= GIVE_UP_AFTER:
+            stats.broken += not _wire_error(err)
+            if stats.finished == 0 and stats.broken >= GIVE_UP_AFTER:
                 raise AgentBroken(
                     f"the agent failed in all of its first {stats.failed} episodes and finished "
                     f"none (last error: {err!r}; errors: {dict(stats.errors)}): the agent or its "
