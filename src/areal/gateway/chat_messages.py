@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from areal.core.stop_strings import partial_stop
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation, TextDeltas
@@ -397,17 +398,6 @@ def stop_strings(value: Any, param: str = "stop") -> list[str]:
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return [s for s in value if s]
     raise bad(param, f"must be a string or a list of strings, got {json.dumps(value)[:200]}")
-
-
-def partial_stop(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that could still grow into a stop string."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
 
 
 class StreamText:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
+from areal.core.stop_strings import partial_stop
+
 log = logging.getLogger("areal.inference")
 
 
@@ -38,17 +40,6 @@ class IncrementalDetokenizer:
             return ""
         self.prefix, self.read = self.read, len(full_ids) - start
         return now[len(done) :]
-
-
-def partial_stop(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest suffix of ``text`` that may still grow into one of ``stops``."""
-    longest = 0
-    for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:n]):
-                longest = n
-                break
-    return longest
 
 
 class TextChunker:
