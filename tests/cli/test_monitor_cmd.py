@@ -145,14 +145,15 @@ def test_train_shows_the_monitor_only_on_a_terminal(
 
     log_dir = tmp_path / "logs"
     pubs: list[EventPublisher] = []
+    records = read_records(RECORDED)
 
     def run(config: object, out: Path, *, resume: bool = False, torchrun: object = ()) -> int:
         logging.getLogger("areal.train").info("run started")
         pubs.append(publish_recorded(log_dir))
         # The run goes on until the monitor has subscribed: every event was sent once with nobody
         # listening, then once more as the replay to the monitor's subscription.
-        deadline = time.monotonic() + (60 if terminal else 0)
-        while pubs[-1].sent < 2 * len(read_records(RECORDED)) and time.monotonic() < deadline:
+        deadline, replayed = time.monotonic() + (60 if terminal else 0), 2 * len(records)
+        while pubs[-1].sent < replayed and time.monotonic() < deadline:
             time.sleep(0.05)
         pubs[-1].close()
         return 0

@@ -19,7 +19,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from areal.core.inference_client import InferenceClient
-from areal.gateway.chat_messages import StreamText, normalize_messages, partial_stop
+from areal.core.stop_strings import partial_stop
+from areal.gateway.chat_messages import StreamText, normalize_messages
 from areal.gateway.policy import Generation
 from areal.run.gateway_client import GatewayAdmin, OpenedSession
 

@@ -18,3 +18,19 @@ def partial_stop(text: str, stops: Sequence[str]) -> int:
                 longest = n
                 break
     return longest
+
+
+class StopHoldBack:
+    """Streamed text → what may leave now. A tail that could still grow into one of ``stops``
+    waits for the next text; the longest such tail lies within it plus the new text (it was the
+    longest such tail before), so each call tests only that short text."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = [s for s in stops if s]
+        self.held = ""
+
+    def push(self, text: str) -> str:
+        text = self.held + text
+        keep = partial_stop(text, self.stops) if self.stops else 0
+        piece, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        return piece

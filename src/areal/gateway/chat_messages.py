@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from areal.core.stop_strings import partial_stop
+from areal.core.stop_strings import StopHoldBack
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation, TextDeltas
@@ -410,19 +410,13 @@ class StreamText:
     """
 
     def __init__(self, stops: Sequence[str] = ()) -> None:
-        self.stops = [s for s in stops if s]
         self._deltas = TextDeltas()
-        self.held = ""  # may be the start of a stop string
+        self._hold = StopHoldBack(stops)
 
     def step(self, gen: Generation) -> str:
-        if gen.finished:
-            self.held = ""
+        if gen.finished:  # the final text closes the stream, held tail or not
             return self._deltas.final(gen.text)
-        text = self.held + self._deltas.new_text(gen)
-        # the longest suffix that may grow into a stop string lies within held + new text
-        keep = partial_stop(text, self.stops) if self.stops else 0
-        piece, self.held = text[: len(text) - keep], text[len(text) - keep :]
-        return self._deltas.say(piece)
+        return self._deltas.say(self._hold.push(self._deltas.new_text(gen)))
 
 
 class OutputStream:

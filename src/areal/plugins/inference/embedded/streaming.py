@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from areal.core.stop_strings import partial_stop
+from areal.core.stop_strings import StopHoldBack
 
 log = logging.getLogger("areal.inference")
 
@@ -48,17 +48,12 @@ class TextChunker:
 
     def __init__(self, decode: Callable[[list[int]], str], stops: Sequence[str]) -> None:
         self.detokenizer = IncrementalDetokenizer(decode)
-        self.stops = [s for s in stops if s]
-        self.held = ""  # decoded, not yet sent: it may be the start of a stop string
+        self.hold = StopHoldBack(stops)  # decoded text that may be the start of a stop string
         self.pieces: list[str] = []
 
     def step(self, full_ids: list[int], start: int) -> str:
         """The piece to send after a new token ('' when nothing is certain yet)."""
-        text = self.held + self.detokenizer.step(full_ids, start)
-        # A suffix that may grow into a stop string lies within held + new text (held was the
-        # longest such suffix before), so testing this short text is enough.
-        keep = partial_stop(text, self.stops) if self.stops else 0
-        piece, self.held = text[: len(text) - keep], text[len(text) - keep :]
+        piece = self.hold.push(self.detokenizer.step(full_ids, start))
         if piece:
             self.pieces.append(piece)
         return piece
