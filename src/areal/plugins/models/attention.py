@@ -27,7 +27,12 @@ class CausalAttention:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        return _sdpa(q, k, v, mask=None)
+        return causal_attention(q, k, v)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of ``S`` queries over the same ``S`` keys; [B, S, H, D] in and out."""
+    return _sdpa(q, k, v, mask=None)
 
 
 def masked_attention(

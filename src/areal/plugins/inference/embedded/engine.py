@@ -31,7 +31,7 @@ from areal.plugins.inference.embedded.grammar import (
     grammar_spec_from_sampling_params,
 )
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
-from areal.plugins.inference.embedded.paged_attention import build_step
+from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
 from areal.plugins.inference.embedded.requests import Emit, RequestError, SequenceRequest
 from areal.plugins.inference.embedded.sampling import (
     SamplingTensors,
@@ -51,7 +51,7 @@ log = logging.getLogger("areal.inference")
 class EngineConfig:
     max_total_tokens: int
     max_running_requests: int = 64
-    max_prefill_tokens: int = 4096  # padded prompt tokens per prefill batch
+    max_prefill_tokens: int = 4096  # new tokens per prefill batch (packed: no padding)
     weight_version: str = "0"
     seed: int = 0
     # stream only what each step adds (SGLang's --incremental-streaming-output); False: the
@@ -83,8 +83,11 @@ class Engine:
         self.paused = False
         self.tokens_generated = 0
         self.peak_running = 0  # most sequences admitted at once (tests, /server_info)
-        # phase -> [steps, seconds, sequences]: where the engine's time goes (/server_info)
-        self.timings: dict[str, list[float]] = {"prefill": [0, 0.0, 0], "decode": [0, 0.0, 0]}
+        # phase -> [steps, seconds, sequences, tokens]: where the engine's time goes (/server_info)
+        self.timings: dict[str, list[float]] = {
+            "prefill": [0, 0.0, 0, 0],
+            "decode": [0, 0.0, 0, 0],
+        }
         # SimpleQueue: put() is reentrant, so a signal handler on the engine's thread may call stop()
         self._inbox: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._stopped = threading.Event()
@@ -210,11 +213,13 @@ class Engine:
             "peak_running": self.peak_running,
             **{
                 f"{phase}_{key}": value
-                for phase, (steps, seconds, seqs) in self.timings.items()
+                for phase, (steps, seconds, seqs, tokens) in self.timings.items()
                 for key, value in (
                     ("steps", int(steps)),
                     ("ms_per_step", round(1000 * seconds / steps, 3) if steps else None),
                     ("mean_batch", round(seqs / steps, 2) if steps else None),
+                    ("tokens", int(tokens)),
+                    ("seconds", round(seconds, 3)),
                 )
             },
             "weight_version": self.weight_version,
@@ -240,11 +245,13 @@ class Engine:
 
     def _timed(self, phase: str, seqs: list[Sequence]) -> None:
         start = time.perf_counter()
-        self._run(seqs)
+        tokens = sum(len(s.pending) for s in seqs)
+        self._run(seqs, packed=phase == "prefill")
         timing = self.timings[phase]
         timing[0] += 1
         timing[1] += time.perf_counter() - start
         timing[2] += len(seqs)
+        timing[3] += tokens
 
     def _drain(self, block: bool) -> None:
         try:
@@ -314,18 +321,19 @@ class Engine:
 
     def _prefill_batch(self, candidates: list[Sequence]) -> list[Sequence]:
         batch: list[Sequence] = []
-        longest = 0
+        total = 0
         for seq in candidates:
-            longest = max(longest, len(seq.pending))
-            if batch and longest * (len(batch) + 1) > self.config.max_prefill_tokens:
+            total += len(seq.pending)
+            if batch and total > self.config.max_prefill_tokens:
                 break
             batch.append(seq)
-        return batch
+        # equal-length fresh prompts side by side: the packed step attends over them in one call
+        return sorted(batch, key=lambda s: (s.kv_len > 0, len(s.pending)))
 
-    def _run(self, seqs: list[Sequence]) -> None:
+    def _run(self, seqs: list[Sequence], packed: bool) -> None:
         try:
             with torch.inference_mode():
-                logits = self._forward(seqs)
+                logits = self._forward(seqs, packed)
                 self._advance(seqs, logits)
         except Exception as exc:  # a bad batch must not take the server down
             log.exception("engine step failed")
@@ -341,21 +349,28 @@ class Engine:
                         },
                     )
 
-    def _forward(self, seqs: list[Sequence]) -> torch.Tensor:
+    def _forward(self, seqs: list[Sequence], packed: bool) -> torch.Tensor:
+        """Logits of each sequence's last new token; prefill runs packed, decode padded."""
         pending = [s.pending for s in seqs]
-        ids, positions, attention = build_step(
-            self.pool,
-            [s.slots for s in seqs if s.slots is not None],
-            [s.kv_len for s in seqs],
-            pending,
-        )
-        hidden = self.model.hidden_states(ids, positions, attention)
-        last = torch.tensor([len(p) - 1 for p in pending])
-        logits = self.model.lm_head(hidden[torch.arange(len(seqs)), last]).float()
+        slots = [s.slots for s in seqs if s.slots is not None]
+        kv_lens = [s.kv_len for s in seqs]
+        if packed:
+            ids, positions, packed_attention, spans = build_packed_step(
+                self.pool, slots, kv_lens, pending
+            )
+            hidden = self.model.hidden_states(ids, positions, packed_attention)[0]
+            last_hidden = hidden[torch.tensor([end - 1 for _, end in spans])]
+        else:
+            ids, positions, attention = build_step(self.pool, slots, kv_lens, pending)
+            hidden = self.model.hidden_states(ids, positions, attention)
+            last = torch.tensor([len(p) - 1 for p in pending])
+            last_hidden = hidden[torch.arange(len(seqs)), last]
+        logits = self.model.lm_head(last_hidden).float()
         for b, seq in enumerate(seqs):
             first_prefill = seq.kv_len == 0 and seq.input_logprobs is None  # not after a retract
             if first_prefill and seq.req.return_logprob and seq.req.logprob_start_len >= 0:
-                seq.input_logprobs = self._prompt_logprobs(seq, hidden[b, : len(pending[b])])
+                row = hidden[slice(*spans[b])] if packed else hidden[b, : len(pending[b])]
+                seq.input_logprobs = self._prompt_logprobs(seq, row)
             seq.kv_len += len(pending[b])
         return logits
 

@@ -1,0 +1,94 @@
+"""The engine's packed prefill (sequences end to end in one row, no padding) computes what the
+model computes on each sequence alone without any cache, for fresh sequences of equal and of
+different lengths and for one that continues a cache, and leaves the same keys and values in the
+pool as the padded step does."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from areal.plugins.inference.embedded.kv_pool import TokenKVPool
+from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
+from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
+
+
+def _model() -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(tiny_config("nano")).eval()
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    return model
+
+
+def _alone(model: Qwen3ForCausalLM, ids: list[int]) -> torch.Tensor:
+    """Hidden states of one sequence by the model's plain causal forward (no cache)."""
+    with torch.inference_mode():
+        return model.hidden_states(torch.tensor([ids]))[0]
+
+
+def test_packed_prefill_matches_each_sequence_alone() -> None:
+    model = _model()
+    pool = TokenKVPool(model.config, 512)
+    rng = random.Random(1)
+    # a GRPO group's equal prompts, then two of other lengths, then one continuing its cache
+    lengths = [9, 9, 9, 4, 17, 6]
+    seqs = [[rng.randrange(1, 4096) for _ in range(n)] for n in lengths]
+    cached = [rng.randrange(1, 4096) for _ in range(11)]
+    slots = [pool.alloc(40) for _ in range(len(seqs) + 1)]
+    assert all(s is not None for s in slots)
+    with torch.inference_mode():
+        # the last sequence's first 11 tokens go into the cache by an ordinary padded step
+        ids, positions, attention = build_step(pool, [slots[-1]], [0], [cached])  # type: ignore[list-item]
+        model.hidden_states(ids, positions, attention)
+        new = [rng.randrange(1, 4096) for _ in range(5)]
+        ids, positions, packed, spans = build_packed_step(
+            pool,
+            slots,  # type: ignore[arg-type]
+            [0] * len(seqs) + [len(cached)],
+            [*seqs, new],
+        )
+        hidden = model.hidden_states(ids, positions, packed)[0]
+    assert ids.shape == (1, sum(lengths) + len(new))  # no padding
+    # one attention call for the group's three equal prompts, one for each other sequence
+    assert [(run.count, run.length) for run in packed.runs] == [
+        (3, 9),
+        (1, 4),
+        (1, 17),
+        (1, 6),
+        (1, 5),
+    ]
+    for (start, end), tokens in zip(spans[:-1], seqs):
+        torch.testing.assert_close(hidden[start:end], _alone(model, tokens), atol=2e-5, rtol=0)
+    start, end = spans[-1]
+    torch.testing.assert_close(
+        hidden[start:end], _alone(model, cached + new)[len(cached) :], atol=2e-5, rtol=0
+    )
+
+
+def test_packed_prefill_writes_the_same_cache_as_a_padded_step() -> None:
+    model = _model()
+    lengths = [3, 12, 7]
+    rng = random.Random(2)
+    seqs = [[rng.randrange(1, 4096) for _ in range(n)] for n in lengths]
+    pools = []
+    for build in ("padded", "packed"):
+        pool = TokenKVPool(model.config, 128)
+        slots = [pool.alloc(20) for _ in seqs]
+        with torch.inference_mode():
+            if build == "padded":
+                ids, positions, attention = build_step(pool, slots, [0, 0, 0], seqs)  # type: ignore[arg-type]
+                model.hidden_states(ids, positions, attention)
+            else:
+                ids, positions, packed, _ = build_packed_step(pool, slots, [0, 0, 0], seqs)  # type: ignore[arg-type]
+                model.hidden_states(ids, positions, packed)
+        pools.append((pool, slots))
+    (padded_pool, padded_slots), (packed_pool, packed_slots) = pools
+    for a, b, n in zip(padded_slots, packed_slots, lengths):
+        assert a is not None and b is not None
+        torch.testing.assert_close(
+            packed_pool.k[:, b[:n]], padded_pool.k[:, a[:n]], atol=2e-5, rtol=0
+        )
+        torch.testing.assert_close(
+            packed_pool.v[:, b[:n]], padded_pool.v[:, a[:n]], atol=2e-5, rtol=0
+        )
