@@ -1,6 +1,6 @@
 """The engine's ``AttentionBackend``s: write new k/v into pool slots, attend over each sequence's.
 
-Decode runs as a padded batch (one new token per row, keys padded to the longest row). Prefill
+Decode runs as a padded batch (one new token per row; keys padded per bucket of similar rows). Prefill
 runs packed: every sequence's new tokens end to end in one row, no padding, each sequence
 attending over its own keys. A prefill batch mixes a 14-token prompt with a 300-token sequence
 re-prefilled after a weight update; padded, the short rows would cost as much as the long one.
@@ -15,36 +15,86 @@ import torch
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.models.attention import causal_attention, masked_attention
 
+MAX_BUCKETS = 4  # attention calls per layer in a padded step, at most
+
+
+@dataclass
+class _Bucket:
+    """Rows of a padded step whose keys are gathered and attended together, padded to the
+    longest of them: ``read`` [rows × span] slots (flat), ``mask`` [rows, 1, S, span]."""
+
+    rows: torch.Tensor
+    span: int
+    read: torch.Tensor
+    mask: torch.Tensor
+    keys: torch.Tensor | None = None  # the gather buffers, made by the first layer
+    values: torch.Tensor | None = None
+
 
 class PagedAttention:
     """One forward step over a batch of sequences that each own a list of KV slots.
 
-    ``write_slots`` [B, S] are the slots of the step's new tokens (padding writes slot 0);
-    ``read_slots`` [B, L] all slots each row attends over; ``mask`` [B, 1, S, L] is causal and
-    hides padding. The mask is built once per step and shared by every layer.
+    ``write_slots`` [B × S] are the slots of the step's new tokens (padding writes slot 0). Rows
+    attend in buckets of similar length, each padded only to its own longest: one 300-token
+    sequence among 31 of 30 tokens would otherwise make every row gather and attend over 300 keys
+    (measured: a decode step of 32 rows took 5.5× as long). Masks are built once per step and
+    shared by every layer.
     """
 
     def __init__(
-        self,
-        pool: TokenKVPool,
-        write_slots: torch.Tensor,
-        read_slots: torch.Tensor,
-        mask: torch.Tensor,
+        self, pool: TokenKVPool, write_slots: torch.Tensor, buckets: list[_Bucket]
     ) -> None:
         self.pool = pool
         self.write_slots = write_slots
-        self.read_slots = read_slots
-        self.mask = mask
+        self.buckets = buckets
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
         k_layer, v_layer = self.pool.k[layer_idx], self.pool.v[layer_idx]
-        k_layer[self.write_slots] = k.to(k_layer.dtype)
-        v_layer[self.write_slots] = v.to(v_layer.dtype)
-        keys = k_layer[self.read_slots].to(q.dtype)
-        values = v_layer[self.read_slots].to(q.dtype)
-        return masked_attention(q, keys, values, self.mask)
+        heads = k_layer.shape[1:]
+        # index_copy_/index_select on the slot dimension: ~4x faster than advanced indexing
+        k_layer.index_copy_(0, self.write_slots, k.reshape(-1, *heads).to(k_layer.dtype))
+        v_layer.index_copy_(0, self.write_slots, v.reshape(-1, *heads).to(v_layer.dtype))
+        if len(self.buckets) == 1:
+            return self._attend(self.buckets[0], q, k_layer, v_layer)
+        out = torch.empty_like(q)
+        for bucket in self.buckets:
+            out.index_copy_(
+                0,
+                bucket.rows,
+                self._attend(bucket, q.index_select(0, bucket.rows), k_layer, v_layer),
+            )
+        return out
+
+    @staticmethod
+    def _attend(
+        bucket: _Bucket, q: torch.Tensor, k_layer: torch.Tensor, v_layer: torch.Tensor
+    ) -> torch.Tensor:
+        if bucket.keys is None or bucket.values is None:
+            # One gather buffer per step, reused by every layer: a fresh multi-MB tensor per
+            # layer is fresh pages from the OS each time (measured: the gather ran 10x slower).
+            bucket.keys = k_layer.new_empty((bucket.read.numel(), *k_layer.shape[1:]))
+            bucket.values = v_layer.new_empty((bucket.read.numel(), *v_layer.shape[1:]))
+        torch.index_select(k_layer, 0, bucket.read, out=bucket.keys)
+        torch.index_select(v_layer, 0, bucket.read, out=bucket.values)
+        shape = (q.shape[0], bucket.span, *k_layer.shape[1:])
+        keys = bucket.keys.view(shape).to(q.dtype)
+        values = bucket.values.view(shape).to(q.dtype)
+        return masked_attention(q, keys, values, bucket.mask)
+
+
+def _buckets(read_lens: list[int]) -> list[list[int]]:
+    """Rows grouped longest first; a row joins the open group while at least half its longest.
+    Past ``MAX_BUCKETS`` groups the rest share the last one. Each group lists its rows in order."""
+    order = sorted(range(len(read_lens)), key=lambda b: -read_lens[b])
+    groups: list[list[int]] = []
+    for b in order:
+        if groups and (2 * read_lens[b] >= read_lens[groups[-1][0]] or len(groups) == MAX_BUCKETS):
+            groups[-1].append(b)
+        else:
+            groups.append([b])
+    return [sorted(group) for group in groups]  # one group: every row, in the batch's order
 
 
 def build_step(
@@ -57,20 +107,25 @@ def build_step(
     batch = len(new_tokens)
     width = max(len(t) for t in new_tokens)
     read_lens = [kv + len(t) for kv, t in zip(kv_lens, new_tokens)]
-    span = max(read_lens)
     ids = torch.tensor([t + [0] * (width - len(t)) for t in new_tokens], dtype=torch.long)
     offsets = torch.tensor(kv_lens, dtype=torch.long)
     positions = offsets[:, None] + torch.arange(width)[None, :]
     write = torch.zeros(batch, width, dtype=torch.long)
-    read = torch.zeros(batch, span, dtype=torch.long)
     for b in range(batch):
         n = len(new_tokens[b])
         write[b, :n] = slots[b][kv_lens[b] : kv_lens[b] + n]
-        read[b, : read_lens[b]] = slots[b][: read_lens[b]]
-    key_pos = torch.arange(span)
-    valid = key_pos[None, :] < torch.tensor(read_lens)[:, None]  # [B, L]
-    mask = (key_pos[None, None, :] <= positions[:, :, None]) & valid[:, None, :]
-    return ids, positions, PagedAttention(pool, write, read, mask[:, None])
+    buckets = []
+    for rows in _buckets(read_lens):
+        span = max(read_lens[b] for b in rows)
+        read = torch.zeros(len(rows), span, dtype=torch.long)
+        for i, b in enumerate(rows):
+            read[i, : read_lens[b]] = slots[b][: read_lens[b]]
+        key_pos = torch.arange(span)
+        valid = key_pos[None, :] < torch.tensor([read_lens[b] for b in rows])[:, None]
+        row_pos = positions[rows]
+        mask = (key_pos[None, None, :] <= row_pos[:, :, None]) & valid[:, None, :]
+        buckets.append(_Bucket(torch.tensor(rows), span, read.view(-1), mask[:, None]))
+    return ids, positions, PagedAttention(pool, write.view(-1), buckets)
 
 
 @dataclass

@@ -21,6 +21,7 @@ from aiohttp import web
 from aiohttp.web import Request, Response
 from pydantic import ValidationError
 
+from areal.core.heap import keep_freed_memory
 from areal.core.http_server import ServerThread
 from areal.core.serve_hooks import ServeHooks
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
@@ -513,6 +514,7 @@ def serve(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    keep_freed_memory()
     server = build_server(
         model_path,
         max_total_tokens=max_total_tokens,

@@ -1,7 +1,7 @@
-"""The engine's packed prefill (sequences end to end in one row, no padding) computes what the
-model computes on each sequence alone without any cache, for fresh sequences of equal and of
-different lengths and for one that continues a cache, and leaves the same keys and values in the
-pool as the padded step does."""
+"""The engine's attention over its KV pool computes what the model computes on each sequence alone
+without any cache: the packed prefill (sequences end to end in one row, no padding) for fresh
+sequences of equal and of different lengths and for one that continues a cache, and the padded
+decode step whose rows attend in buckets of similar length, in the batch's own order."""
 
 from __future__ import annotations
 
@@ -92,3 +92,26 @@ def test_packed_prefill_writes_the_same_cache_as_a_padded_step() -> None:
         torch.testing.assert_close(
             packed_pool.v[:, b[:n]], padded_pool.v[:, a[:n]], atol=2e-5, rtol=0
         )
+
+
+def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:
+    model = _model()
+    pool = TokenKVPool(model.config, 1024)
+    rng = random.Random(3)
+    cached = [30, 5, 12, 3, 29, 4, 28]
+    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
+    slots = [pool.alloc(40) for _ in seqs]
+    with torch.inference_mode():
+        for seq, seq_slots in zip(seqs, slots):
+            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
+            model.hidden_states(ids, positions, attention)
+        ids, positions, attention = build_step(pool, slots, cached, [[s[-1]] for s in seqs])  # type: ignore[arg-type]
+        hidden = model.hidden_states(ids, positions, attention)
+    # long rows, the 12-token one, short rows: each bucket padded only to its own longest
+    assert [(b.rows.tolist(), b.span) for b in attention.buckets] == [
+        ([0, 4, 6], 31),
+        ([2], 13),
+        ([1, 3, 5], 6),
+    ]
+    for row, seq in enumerate(seqs):
+        torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)
