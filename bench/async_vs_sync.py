@@ -6,8 +6,11 @@ Run: ``make bench-async`` or ``.venv/bin/python bench/async_vs_sync.py [--steps 
 The workload is ``bench/longtail_agent.py``: one chat call per episode of exactly ``L`` tokens,
 ``L`` long-tailed (75 % in 8-24 tokens, 25 % Pareto-tailed up to 256), written per sample into a
 tasks file so every phase sees the same episodes. The inference engine is pinned to core 0 and the
-trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); as in ``areal train``, the
-gateway and the rollout worker inherit the trainer's core. The phases, in this order:
+trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
+rollout worker run beside the engine (``agent.cpu_affinity: [0]``, in every phase alike), so the
+trainer, the slower side, has its core to itself (``--agent-core trainer``: they share the
+trainer's, as they do by inheritance when ``agent.cpu_affinity`` is unset). The phases, in this
+order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -98,6 +101,7 @@ class Settings:
     skip: int = 2  # steady state: the steps after the first `skip`
     gen_warmup: int = 32  # trajectories before the generation-only clock starts
     gen_seconds: float = 30.0
+    agent_core: int = ENGINE_CORE  # agent.cpu_affinity: where the gateway and the worker run
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
@@ -146,6 +150,7 @@ def run_config(
             "max_turns": 1,
             "concurrency": s.concurrency,
             "episode_timeout_s": 300,
+            "cpu_affinity": [s.agent_core],
         },
         "logging": {
             "log_dir": str(root / name / "logs"),
@@ -171,7 +176,8 @@ def generation_only(root: Path, s: Settings) -> Generation:
     """Engine, gateway and one rollout worker with no trainer; this process drains the queue."""
     # No trainer moves the version, so no staleness bound may stop admission.
     config = run_config(root, "generation", s, enabled=True, staleness=10**9)
-    # As in ``areal train``: the gateway and the worker inherit the trainer's core.
+    # This process drains the queue as the runner would, on the trainer's core; the gateway and
+    # the worker go where ``agent.cpu_affinity`` puts them, as in the real runs.
     with pinned(TRAINER_CORE):
         return asyncio.run(_generate(config, root / "generation", s))
 
@@ -422,7 +428,8 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         f"model {results['settings']['size']}, batch {results['settings']['batch']}, "
         f"concurrency {results['settings']['concurrency']}, staleness "
-        f"{results['settings']['staleness']}",
+        f"{results['settings']['staleness']}, gateway and worker on core "
+        f"{results['settings'].get('agent_core', TRAINER_CORE)}",
         f"{'':<17}{'samples/s':>10}{'other load':>12}",
     ]
     for name, value, load, note in rows:
@@ -541,6 +548,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-mode", action="store_true", help="skip the async run in the other pause mode"
     )
+    parser.add_argument(
+        "--agent-core",
+        choices=["engine", "trainer"],
+        help="the core of the gateway and the rollout worker (default: the engine's)",
+    )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")
     args = parser.parse_args(argv)
@@ -549,6 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency, "staleness": args.staleness,
         "gen_seconds": args.gen_seconds, "pause_mode": args.pause_mode,
         "both_modes": False if args.one_mode else None,
+        "agent_core": {"engine": ENGINE_CORE, "trainer": TRAINER_CORE}.get(args.agent_core or ""),
     }  # fmt: skip
     s = QUICK if args.quick else Settings()
     s = dataclasses.replace(s, **{k: v for k, v in overrides.items() if v is not None})

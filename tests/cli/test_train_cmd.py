@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
     args = ["train", "configs/quickstart.yaml", "--dry-run", "--set", "async.rollout_workers=2"]
     args += ["--set", "inference.cpu_affinity=[0]", "--set", "async.staleness_threshold=3"]
+    args += ["--set", "agent.cpu_affinity=[1]"]
     result = runner.invoke(make_app(), args)
     assert result.exit_code == 0, result.output
     body, _, tail = result.stdout.rpartition("# plan (nothing is started):")
@@ -31,8 +32,8 @@ def test_dry_run_prints_the_resolved_config_and_the_processes() -> None:
     engine, gateway, rollout, _, trainer, output, launcher = rows
     assert launcher == "launcher   local: every process on this machine"
     assert "embedded on 127.0.0.1:<free port at start>, cpu (cores 0)" in engine
-    assert "ZeroMQ queue" in gateway and "staleness_threshold 3" in gateway
-    assert "openai_sdk on task set calculator, 128 episodes at once" in rollout
+    assert "ZeroMQ queue" in gateway and "staleness_threshold 3 (cores 1)" in gateway
+    assert "openai_sdk on task set calculator, 128 episodes at once (cores 1)" in rollout
     assert trainer.startswith("trainer    1 rank(s) (dp 1 tp 1 pp 1 cp 1 ep 1), fsdp on ")
     assert output.startswith("output     runs/quickstart (checkpoint every 20 steps")
 

@@ -14,7 +14,7 @@ from areal.core.run_config import run_config_from_dict
 from areal.gateway import server
 from areal.gateway.training_flags import TrainingFlags
 from areal.run.gateway_client import GatewayAdmin
-from areal.run.processes import gateway_child
+from areal.run.processes import gateway_child, worker_child
 
 QUEUE = "tcp://127.0.0.1:5555"
 
@@ -96,3 +96,32 @@ def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     assert got["engines"] == ["http://10.0.0.7:8000"]
     assert child.url_template.replace(NODE_HOST, "10.0.0.9") == f"http://10.0.0.9:{got['port']}"
     assert admin.url == child.url  # the admin client follows once the supervisor learns the url
+
+
+def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path: Path) -> None:
+    config = run_config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "model")},
+            "dataset": {"name": "tool_then_answer"},
+            "train": {"cpu_affinity": [1]},
+            "inference": {"cpu_affinity": [0]},
+            "agent": {"cpu_affinity": [0]},
+        }
+    )
+    gateway, _ = gateway_child(
+        config, router=tmp_path / "router.yaml", engine_urls=lambda: [], queue_address=QUEUE,
+        version=lambda: 0, log_dir=tmp_path, admin_token="a" * 24, gateway_key="k" * 24,
+    )  # fmt: skip
+    worker = worker_child(
+        config, 0, gateway_url=lambda: gateway.url or "", model_id="policy", run_dir=tmp_path,
+        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
+    )  # fmt: skip
+    assert gateway.cpus == worker.cpus == {0}
+    default = run_config_from_dict(
+        {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
+    )
+    worker = worker_child(
+        default, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
+        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
+    )  # fmt: skip
+    assert worker.cpus is None  # the runner's mask, inherited

@@ -100,3 +100,17 @@ def test_start_all_starts_stages_in_order_and_reports_unhealthy(tmp_path: Path) 
         finally:
             supervisor.stop_all(timeout=2)
     assert order == ["engine0", "gateway"]
+
+
+def test_a_child_with_cpus_runs_on_those_cores(tmp_path: Path) -> None:
+    """The placement the run config asks for (``inference.cpu_affinity``, ``agent.cpu_affinity``)
+    is the real process's CPU mask, set as it starts."""
+    core = min(os.sched_getaffinity(0))
+    child = Child(name="gateway", command=lambda: SLEEPER, log_path=tmp_path / "g", cpus={core})
+    supervisor = Supervisor([child], poll_interval=0.05)
+    try:
+        asyncio.run(supervisor.start_all())
+        assert child.process is not None and child.process.pid is not None
+        assert os.sched_getaffinity(child.process.pid) == {core}
+    finally:
+        supervisor.stop_all(timeout=2)

@@ -35,11 +35,12 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         if run.enabled
         else "sync (staleness 0)"
     )
-    lines.append(f"gateway    {free_port}, {sink}, {mode}")
+    lines.append(f"gateway    {free_port}, {sink}, {mode}{_cores(agent.cpu_affinity)}")
     framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
     source = config.dataset.path or f"task set {config.dataset.name}"
     lines += [
         f"rollout{i}   {framework} on {source}, {agent.concurrency} episodes at once"
+        f"{_cores(agent.cpu_affinity)}"
         for i in range(run.rollout_workers)
     ]
     device = train.device if train.device != "auto" else ("cuda" if gpus else "cpu")

@@ -177,6 +177,11 @@ class AgentConfig(_Section):
     concurrency: int = Field(
         default=16, ge=1, description="Episodes in flight per rollout worker at most."
     )
+    cpu_affinity: list[int] | None = Field(
+        default=None,
+        description="CPU cores the gateway and the rollout workers run on (default: the "
+        "runner's, so train.cpu_affinity's when that is set).",
+    )
 
     @field_validator("gateway_url")
     @classmethod

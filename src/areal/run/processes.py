@@ -105,6 +105,11 @@ def listen_host(config: RunConfig) -> str:
     return NODE_HOST if config.launcher.listen == "node" else "127.0.0.1"
 
 
+def agent_cpus(config: RunConfig) -> set[int] | None:
+    """The gateway's and the rollout workers' cores (None: the runner's, which they inherit)."""
+    return set(config.agent.cpu_affinity) if config.agent.cpu_affinity else None
+
+
 def engine_placement(config: RunConfig, index: int) -> Placement:
     """Engine ``index`` needs ``tp_size`` GPUs when its backend serves on GPUs and there are any."""
     from areal.run.machine import backend_uses_gpu, gpu_count
@@ -217,6 +222,7 @@ def gateway_child(
         after_start=started,
         stage=1,
         placement=Placement("gateway", "gateway"),
+        cpus=agent_cpus(config),
     )
     return child, admin
 
@@ -306,6 +312,7 @@ def worker_child(
         before_restart=before_restart,
         stage=2,
         placement=Placement(f"rollout{index}", "rollout"),
+        cpus=agent_cpus(config),
     )
 
 
