@@ -399,12 +399,12 @@ def test_in_place_keeps_the_request_and_labels_the_switch(
     # The premise, that the update lands while the request runs, needs the engine to be behind
     # the stream the test reads. On a loaded machine vLLM's API server can relay tokens seconds
     # after its engine made them, so the engine may be done before the pause arrives: one span
-    # of the old version. That premise is tried again (a pause that never froze anything would
-    # show the same every time); what is asserted holds for the first run where it held.
+    # of the old version (or, the other way round, one of the new). That premise is tried again
+    # (a pause that never froze anything would show the same every time); what is asserted holds
+    # for the first run where it held.
     for _attempt in range(3):
         out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
-        spans = out.weight_versions
-        if not (len(spans) == 1 and spans[0].version != "2"):
+        if len(out.weight_versions) != 1:  # one span: the update landed before or after it
             break
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert len(out.weight_versions) == 2, out.weight_versions
@@ -419,11 +419,11 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     vllm_url: str, checkpoints: dict[str, str], restore: None, stream: bool
 ) -> None:
     # The same premise as above (the update lands while the request runs), tried again the
-    # same way when a loaded machine let the engine finish first.
+    # same way when a loaded machine let the engine finish first, or when the whole request
+    # had not produced its first token yet as the pause came (all of it on the new weights).
     for _attempt in range(3):
         out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream))
-        spans = out.weight_versions
-        if not (len(spans) == 1 and spans[0].version != "1"):
+        if len(out.weight_versions) != 1:
             break
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert out.finish_reason is not None and out.finish_reason.type == "length"
