@@ -7,10 +7,9 @@ The workload is ``bench/longtail_agent.py``: one chat call per episode of exactl
 ``L`` long-tailed (75 % in 8-24 tokens, 25 % Pareto-tailed up to 256), written per sample into a
 tasks file so every phase sees the same episodes. The inference engine is pinned to core 0 and the
 trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
-rollout worker run beside the engine (``agent.cpu_affinity: [0]``, in every phase alike), so the
-trainer, the slower side, has its core to itself (``--agent-core trainer``: they share the
-trainer's, as they do by inheritance when ``agent.cpu_affinity`` is unset). The phases, in this
-order:
+rollout worker share the trainer's core, as they do in ``areal train`` when ``agent.cpu_affinity``
+is unset (``--agent-core engine``: beside the engine, ``agent.cpu_affinity: [0]``; in every
+phase alike, so the bound is measured with the same placement). The phases, in this order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -101,7 +100,7 @@ class Settings:
     skip: int = 2  # steady state: the steps after the first `skip`
     gen_warmup: int = 32  # trajectories before the generation-only clock starts
     gen_seconds: float = 30.0
-    agent_core: int = ENGINE_CORE  # agent.cpu_affinity: where the gateway and the worker run
+    agent_core: int = TRAINER_CORE  # agent.cpu_affinity: where the gateway and the worker run
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
@@ -551,7 +550,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--agent-core",
         choices=["engine", "trainer"],
-        help="the core of the gateway and the rollout worker (default: the engine's)",
+        help="the core of the gateway and the rollout worker (default: the trainer's)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")
