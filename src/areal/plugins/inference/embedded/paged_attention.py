@@ -18,6 +18,20 @@ from areal.plugins.models.attention import causal_attention, masked_attention
 MAX_BUCKETS = 4  # attention calls per layer in a padded step, at most
 
 
+def _store(
+    pool: TokenKVPool, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Write a step's new keys and values [.., H, D] into their ``slots``; the layer's pool.
+
+    index_copy_ (and index_select to read) on the slot dimension: ~4x faster on CPU than
+    assigning through an index tensor."""
+    k_layer, v_layer = pool.k[layer_idx], pool.v[layer_idx]
+    heads = k_layer.shape[1:]
+    k_layer.index_copy_(0, slots, k.reshape(-1, *heads).to(k_layer.dtype))
+    v_layer.index_copy_(0, slots, v.reshape(-1, *heads).to(v_layer.dtype))
+    return k_layer, v_layer
+
+
 @dataclass
 class _Bucket:
     """Rows of a padded step whose keys are gathered and attended together, padded to the
@@ -51,11 +65,7 @@ class PagedAttention:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        k_layer, v_layer = self.pool.k[layer_idx], self.pool.v[layer_idx]
-        heads = k_layer.shape[1:]
-        # index_copy_/index_select on the slot dimension: ~4x faster than advanced indexing
-        k_layer.index_copy_(0, self.write_slots, k.reshape(-1, *heads).to(k_layer.dtype))
-        v_layer.index_copy_(0, self.write_slots, v.reshape(-1, *heads).to(v_layer.dtype))
+        k_layer, v_layer = _store(self.pool, layer_idx, self.write_slots, k, v)
         if len(self.buckets) == 1:
             return self._attend(self.buckets[0], q, k_layer, v_layer)
         out = torch.empty_like(q)
@@ -156,9 +166,7 @@ class PackedPrefill:
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        k_layer, v_layer = self.pool.k[layer_idx], self.pool.v[layer_idx]
-        k_layer[self.write_slots] = k[0].to(k_layer.dtype)
-        v_layer[self.write_slots] = v[0].to(v_layer.dtype)
+        k_layer, v_layer = _store(self.pool, layer_idx, self.write_slots, k, v)
         outs = []
         for run in self.runs:
             end = run.start + run.count * run.length
