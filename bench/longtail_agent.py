@@ -10,10 +10,12 @@ answers are short and a few run long:
 - 75 %: uniform on [8, 24] tokens (mean 16);
 - 25 %: a Pareto tail, ``L = 24 · U^(-1/α)`` with α = 1.2, capped at 256 tokens.
 
-The agent shares one ``openai.AsyncOpenAI`` per process and gives each episode its session key with
-``with_options``: a new client per episode (``Episode.openai_client()``) builds a TLS context,
-~20 ms of CPU, which at 20 episodes/s is 40 % of the core the rollout worker shares with the
-trainer. A synthetic workload should cost the system, not the agent.
+The agent shares one ``openai.AsyncOpenAI`` per process and gives each call its episode's session
+key as the ``Authorization`` header: a new client per episode (``Episode.openai_client()``) builds
+a TLS context, ~20 ms of CPU, which at 20 episodes/s is 40 % of the core the rollout worker shares
+with the trainer; and a ``with_options`` copy per episode looks its platform up again in a worker
+thread on its first request (openai 3.60), a thread hop per episode. A synthetic workload should
+cost the system, not the agent.
 
 The reward is a deterministic function of the generated text (a hash mapped to [0, 1]): it varies
 between the samples of a task, so GRPO advantages (and gradients) are not zero, but it rewards
@@ -70,12 +72,12 @@ _clients: dict[str, Any] = {}  # base URL -> the process's openai.AsyncOpenAI
 
 
 def _client(episode: Episode) -> Any:
-    """The process's client for the gateway, with this episode's session key (no retries: a
-    retry would be recorded as a second turn)."""
-    base = _clients.get(episode.base_url)
-    if base is None:
-        base = _clients[episode.base_url] = episode.openai_client()
-    return base.with_options(api_key=episode.api_key, max_retries=0)
+    """The process's client for the gateway (no retries: a retry would be recorded as a second
+    turn); each call names its episode's key itself."""
+    client = _clients.get(episode.base_url)
+    if client is None:
+        client = _clients[episode.base_url] = episode.openai_client(max_retries=0)
+    return client
 
 
 async def agent(episode: Episode) -> float:
@@ -88,5 +90,6 @@ async def agent(episode: Episode) -> float:
         messages=[{"role": "user", "content": prompt}],
         max_tokens=length,
         extra_body={"ignore_eos": True},
+        extra_headers={"Authorization": f"Bearer {episode.api_key}"},
     )
     return reward(response.choices[0].message.content or "")
