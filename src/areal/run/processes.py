@@ -94,7 +94,7 @@ def engine_child(
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
         before_restart=before_restart,
-        cpus=set(config.inference.cpu_affinity) if config.inference.cpu_affinity else None,
+        cpus=cpu_set(config.inference.cpu_affinity),
         placement=engine_placement(config, index),
     )
 
@@ -105,9 +105,9 @@ def listen_host(config: RunConfig) -> str:
     return NODE_HOST if config.launcher.listen == "node" else "127.0.0.1"
 
 
-def agent_cpus(config: RunConfig) -> set[int] | None:
-    """The gateway's and the rollout workers' cores (None: the runner's, which they inherit)."""
-    return set(config.agent.cpu_affinity) if config.agent.cpu_affinity else None
+def cpu_set(affinity: list[int] | None) -> set[int] | None:
+    """A config's ``cpu_affinity`` as a child's CPU mask (None: the runner's, inherited)."""
+    return set(affinity) if affinity else None
 
 
 def engine_placement(config: RunConfig, index: int) -> Placement:
@@ -222,7 +222,7 @@ def gateway_child(
         after_start=started,
         stage=1,
         placement=Placement("gateway", "gateway"),
-        cpus=agent_cpus(config),
+        cpus=cpu_set(config.agent.cpu_affinity),
     )
     return child, admin
 
@@ -312,7 +312,7 @@ def worker_child(
         before_restart=before_restart,
         stage=2,
         placement=Placement(f"rollout{index}", "rollout"),
-        cpus=agent_cpus(config),
+        cpus=cpu_set(config.agent.cpu_affinity),
     )
 
 

@@ -124,31 +124,38 @@ def build_step(
     for b in range(batch):
         n = len(new_tokens[b])
         write[b, :n] = slots[b][kv_lens[b] : kv_lens[b] + n]
-    buckets = []
-    for rows in _buckets(read_lens):
-        span = max(read_lens[b] for b in rows)
-        read = torch.zeros(len(rows), span, dtype=torch.long)
-        for i, b in enumerate(rows):
-            read[i, : read_lens[b]] = slots[b][: read_lens[b]]
-        key_pos = torch.arange(span)
-        valid = key_pos[None, :] < torch.tensor([read_lens[b] for b in rows])[:, None]
-        row_pos = positions[rows]
-        mask = (key_pos[None, None, :] <= row_pos[:, :, None]) & valid[:, None, :]
-        buckets.append(_Bucket(torch.tensor(rows), span, read.view(-1), mask[:, None]))
+    buckets = [
+        _bucket(rows, [slots[b] for b in rows], [read_lens[b] for b in rows], positions[rows])
+        for rows in _buckets(read_lens)
+    ]
     return ids, positions, PagedAttention(pool, write.view(-1), buckets)
+
+
+def _bucket(
+    rows: list[int], row_slots: list[torch.Tensor], read_lens: list[int], positions: torch.Tensor
+) -> _Bucket:
+    """The bucket of ``rows``: each reads its first ``read_lens`` slots, padded to the longest;
+    a query at position p sees the keys at positions <= p."""
+    span = max(read_lens)
+    read = torch.zeros(len(rows), span, dtype=torch.long)
+    for i, (seq_slots, n) in enumerate(zip(row_slots, read_lens)):
+        read[i, :n] = seq_slots[:n]
+    key_pos = torch.arange(span)
+    valid = key_pos[None, :] < torch.tensor(read_lens)[:, None]
+    mask = (key_pos[None, None, :] <= positions[:, :, None]) & valid[:, None, :]
+    return _Bucket(torch.tensor(rows), span, read.view(-1), mask[:, None])
 
 
 @dataclass
 class _Run:
     """Sequences next to each other in the packed row, attended in one call: ``count`` fresh ones
     of ``length`` tokens each (causal over their own keys, as a [count, length] batch), or one
-    sequence that continues a cache (``read`` its slots, under an offset causal ``mask``)."""
+    sequence that continues a cache (its ``cached`` bucket: its slots, as a decode row reads)."""
 
     start: int
     count: int
     length: int
-    read: torch.Tensor | None = None
-    mask: torch.Tensor | None = None
+    cached: _Bucket | None = None
 
 
 class PackedPrefill:
@@ -170,19 +177,19 @@ class PackedPrefill:
         outs = []
         for run in self.runs:
             end = run.start + run.count * run.length
-            if run.read is None or run.mask is None:
-                shape = (run.count, run.length, *q.shape[2:])
-                kv_shape = (run.count, run.length, *k.shape[2:])
-                out = causal_attention(
-                    q[0, run.start : end].view(shape),
-                    k[0, run.start : end].view(kv_shape),
-                    v[0, run.start : end].view(kv_shape),
+            if run.cached is not None:
+                outs.append(
+                    PagedAttention._attend(run.cached, q[:, run.start : end], k_layer, v_layer)
                 )
-                outs.append(out.reshape(1, end - run.start, *q.shape[2:]))
                 continue
-            keys = k_layer[run.read].to(q.dtype)[None]
-            values = v_layer[run.read].to(q.dtype)[None]
-            outs.append(masked_attention(q[:, run.start : end], keys, values, run.mask))
+            shape = (run.count, run.length, *q.shape[2:])
+            kv_shape = (run.count, run.length, *k.shape[2:])
+            out = causal_attention(
+                q[0, run.start : end].view(shape),
+                k[0, run.start : end].view(kv_shape),
+                v[0, run.start : end].view(kv_shape),
+            )
+            outs.append(out.reshape(1, end - run.start, *q.shape[2:]))
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)
 
 
@@ -204,9 +211,9 @@ def build_packed_step(
         positions.append(torch.arange(kv, kv + n))
         writes.append(seq_slots[kv : kv + n])
         if kv > 0:
-            causal = torch.arange(kv + n)[None, :] <= torch.arange(kv, kv + n)[:, None]
-            runs.append(_Run(start, 1, n, seq_slots[: kv + n], causal[None, None]))
-        elif runs and runs[-1].read is None and runs[-1].length == n:
+            cached = _bucket([0], [seq_slots], [kv + n], positions[-1][None])
+            runs.append(_Run(start, 1, n, cached))
+        elif runs and runs[-1].cached is None and runs[-1].length == n:
             runs[-1].count += 1
         else:
             runs.append(_Run(start, 1, n))
