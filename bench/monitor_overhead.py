@@ -222,7 +222,7 @@ def unit_costs(work: Path) -> dict[str, float]:
     cpu = time.process_time()
     for t in trajectories:
         window.add(t, 1)
-        sum(sum(s.loss_mask) for s in t.samples)  # tokens of the trajectory
+        sum(s.generated_tokens for s in t.samples)  # tokens of the trajectory
     per_trajectory = (time.process_time() - cpu) / len(trajectories)
 
     state = MonitorState()

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).train()
     samples = make_batch(args.batch, ours.config.vocab_size, args.group, seed=0)
     groups = [i // args.group for i in range(len(samples))]
-    trained_tokens = sum(sum(s.loss_mask) + PROMPT_TOKENS for s in samples)
+    trained_tokens = sum(s.generated_tokens + PROMPT_TOKENS for s in samples)
     padded_tokens = sum(
         len(chunk) * max(len(s.input_ids) for s in chunk)
         for chunk in (samples[i : i + args.mini] for i in range(0, len(samples), args.mini))

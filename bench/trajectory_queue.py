@@ -71,17 +71,16 @@ async def produce_queue(
     address: str, episodes: list[Trajectory], count: int, in_flight: int
 ) -> None:
     sink = ZmqTrajectorySink(address)
-    slots = asyncio.Semaphore(in_flight)
 
-    async def put(i: int) -> None:
-        async with slots:
+    async def episodes_of(worker: int) -> None:  # one of ``in_flight`` sessions finishing
+        for i in range(worker, count, in_flight):
             await sink.put(episodes[i % len(episodes)])
 
-    await asyncio.gather(*(put(i) for i in range(count)))
+    await asyncio.gather(*(episodes_of(w) for w in range(in_flight)))
     await sink.close()
 
 
-def produce_raw(address: str, frames: list[bytes], count: int) -> None:
+def produce_raw(address: str, frames: list[bytes | memoryview], count: int) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, -1)  # every message out before close returns

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from areal.core.trajectory import (
@@ -57,14 +58,17 @@ def test_extends() -> None:
 
 def test_turns_that_extend_merge_and_others_start_a_sample() -> None:
     first, second = merge_completions(four_turns())
-    assert first.input_ids == [1, 2, 3, 4, 5, 6, 7, 8]
-    assert first.loss_mask == [0, 0, 0, 1, 1, 0, 0, 1]
-    assert first.logprobs == [0.0, 0.0, 0.0, -0.1, -0.11, 0.0, 0.0, -0.2]
-    assert first.versions == [-1, -1, -1, 0, 0, -1, -1, 1]
+    assert first.input_ids.tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    assert first.loss_mask.tolist() == [0, 0, 0, 1, 1, 0, 0, 1]
+    # Held as float32, the queue's wire type: the engine's values rounded once, on the gateway.
+    assert (
+        first.logprobs.tolist() == np.float32([0.0, 0.0, 0.0, -0.1, -0.11, 0.0, 0.0, -0.2]).tolist()
+    )
+    assert first.versions.tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
     assert first.completion_ids == ["c0", "c1"] and first.min_version == 0
-    assert second.input_ids == [1, 2, 9, 10, 11, 12]
-    assert second.loss_mask == [0, 0, 0, 1, 1, 1]
-    assert second.versions == [-1, -1, -1, 1, 1, 2]
+    assert second.input_ids.tolist() == [1, 2, 9, 10, 11, 12]
+    assert second.loss_mask.tolist() == [0, 0, 0, 1, 1, 1]
+    assert second.versions.tolist() == [-1, -1, -1, 1, 1, 2]
     assert second.completion_ids == ["c2", "c3"] and second.min_version == 1
 
 
@@ -78,7 +82,7 @@ def test_a_re_tokenized_or_shortened_history_is_a_new_sample() -> None:
     retokenized = [completion(0, [1, 2], [3, 4]), completion(1, [1, 2, 3, 5, 6], [7])]
     assert len(merge_completions(retokenized)) == 2
     truncated = [completion(0, [1, 2, 3], [4]), completion(1, [1, 2], [5])]
-    assert [s.input_ids for s in merge_completions(truncated)] == [[1, 2, 3, 4], [1, 2, 5]]
+    assert [s.input_ids.tolist() for s in merge_completions(truncated)] == [[1, 2, 3, 4], [1, 2, 5]]
 
 
 def test_mismatched_lengths_are_refused() -> None:

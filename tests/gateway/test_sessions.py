@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from aiohttp import web
 
@@ -115,13 +116,17 @@ def test_lifecycle_records_token_exact_merges_and_discounts(start_gateway: Any) 
             assert turn.output_logprobs == gen.logprobs and turn.output_versions == gen.versions
         assert [t.turn for t in traj.turns] == [0, 1, 2]
         merged, alone = traj.samples
-        assert merged.input_ids == prompt2 + gen2.output_ids
+        assert merged.input_ids.tolist() == prompt2 + gen2.output_ids
         n1, n2 = len(gen1.output_ids), len(gen2.output_ids)
-        assert merged.loss_mask == [0] * len(prompt1) + [1] * n1 + [0] * len(context) + [1] * n2
-        assert [lp for lp, m in zip(merged.logprobs, merged.loss_mask) if m] == gen1.logprobs + gen2.logprobs  # fmt: skip
-        assert [v for v, m in zip(merged.versions, merged.loss_mask) if m] == gen1.versions + gen2.versions  # fmt: skip
-        assert alone.input_ids == prompt3 + gen3.output_ids
-        assert alone.loss_mask == [0] * len(prompt3) + [1] * len(gen3.output_ids)
+        assert (
+            merged.loss_mask.tolist()
+            == [0] * len(prompt1) + [1] * n1 + [0] * len(context) + [1] * n2
+        )
+        generated = merged.loss_mask == 1
+        assert merged.logprobs[generated].tolist() == np.float32(gen1.logprobs + gen2.logprobs).tolist()  # fmt: skip
+        assert merged.versions[generated].tolist() == gen1.versions + gen2.versions
+        assert alone.input_ids.tolist() == prompt3 + gen3.output_ids
+        assert alone.loss_mask.tolist() == [0] * len(prompt3) + [1] * len(gen3.output_ids)
         # Episode reward 2 on the last sample; the first gets its turn reward + 0.5 * 2.
         assert [merged.reward, alone.reward] == [0.25 + 1.0, 2.0]
 
@@ -319,7 +324,7 @@ def test_two_chat_turns_through_the_openai_route(start_gateway: Any) -> None:
             assert len(turn.prompt_ids) == reply["usage"]["prompt_tokens"]
             assert len(turn.output_logprobs) == len(turn.output_versions) == len(turn.output_ids)
         expected = merge_completions(traj.turns)  # merged iff turn 2 replays turn 1 token for token
-        assert [(x.input_ids, x.loss_mask) for x in traj.samples] == [
-            (x.input_ids, x.loss_mask) for x in expected
+        assert [(x.input_ids.tolist(), x.loss_mask.tolist()) for x in traj.samples] == [
+            (x.input_ids.tolist(), x.loss_mask.tolist()) for x in expected
         ]
         assert httpx.get(f"{gw.v1}/models", headers=gw.headers(key)).status_code == 401

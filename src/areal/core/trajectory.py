@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.types import Completion, Sample, Trajectory
+import numpy as np
+
+from areal.core.types import SAMPLE_DTYPES, Completion, Sample, Trajectory, as_token_array
 
 PROMPT_LOGPROB = 0.0
 PROMPT_VERSION = -1
@@ -41,15 +43,39 @@ def _check(completion: Completion) -> None:
         )
 
 
-def _start(completion: Completion) -> Sample:
-    n = len(completion.prompt_ids)
-    return Sample(
-        input_ids=list(completion.prompt_ids),
-        loss_mask=[0] * n,
-        logprobs=[PROMPT_LOGPROB] * n,
-        versions=[PROMPT_VERSION] * n,
-        temperature=completion.temperature,
-    )
+@dataclass
+class _Draft:
+    """A sample being merged: its ids as a list (for the prefix test) and each field's pieces as
+    arrays, joined once at the end. The prompt's mask, log-probs and versions are constants, so
+    only ids and the engine's outputs are ever converted from lists."""
+
+    ids: list[int]
+    temperature: float
+    pieces: dict[str, list[Any]] = field(default_factory=lambda: {n: [] for n in SAMPLE_DTYPES})
+    completion_ids: list[str] = field(default_factory=list)
+
+    def add(self, completion: Completion) -> None:
+        """The completion's new context (its prompt beyond the sample so far), then its output."""
+        context = completion.prompt_ids[len(self.ids) :]
+        n, m = len(context), len(completion.output_ids)
+        where = f"completion {completion.completion_id}"
+        self._add(
+            where, context, np.zeros(n), np.full(n, PROMPT_LOGPROB), np.full(n, PROMPT_VERSION)
+        )
+        self._add(where, completion.output_ids, np.ones(m), completion.output_logprobs,
+                  completion.output_versions)  # fmt: skip
+        self.completion_ids.append(completion.completion_id)
+
+    def _add(self, where: str, ids: Sequence[int], *columns: Any) -> None:
+        self.ids += ids
+        for name, values in zip(SAMPLE_DTYPES, (ids, *columns), strict=True):
+            self.pieces[name].append(
+                as_token_array(values, SAMPLE_DTYPES[name], f"{where}'s {name}")
+            )
+
+    def sample(self) -> Sample:
+        ids, mask, logprobs, versions = (np.concatenate(self.pieces[n]) for n in SAMPLE_DTYPES)
+        return Sample(ids, mask, logprobs, versions, 0.0, self.completion_ids, self.temperature)
 
 
 def joins(ids: Sequence[int], temperature: float, completion: Completion) -> bool:
@@ -59,33 +85,19 @@ def joins(ids: Sequence[int], temperature: float, completion: Completion) -> boo
     return completion.temperature == temperature and extends(ids, completion.prompt_ids)
 
 
-def _append(sample: Sample, completion: Completion) -> None:
-    """Add ``completion`` (whose prompt extends ``sample``) to it: new context, then the output."""
-    context = completion.prompt_ids[len(sample.input_ids) :]
-    sample.input_ids += context
-    sample.loss_mask += [0] * len(context)
-    sample.logprobs += [PROMPT_LOGPROB] * len(context)
-    sample.versions += [PROMPT_VERSION] * len(context)
-    sample.input_ids += completion.output_ids
-    sample.loss_mask += [1] * len(completion.output_ids)
-    sample.logprobs += completion.output_logprobs
-    sample.versions += completion.output_versions
-    sample.completion_ids.append(completion.completion_id)
-
-
 def merge_completions(completions: Sequence[Completion]) -> list[Sample]:
     """Samples from completions in turn order, merging each turn into the previous sample when its
     prompt extends that sample's tokens (the previous prompt and output) exactly.
 
     Rewards are left at 0; :func:`assign_rewards` sets them.
     """
-    samples: list[Sample] = []
+    drafts: list[_Draft] = []
     for completion in sorted(completions, key=lambda c: c.turn):
         _check(completion)
-        if not samples or not joins(samples[-1].input_ids, samples[-1].temperature, completion):
-            samples.append(_start(completion))
-        _append(samples[-1], completion)
-    return samples
+        if not drafts or not joins(drafts[-1].ids, drafts[-1].temperature, completion):
+            drafts.append(_Draft([], completion.temperature))
+        drafts[-1].add(completion)
+    return [draft.sample() for draft in drafts]
 
 
 @dataclass(frozen=True)

@@ -2,14 +2,25 @@
 
 Token ids, behaviour log-probs and policy versions are kept exactly as the engine generated them,
 never re-tokenized. Versions are integers (the engine's weight version strings end in a number).
+
+A :class:`Completion` keeps Python lists (it is what the engine's JSON answer held). A
+:class:`Sample` keeps numpy arrays in the queue's wire types (int32 ids and versions, uint8 mask,
+float32 log-probs): it is built once per episode on the gateway and then travels to the trainer's
+batch without a per-token Python object on the way. Turning 8k numbers from a list into an
+array, or back, costs 0.2-0.4 ms of CPU on the 2-core test machine, where the same bytes cross
+ZeroMQ in 0.08 ms.
 """
 
 from __future__ import annotations
 
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 _TRAILING_INT = re.compile(r"(\d+)$")
 
@@ -73,22 +84,88 @@ def training_temperature(sampling: dict[str, Any]) -> float:
     return value if value > 0 and sampling.get("top_k", -1) != 1 else 1.0
 
 
-@dataclass
+# Each array field of a Sample and its dtype (also the queue's wire dtype, little-endian).
+SAMPLE_DTYPES: dict[str, np.dtype[Any]] = {
+    "input_ids": np.dtype("<i4"),
+    "loss_mask": np.dtype("u1"),
+    "logprobs": np.dtype("<f4"),
+    "versions": np.dtype("<i4"),
+}
+
+
+# What a token field accepts: an array, or a sequence of numbers (converted once).
+TokenValues = Sequence[int] | Sequence[float] | npt.NDArray[Any]
+
+
+def as_token_array(values: TokenValues, dtype: np.dtype[Any], what: str) -> Any:
+    """``values`` as a flat array of ``dtype``, without a copy when it already is one.
+
+    A value the dtype cannot hold (an id beyond int32, a mask of 2, a version of -2**40) is a
+    ``ValueError`` naming the field, never a silent wrap-around.
+    """
+    if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1:
+        return values
+    try:
+        wide = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)
+    except (TypeError, ValueError, OverflowError) as err:
+        raise ValueError(f"{what} cannot be held as {dtype.name}: {err}") from err
+    if wide.ndim != 1:
+        raise ValueError(f"{what} must be flat, got shape {wide.shape}")
+    if dtype.kind in "iu" and wide.size:
+        info = np.iinfo(dtype)
+        low, high = int(wide.min()), int(wide.max())
+        if low < info.min or high > info.max:
+            raise ValueError(f"{what} has values in [{low}, {high}], outside {dtype.name}")
+    return wide.astype(dtype)
+
+
+@dataclass(init=False, eq=False)
 class Sample:
     """One training sequence: turns whose prompts extend each other merged token for token.
 
     ``loss_mask`` is 1 on generated tokens; ``logprobs`` and ``versions`` are 0 and -1 elsewhere.
     ``temperature`` is the one its generated tokens were sampled at (turns sampled at different
     temperatures never merge into one sample): the trainer divides its logits by it.
+
+    The four token fields are 1-D numpy arrays of :data:`SAMPLE_DTYPES` (lists given to the
+    constructor are converted once); arrays decoded from the queue are read-only views of the
+    received bytes. Assigning a list to one later converts it too.
     """
 
-    input_ids: list[int]
-    loss_mask: list[int]
-    logprobs: list[float]
-    versions: list[int]
+    input_ids: npt.NDArray[np.int32]
+    loss_mask: npt.NDArray[np.uint8]
+    logprobs: npt.NDArray[np.float32]
+    versions: npt.NDArray[np.int32]
     reward: float = 0.0
     completion_ids: list[str] = field(default_factory=list)
     temperature: float = 1.0
+
+    def __init__(
+        self,
+        input_ids: TokenValues,
+        loss_mask: TokenValues,
+        logprobs: TokenValues,
+        versions: TokenValues,
+        reward: float = 0.0,
+        completion_ids: list[str] | None = None,
+        temperature: float = 1.0,
+    ) -> None:
+        self.input_ids = input_ids  # type: ignore[assignment]  # __setattr__ makes it an array
+        self.loss_mask = loss_mask  # type: ignore[assignment]
+        self.logprobs = logprobs  # type: ignore[assignment]
+        self.versions = versions  # type: ignore[assignment]
+        self.reward = reward
+        self.completion_ids = [] if completion_ids is None else completion_ids
+        self.temperature = temperature
+        self.__post_init__()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Every assignment to a token field (the constructor's too) keeps it an array of its
+        dtype, so a caller's list never reaches the packing or the queue as a list."""
+        dtype = SAMPLE_DTYPES.get(name)
+        if dtype is not None:
+            value = as_token_array(value, dtype, f"a sample's {name}")
+        object.__setattr__(self, name, value)
 
     def __post_init__(self) -> None:
         n = len(self.input_ids)
@@ -97,10 +174,41 @@ class Sample:
         if not self.temperature > 0:
             raise ValueError(f"a sample's temperature must be > 0, got {self.temperature}")
 
+    def __eq__(self, other: object) -> bool:
+        """Equal fields, the arrays element for element (a dataclass's ``==`` cannot compare
+        arrays)."""
+        if not isinstance(other, Sample):
+            return NotImplemented
+        return all(
+            np.array_equal(getattr(self, f.name), getattr(other, f.name))
+            if f.name in SAMPLE_DTYPES
+            else getattr(self, f.name) == getattr(other, f.name)
+            for f in fields(self)
+        )
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like any dataclass with eq
+
+    @property
+    def generated_versions(self) -> npt.NDArray[np.int32]:
+        """The policy version of each generated (loss-masked) token, in order."""
+        return self.versions[self.loss_mask != 0]
+
     @property
     def min_version(self) -> int:
-        generated = [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
-        return min(generated) if generated else -1
+        generated = self.generated_versions
+        return int(generated.min()) if generated.size else -1
+
+    @property
+    def generated_tokens(self) -> int:
+        return int(np.count_nonzero(self.loss_mask))
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON types (lists for the arrays)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        for name in SAMPLE_DTYPES:
+            out[name] = out[name].tolist()
+        out["completion_ids"] = list(self.completion_ids)
+        return out
 
 
 @dataclass
@@ -122,7 +230,11 @@ class Trajectory:
         return not self.samples and bool(self.metadata.get("discarded"))
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["samples"] = [s.to_json() for s in self.samples]
+        out["turns"] = [t.to_json() for t in self.turns]
+        out["metadata"] = dict(self.metadata)
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Trajectory:

@@ -45,6 +45,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
 from typing import Any, Protocol
 
+import numpy as np
+
 from areal.core.metrics import MetricSink, MetricValue
 from areal.core.staleness import staleness
 from areal.core.types import Sample, Trajectory
@@ -226,9 +228,9 @@ class TrainerLoop:
         """The samples within the staleness bound at the current version; the rest are counted."""
         kept = []
         for s in samples:
-            if not s.input_ids:
+            if not len(s.input_ids):
                 self._dropped_empty += 1
-            elif staleness(self.version, _generated_versions(s)) > self.staleness_threshold:
+            elif staleness(self.version, s.generated_versions.tolist()) > self.staleness_threshold:
                 self._dropped_stale += 1
             else:
                 kept.append(s)
@@ -466,8 +468,9 @@ def token_staleness(samples: list[Sample], version: int) -> dict[str, float]:
     lags: Counter[int] = Counter()
     mixed = 0
     for sample in samples:
-        counts = Counter(sample.versions)  # C speed on long samples; -1 marks prompt tokens
-        counts.pop(-1, None)
+        values, numbers = np.unique(sample.versions, return_counts=True)
+        counts = dict(zip(values.tolist(), numbers.tolist(), strict=True))
+        counts.pop(-1, None)  # prompt tokens
         mixed += len(counts) > 1
         for v, n in counts.items():
             lags[max(0, version - v)] += n
@@ -491,7 +494,3 @@ def _group_text(group: Hashable) -> str:
     if isinstance(group, tuple) and len(group) == 2 and group[0] == "task":
         return str(group[1])
     return f"~{group!r}"
-
-
-def _generated_versions(sample: Sample) -> list[int]:
-    return [v for v, m in zip(sample.versions, sample.loss_mask, strict=True) if m]

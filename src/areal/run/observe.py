@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
+
 from areal.core.metrics import MetricValue
 from areal.core.queue import TrajectorySource
 from areal.core.types import Trajectory
@@ -21,7 +23,7 @@ class ArrivalWindow:
 
     def add(self, trajectory: Trajectory, trainer_version: int) -> None:
         for sample in trajectory.samples:
-            generated = set(sample.versions)  # a set: C speed on long samples; -1: prompt tokens
+            generated = set(np.unique(sample.versions).tolist())  # -1: prompt tokens
             generated.discard(-1)
             if not generated:
                 continue

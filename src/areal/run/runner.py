@@ -600,7 +600,7 @@ class _Run:
         worker = str(trajectory.metadata.get("worker", "?"))
         self.worker_episodes[worker] = self.worker_episodes.get(worker, 0) + 1
         tokens = self._tokens_of[trajectory.session_id] = sum(
-            sum(s.loss_mask) for s in trajectory.samples
+            s.generated_tokens for s in trajectory.samples
         )
         self._rollout_window.append(trajectory)
         self._window_samples += len(trajectory.samples)

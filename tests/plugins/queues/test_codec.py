@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import msgpack
+import numpy as np
 import pytest
 
 from areal.core.types import Completion, Sample, Trajectory
@@ -31,17 +32,23 @@ def rich_trajectory() -> Trajectory:
     return Trajectory("sess-ü", [merged, empty], None, 2, metadata, created=12.25, turns=turns)
 
 
-def test_round_trip_is_exact_with_the_python_types_the_trainer_expects() -> None:
+def test_round_trip_is_exact_with_the_types_the_trainer_expects() -> None:
     sent = rich_trajectory()
-    got = decode(encode(sent))
+    got = decode([bytes(frame) for frame in encode(sent)])
     assert got == sent
-    assert all(type(x) is int for x in got.samples[0].input_ids + got.samples[0].versions)
-    assert all(type(x) is float for x in got.samples[0].logprobs)
+    sample = got.samples[0]
+    assert [sample.input_ids.dtype, sample.loss_mask.dtype] == [np.int32, np.uint8]
+    assert [sample.logprobs.dtype, sample.versions.dtype] == [np.float32, np.int32]
+    # Views of the received bytes, not copies: writing to one would change what was received.
+    assert not sample.input_ids.flags.writeable
+    turn = got.turns[0]  # a completion holds lists, as the engine's answer did
+    assert all(type(x) is int for x in turn.prompt_ids + turn.output_ids + turn.output_versions)
+    assert all(type(x) is float for x in turn.output_logprobs)
 
 
 def test_frames_are_little_endian_arrays_in_sample_then_turn_order() -> None:
     sample = Sample(input_ids=[1, 258], loss_mask=[0, 1], logprobs=[0.0, -0.5], versions=[-1, 2])
-    frames = encode(Trajectory("s", [sample], 1.0, 1))
+    frames = [bytes(frame) for frame in encode(Trajectory("s", [sample], 1.0, 1))]
     assert frames[1:] == [
         b"\x01\x00\x00\x00\x02\x01\x00\x00",  # 1, 258 as int32
         b"\x00\x01",  # mask as uint8
@@ -49,15 +56,15 @@ def test_frames_are_little_endian_arrays_in_sample_then_turn_order() -> None:
         b"\xff\xff\xff\xff\x02\x00\x00\x00",  # -1, 2 as int32
     ]
     header = msgpack.unpackb(frames[0], strict_map_key=False)
-    assert header["format"] == "areal.trajectory/1"
+    assert header["format"] == "areal.trajectory/2"
     assert [a[:2] for a in header["arrays"]] == [["<i4", 2], ["u1", 2], ["<f4", 2], ["<i4", 2]]
 
 
 def test_logprobs_travel_as_float32() -> None:
     sample = Sample(input_ids=[1], loss_mask=[1], logprobs=[-0.1], versions=[0])
     got = decode(encode(Trajectory("s", [sample], 0.0, 1)))
-    assert got.samples[0].logprobs == [struct.unpack("<f", struct.pack("<f", -0.1))[0]]
-    assert got.samples[0].logprobs != [-0.1]
+    assert got.samples[0].logprobs.tolist() == [struct.unpack("<f", struct.pack("<f", -0.1))[0]]
+    assert got.samples[0].logprobs.tolist() != [-0.1]
 
 
 @pytest.mark.parametrize(
@@ -72,7 +79,7 @@ def test_logprobs_travel_as_float32() -> None:
     ],
 )
 def test_damaged_frames_fail_with_a_clear_error(damage, message: str) -> None:
-    frames = encode(rich_trajectory())
+    frames = [bytes(frame) for frame in encode(rich_trajectory())]
     with pytest.raises(CodecError, match=message):
         decode(damage(frames))
 
@@ -94,12 +101,20 @@ def test_header_that_lies_about_the_records_is_rejected() -> None:
         decode([msgpack.packb(header), *frames[1:]])
 
 
-def test_values_the_wire_types_cannot_hold_are_refused_at_encode() -> None:
-    too_big = Sample(input_ids=[2**31], loss_mask=[1], logprobs=[0.0], versions=[0])
-    with pytest.raises(CodecError, match=r"samples\[0\].input_ids .* outside int32"):
-        encode(Trajectory("s", [too_big], 0.0, 1))
-    bad_mask = Sample(input_ids=[1], loss_mask=[-1], logprobs=[0.0], versions=[0])
-    with pytest.raises(CodecError, match=r"samples\[0\].loss_mask .* outside uint8"):
-        encode(Trajectory("s", [bad_mask], 0.0, 1))
+def test_values_the_wire_types_cannot_hold_are_refused() -> None:
+    # A sample holds the wire's types already: it refuses such values when it is built.
+    with pytest.raises(
+        ValueError, match=r"input_ids has values in \[2147483648, 2147483648\], outside int32"
+    ):
+        Sample(input_ids=[2**31], loss_mask=[1], logprobs=[0.0], versions=[0])
+    with pytest.raises(ValueError, match=r"loss_mask has values in \[-1, -1\], outside uint8"):
+        Sample(input_ids=[1], loss_mask=[-1], logprobs=[0.0], versions=[0])
+    sample = Sample(input_ids=[1], loss_mask=[1], logprobs=[0.0], versions=[0])
+    with pytest.raises(ValueError, match=r"versions has values .* outside int32"):
+        sample.versions = [-(2**40)]  # a later assignment is checked too
+    # A completion holds lists: the codec refuses its values at encode.
+    turn = Completion("c", "s", 0, "m", [1], [2**31], [0.0], [0], "stop")
+    with pytest.raises(CodecError, match=r"turns\[0\].output_ids .* outside int32"):
+        encode(Trajectory("s", [sample], 0.0, 1, turns=[turn]))
     with pytest.raises(CodecError, match="metadata msgpack cannot carry"):
         encode(Trajectory("s", [], 0.0, 0, {"x": object()}))

@@ -203,7 +203,7 @@ KINDS = st.sampled_from(
 
 @st.composite
 def bad_messages(draw: st.DrawFn) -> Bad:
-    frames = codec.encode(draw(TRAJECTORIES))
+    frames = [bytes(frame) for frame in codec.encode(draw(TRAJECTORIES))]  # to damage them
     kind = draw(KINDS)
     bad = _damage(draw, kind, frames)
     if bad.answered and not bad.whole and bad.low is None and draw(st.booleans()):

@@ -161,8 +161,8 @@ def test_a_warm_started_model_plays_two_calls_that_merge_into_one_sample(
         assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
         assert len(t.samples) == 1
         sample = t.samples[0]
-        assert sample.input_ids == second.prompt_ids + second.output_ids
-        assert sum(sample.loss_mask) == len(first.output_ids) + len(second.output_ids)
+        assert sample.input_ids.tolist() == second.prompt_ids + second.output_ids
+        assert sample.generated_tokens == len(first.output_ids) + len(second.output_ids)
         assert sample.reward == t.reward
 
 

@@ -21,9 +21,15 @@ What is guaranteed (docs/training.md, "Trajectory queue"):
   returns the buffer, so a checkpoint can save it); a producer that crashes loses what it had
   sent but not yet seen acknowledged.
 
-Wire format, producer -> consumer: ``[b"areal.put/1", seq, low, *codec frames]`` where ``low``
+Wire format, producer -> consumer: ``[b"areal.put/2", seq, low, *codec frames]`` where ``low``
 is the producer's lowest unacknowledged sequence number (the consumer forgets the ids below it);
-consumer -> producer: ``[b"A", seq]`` or ``[b"N", seq, reason]`` for frames it cannot decode.
+consumer -> producer: ``[b"A", seq, seq, ...]`` (every put of that producer the consumer took
+since its last reply: one ack message per burst, not per trajectory) or ``[b"N", seq, reason]``
+for frames it cannot decode.
+
+Why it is cheap: the token arrays go out and come in without a copy or a per-token Python object
+(:mod:`areal.plugins.queues.codec`), and acks are batched. ``bench/trajectory_queue.py`` measures
+it against raw PUSH/PULL of the same bytes.
 """
 
 from __future__ import annotations
@@ -49,7 +55,8 @@ from areal.plugins.queues.codec import CodecError
 
 log = logging.getLogger(__name__)
 
-PUT = b"areal.put/1"
+PUT = b"areal.put/2"
+ACK_BATCH = 64  # the most puts one ack message covers (a burst is acked as it goes)
 ACK = b"A"
 NACK = b"N"
 
@@ -65,7 +72,7 @@ def _u64(value: int) -> bytes:
 @dataclass
 class _Pending:
     future: asyncio.Future[None]
-    frames: list[bytes]
+    frames: list[bytes | memoryview]
 
 
 class ZmqTrajectorySink:
@@ -140,7 +147,7 @@ class ZmqTrajectorySink:
             entry = self._pending.get(seq)
             if entry is None:
                 return False
-            low = min(self._pending)
+            low = next(iter(self._pending))  # seqs enter in order: the first is the lowest
             await self._sock.send_multipart([PUT, _u64(seq), _u64(low), *entry.frames], copy=False)
             return True
 
@@ -166,13 +173,15 @@ class ZmqTrajectorySink:
             reply = await sock.recv_multipart()
             if len(reply) < 2:
                 continue
-            entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
-            if entry is None or entry.future.done():
-                continue  # the second ack of a resent trajectory
             if reply[0] == ACK:
-                self.acked += 1
-                entry.future.set_result(None)
-            else:
+                for seq in reply[1:]:
+                    entry = self._pending.pop(int.from_bytes(seq, "big"), None)
+                    if entry is not None and not entry.future.done():  # else: a resend's 2nd ack
+                        self.acked += 1
+                        entry.future.set_result(None)
+                continue
+            entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
+            if entry is not None and not entry.future.done():
                 self.rejected += 1
                 reason = reply[2].decode(errors="replace") if len(reply) > 2 else "no reason"
                 entry.future.set_exception(QueueError(f"the consumer rejected it: {reason}"))
@@ -379,16 +388,34 @@ class ZmqTrajectorySource:
         for poller in (reading, full):
             poller.register(self._wake_r, zmq.POLLIN)
         seen: dict[bytes, set[int]] = {}  # producer id -> acked sequence numbers >= its low
+        acks: dict[bytes, list[bytes]] = {}  # producer id -> seqs taken, not yet acknowledged
         while not self._stopping:
             room = self.buffered < self.queue_max_size
             events = dict((reading if room else full).poll())
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
             while room and not self._stopping and sock.poll(0, zmq.POLLIN):
-                self._handle(sock, sock.recv_multipart(), seen)
+                self._handle(sock, sock.recv_multipart(copy=False), seen, acks)
                 room = self.buffered < self.queue_max_size
+                if sum(len(seqs) for seqs in acks.values()) >= ACK_BATCH:
+                    self._send_acks(sock, acks)
+            self._send_acks(sock, acks)  # the burst is over (or the buffer full): ack it
 
-    def _handle(self, sock: zmq.Socket, message: list[bytes], seen: dict[bytes, set[int]]) -> None:
+    @staticmethod
+    def _send_acks(sock: zmq.Socket, acks: dict[bytes, list[bytes]]) -> None:
+        for producer, seqs in acks.items():
+            sock.send_multipart([producer, ACK, *seqs])
+        acks.clear()
+
+    def _handle(
+        self,
+        sock: zmq.Socket,
+        frames: list[zmq.Frame],
+        seen: dict[bytes, set[int]],
+        acks: dict[bytes, list[bytes]],
+    ) -> None:
+        # The small frames as bytes; the token arrays stay in ZeroMQ's buffers (no copy).
+        message: list[Any] = [f.bytes for f in frames[:4]] + [f.buffer for f in frames[4:]]
         if len(message) < 4 or message[1] != PUT:
             self.rejected += 1
             log.warning("dropped a message that is not an %s put", PUT.decode())
@@ -404,7 +431,7 @@ class ZmqTrajectorySource:
         acked = seen.setdefault(producer, set())
         if seq in acked:
             self.duplicates += 1
-            sock.send_multipart([producer, ACK, seq_bytes])
+            acks.setdefault(producer, []).append(seq_bytes)
             return
         try:
             trajectory = codec.decode(message[4:])
@@ -416,7 +443,7 @@ class ZmqTrajectorySource:
         # Only a put that decoded may tell the consumer which ids to forget: a malformed one
         # with a high ``low`` would otherwise let a resent trajectory through twice.
         acked.difference_update([s for s in acked if s < low])
-        size = sum(len(frame) for frame in message[4:])
+        size = sum(frame.nbytes for frame in message[4:])
         with self._cond:
             self._buffer.append(trajectory)
             self._sizes.append(size)
@@ -426,7 +453,7 @@ class ZmqTrajectorySource:
             self.received += 1
             self._cond.notify()
         acked.add(seq)
-        sock.send_multipart([producer, ACK, seq_bytes])
+        acks.setdefault(producer, []).append(seq_bytes)
 
 
 _SINK_OPTIONS = {"address", "close_timeout", "send_turns"}

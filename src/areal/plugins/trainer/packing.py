@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -81,35 +82,35 @@ def pack_one(samples: list[Sample], sample_indices: list[int] | None = None) -> 
     if not samples:
         raise ValueError("cannot pack zero samples")
     indices = sample_indices if sample_indices is not None else list(range(len(samples)))
-    ids: list[int] = []
-    positions: list[int] = []
-    targets: list[int] = []
-    mask: list[int] = []
-    behav: list[float] = []
-    versions: list[int] = []
-    temperatures: list[float] = []
-    owner: list[int] = []
-    cu = [0]
-    for index, s in zip(indices, samples, strict=True):
-        n = len(s.input_ids)
-        ids.extend(s.input_ids)
-        positions.extend(range(n))
-        # Shift by one: position t predicts token t+1; the sample's last position predicts nothing.
-        targets.extend([*s.input_ids[1:], 0])
-        mask.extend([*s.loss_mask[1:], 0])
-        behav.extend([*s.logprobs[1:], 0.0])
-        versions.extend([*s.versions[1:], -1])
-        temperatures.extend([s.temperature] * n)
-        owner.extend([index] * n)
-        cu.append(cu[-1] + n)
+    if len(indices) != len(samples):
+        raise ValueError(f"{len(indices)} sample indices for {len(samples)} samples")
+    lengths = np.array([len(s.input_ids) for s in samples], dtype=np.int64)
+    cu = np.concatenate([[0], np.cumsum(lengths)])
+    ends = cu[1:] - 1  # each sample's last position: it predicts nothing
+
+    def joined(name: str, dtype: type) -> np.ndarray:
+        return np.concatenate([getattr(s, name) for s in samples]).astype(dtype)
+
+    def next_token(values: np.ndarray, pad: float) -> Tensor:
+        """Shift by one: position t holds the value of token t+1 of the same sample."""
+        shifted = np.empty_like(values)
+        shifted[:-1] = values[1:]
+        shifted[ends] = pad
+        return torch.from_numpy(shifted)
+
+    ids = joined("input_ids", np.int64)
+
+    def per_token(values: list[float] | list[int], dtype: type) -> Tensor:
+        return torch.from_numpy(np.repeat(np.asarray(values, dtype=dtype), lengths))
+
     return PackedBatch(
-        input_ids=torch.tensor([ids], dtype=torch.long),
-        positions=torch.tensor([positions], dtype=torch.long),
-        cu_seqlens=torch.tensor(cu, dtype=torch.long),
-        target_ids=torch.tensor(targets, dtype=torch.long),
-        loss_mask=torch.tensor(mask, dtype=torch.bool),
-        behavior_logprobs=torch.tensor(behav, dtype=torch.float32),
-        versions=torch.tensor(versions, dtype=torch.long),
-        sample_index=torch.tensor(owner, dtype=torch.long),
-        temperatures=torch.tensor(temperatures, dtype=torch.float32),
+        input_ids=torch.from_numpy(ids).unsqueeze(0),
+        positions=torch.from_numpy(np.arange(len(ids)) - np.repeat(cu[:-1], lengths)).unsqueeze(0),
+        cu_seqlens=torch.from_numpy(cu),
+        target_ids=next_token(ids, 0),
+        loss_mask=next_token(joined("loss_mask", np.bool_), 0),
+        behavior_logprobs=next_token(joined("logprobs", np.float32), 0.0),
+        versions=next_token(joined("versions", np.int64), -1),
+        sample_index=per_token(indices, np.int64),
+        temperatures=per_token([s.temperature for s in samples], np.float32),
     )

@@ -206,7 +206,7 @@ def aligned_loss_mask(samples: Sequence[Sample]) -> Tensor:
     mask = torch.zeros(len(samples), width, dtype=torch.bool)
     for i, s in enumerate(samples):
         if len(s.loss_mask) > 1:
-            mask[i, : len(s.loss_mask) - 1] = torch.tensor(s.loss_mask[1:], dtype=torch.bool)
+            mask[i, : len(s.loss_mask) - 1] = torch.from_numpy(s.loss_mask[1:] != 0)
     return mask
 
 
