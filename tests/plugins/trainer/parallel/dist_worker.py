@@ -140,10 +140,27 @@ def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
     full = {k: v.detach().clone() for k, v in state.items()}
     if dist.is_initialized():  # pipeline stages hold different parameters: merge them all
-        parts: list[Any] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, full)
-        full = {k: v for part in parts for k, v in part.items()}
+        full = merge_ranks(full)
     return full
+
+
+def merge_ranks(local: dict[str, Any]) -> dict[str, Any]:
+    """Every rank's ``local`` merged into one dict on every rank (a collective), as the dicts of
+    an ``all_gather_object`` merged in rank order: where several ranks hold a name, the last
+    one's value. Only the names cross the wire from every rank; each value comes once, from that
+    last holder, not once per rank (outside pipelines every rank holds every full tensor, and
+    pickling them world-size times over was a good part of the 4-rank launch)."""
+    import torch.distributed as dist
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    names: list[Any] = [None] * world
+    dist.all_gather_object(names, list(local))
+    holder = {name: r for r, held in enumerate(names) for name in held}  # the last rank wins
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, {k: v for k, v in local.items() if holder[k] == rank})
+    values = {k: v for part in parts for k, v in part.items()}
+    order = dict.fromkeys(name for held in names for name in held)  # first seen, rank order
+    return {name: values[name] for name in order}
 
 
 def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
@@ -201,14 +218,11 @@ def _mesh(sizes: dict[str, int]) -> Any:
 
 def _full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer state by parameter name, full tensors, every rank's (stages merged)."""
-    import torch.distributed as dist
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
     options = StateDictOptions(full_state_dict=True)
     state = get_optimizer_state_dict(model, optimizer, options=options)["state"]
-    parts: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(parts, dict(state))
-    return {k: v for part in parts for k, v in part.items()}
+    return merge_ranks(dict(state))
 
 
 # model kind -> (layout saved in, layout resumed in): DCP must reshard between them.
