@@ -98,12 +98,17 @@ TokenValues = Sequence[int] | Sequence[float] | npt.NDArray[Any]
 
 
 def as_token_array(values: TokenValues, dtype: np.dtype[Any], what: str) -> Any:
-    """``values`` as a flat array of ``dtype``, without a copy when it already is one.
+    """``values`` as a flat, contiguous array of ``dtype``, without a copy when it already is one.
 
     A value the dtype cannot hold (an id beyond int32, a mask of 2, a version of -2**40) is a
     ``ValueError`` naming the field, never a silent wrap-around.
     """
-    if isinstance(values, np.ndarray) and values.dtype == dtype and values.ndim == 1:
+    if (
+        isinstance(values, np.ndarray)
+        and values.dtype == dtype
+        and values.ndim == 1
+        and values.flags.c_contiguous
+    ):
         return values
     try:
         wide = np.asarray(values, dtype=np.float64 if dtype.kind == "f" else np.int64)

@@ -7,6 +7,7 @@ import struct
 import msgpack
 import numpy as np
 import pytest
+import xxhash
 
 from areal.core.types import Completion, Sample, Trajectory
 from areal.plugins.queues.codec import CodecError, decode, encode
@@ -46,18 +47,19 @@ def test_round_trip_is_exact_with_the_types_the_trainer_expects() -> None:
     assert all(type(x) is float for x in turn.output_logprobs)
 
 
-def test_frames_are_little_endian_arrays_in_sample_then_turn_order() -> None:
+def test_frames_are_a_header_and_little_endian_arrays_in_sample_then_turn_order() -> None:
     sample = Sample(input_ids=[1, 258], loss_mask=[0, 1], logprobs=[0.0, -0.5], versions=[-1, 2])
-    frames = [bytes(frame) for frame in encode(Trajectory("s", [sample], 1.0, 1))]
-    assert frames[1:] == [
-        b"\x01\x00\x00\x00\x02\x01\x00\x00",  # 1, 258 as int32
-        b"\x00\x01",  # mask as uint8
-        b"\x00\x00\x00\x00\x00\x00\x00\xbf",  # 0.0, -0.5 as float32
-        b"\xff\xff\xff\xff\x02\x00\x00\x00",  # -1, 2 as int32
-    ]
-    header = msgpack.unpackb(frames[0], strict_map_key=False)
+    header_frame, payload = encode(Trajectory("s", [sample], 1.0, 1))
+    assert payload == (
+        b"\x01\x00\x00\x00\x02\x01\x00\x00"  # 1, 258 as int32
+        + b"\x00\x01" + bytes(6)  # the mask as uint8, padded to 8 bytes
+        + b"\x00\x00\x00\x00\x00\x00\x00\xbf"  # 0.0, -0.5 as float32
+        + b"\xff\xff\xff\xff\x02\x00\x00\x00"  # -1, 2 as int32
+    )  # fmt: skip
+    header = msgpack.unpackb(header_frame, strict_map_key=False)
     assert header["format"] == "areal.trajectory/2"
-    assert [a[:2] for a in header["arrays"]] == [["<i4", 2], ["u1", 2], ["<f4", 2], ["<i4", 2]]
+    assert header["arrays"] == [["<i4", 2], ["u1", 2], ["<f4", 2], ["<i4", 2]]
+    assert header["digest"] == xxhash.xxh3_64_intdigest(payload)  # the reference XXH3
 
 
 def test_logprobs_travel_as_float32() -> None:
@@ -70,9 +72,10 @@ def test_logprobs_travel_as_float32() -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (lambda f: [f[0], f[1][:-1], *f[2:]], "array frame 0 has 19 bytes, expected 5 x int32"),
-        (lambda f: [f[0], bytes([f[1][0] ^ 1]) + f[1][1:], *f[2:]], "array frame 0 is corrupted"),
-        (lambda f: f[:-1], "expected 16 array frames after the header, got 15"),
+        (lambda f: [f[0], f[1][:-1]], "the payload has 111 bytes, its header's arrays take 112"),
+        (lambda f: [f[0], bytes([f[1][0] ^ 1]) + f[1][1:]], "the payload is corrupted"),
+        (lambda f: f[:-1], "expected one payload frame after the header, got 0"),
+        (lambda f: [*f, b""], "expected one payload frame after the header, got 2"),
         (lambda f: [b"\xc1garbage", *f[1:]], "the header frame is not valid msgpack"),
         (lambda f: [msgpack.packb({"format": "other/9"}), *f[1:]], "found 'other/9'"),
         (lambda f: [], "no frames"),

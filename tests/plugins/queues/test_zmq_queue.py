@@ -246,7 +246,7 @@ def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None
             assert raw.poll(5000)
             kind, seq, reason = raw.recv_multipart()
         assert (kind, int.from_bytes(seq, "big")) == (NACK, 7)
-        assert b"array frame 0 is corrupted (XXH3-64 mismatch)" in reason
+        assert b"the payload is corrupted (XXH3-64 mismatch)" in reason
         assert source.rejected == 1 and source.buffered == 0
 
         async def good() -> None:

@@ -43,10 +43,9 @@ import threading
 import uuid
 from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import zmq
-import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from areal.core.types import Trajectory
@@ -56,6 +55,9 @@ from areal.plugins.queues.codec import CodecError
 log = logging.getLogger(__name__)
 
 PUT = b"areal.put/2"
+# Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
+_NOBLOCK, _EVENTS = int(zmq.NOBLOCK), int(zmq.EVENTS)
+_POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 ACK_BATCH = 64  # the most puts one ack message covers (a burst is acked as it goes)
 ACK = b"A"
 NACK = b"N"
@@ -69,10 +71,19 @@ def _u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
 
+def _fd(sock: zmq.Socket[bytes]) -> int:
+    """The socket's ZMQ_FD: readable when its events may have changed (edge-triggered)."""
+    return cast(int, sock.getsockopt(zmq.FD))
+
+
+def _events(sock: zmq.Socket[bytes]) -> int:
+    return cast(int, sock.getsockopt(_EVENTS))
+
+
 @dataclass
 class _Pending:
     future: asyncio.Future[None]
-    frames: list[bytes | memoryview]
+    frames: list[bytes]
 
 
 class ZmqTrajectorySink:
@@ -84,6 +95,12 @@ class ZmqTrajectorySink:
 
     The trainer reads samples only, so a trajectory's raw turns (its completions as generated, a
     second copy of every token) stay behind unless ``send_turns`` asks for them.
+
+    The socket is a plain ZeroMQ socket watched by the event loop (``add_reader`` on its
+    ``ZMQ_FD``), not a ``zmq.asyncio`` one: a put's send goes straight to ZeroMQ and acks are
+    read as they arrive, without a future and an event-loop round per call, which was most of a
+    put's cost. ZeroMQ's FD is edge-triggered and any call on the socket may consume its edge,
+    so :meth:`_on_socket` also runs after every send.
     """
 
     def __init__(
@@ -100,10 +117,13 @@ class ZmqTrajectorySink:
         self._pending: dict[int, _Pending] = {}
         self._next_seq = 0
         self._closed = False
-        self._ctx: zmq.asyncio.Context | None = None
-        self._sock: zmq.asyncio.Socket | None = None
-        self._monitor: zmq.asyncio.Socket | None = None
-        self._tasks: list[asyncio.Task[None]] = []
+        self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._monitor: zmq.Socket[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._writable: asyncio.Future[None] | None = None  # a send waiting for room
+        self._handshakes = 0
+        self._tasks: set[asyncio.Task[None]] = set()
         self._send_lock: asyncio.Lock | None = None
 
     @property
@@ -119,10 +139,11 @@ class ZmqTrajectorySink:
             "rejected": self.rejected,
         }
 
-    def _connect(self) -> zmq.asyncio.Socket:
+    def _connect(self) -> zmq.Socket[bytes]:
         if self._sock is not None:
             return self._sock
-        self._ctx = zmq.asyncio.Context()
+        self._loop = asyncio.get_running_loop()
+        self._ctx = zmq.Context()
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self._identity)
         sock.setsockopt(zmq.LINGER, 0)  # close() waits for acks itself; nothing left to linger
@@ -130,10 +151,9 @@ class ZmqTrajectorySink:
         sock.connect(self.address)
         self._sock = sock
         self._send_lock = asyncio.Lock()
-        self._tasks = [
-            asyncio.create_task(self._read_acks(sock)),
-            asyncio.create_task(self._resend_on_reconnect(self._monitor)),
-        ]
+        self._loop.add_reader(_fd(sock), self._on_socket)
+        self._loop.add_reader(_fd(self._monitor), self._on_monitor)
+        self._on_monitor()
         return sock
 
     async def _send(self, seq: int) -> bool:
@@ -142,13 +162,22 @@ class ZmqTrajectorySink:
         Sends are serialised and ``low`` is read under the lock, so no message for ``seq``
         follows one whose ``low`` already tells the consumer to forget ``seq``.
         """
-        assert self._sock is not None and self._send_lock is not None
+        assert self._sock is not None and self._send_lock is not None and self._loop is not None
         async with self._send_lock:
             entry = self._pending.get(seq)
             if entry is None:
                 return False
             low = next(iter(self._pending))  # seqs enter in order: the first is the lowest
-            await self._sock.send_multipart([PUT, _u64(seq), _u64(low), *entry.frames], copy=False)
+            message = [PUT, _u64(seq), _u64(low), *entry.frames]
+            while True:
+                try:
+                    self._sock.send_multipart(message, flags=_NOBLOCK, copy=False)
+                    break
+                except zmq.Again:  # at the high-water mark: wait for room, loop not blocked
+                    self._writable = self._loop.create_future()
+                    self._on_socket()  # room may have come already
+                    await self._writable
+            self._on_socket()  # the send may have taken the FD's edge: look at the socket now
             return True
 
     async def put(self, trajectory: Trajectory) -> None:
@@ -168,38 +197,52 @@ class ZmqTrajectorySink:
         # A cancelled put leaves the trajectory pending: close() still waits for its ack.
         await asyncio.shield(entry.future)
 
-    async def _read_acks(self, sock: zmq.asyncio.Socket) -> None:
-        while True:
-            reply = await sock.recv_multipart()
-            if len(reply) < 2:
-                continue
-            if reply[0] == ACK:
-                for seq in reply[1:]:
-                    entry = self._pending.pop(int.from_bytes(seq, "big"), None)
-                    if entry is not None and not entry.future.done():  # else: a resend's 2nd ack
-                        self.acked += 1
-                        entry.future.set_result(None)
-                continue
-            entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
-            if entry is not None and not entry.future.done():
-                self.rejected += 1
-                reason = reply[2].decode(errors="replace") if len(reply) > 2 else "no reason"
-                entry.future.set_exception(QueueError(f"the consumer rejected it: {reason}"))
+    def _on_socket(self) -> None:
+        """Take every reply waiting on the socket, and wake a send waiting for room."""
+        sock = self._sock
+        while sock is not None and not sock.closed:
+            events = _events(sock)
+            writable = self._writable
+            if events & _POLLOUT and writable is not None and not writable.done():
+                writable.set_result(None)
+            if not events & _POLLIN:
+                return
+            self._on_reply(sock.recv_multipart(_NOBLOCK))
 
-    async def _resend_on_reconnect(self, monitor: zmq.asyncio.Socket) -> None:
+    def _on_reply(self, reply: list[bytes]) -> None:
+        if len(reply) < 2:
+            return
+        if reply[0] == ACK:
+            for seq in reply[1:]:
+                entry = self._pending.pop(int.from_bytes(seq, "big"), None)
+                if entry is not None and not entry.future.done():  # else: a resend's 2nd ack
+                    self.acked += 1
+                    entry.future.set_result(None)
+            return
+        entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
+        if entry is not None and not entry.future.done():
+            self.rejected += 1
+            reason = reply[2].decode(errors="replace") if len(reply) > 2 else "no reason"
+            entry.future.set_exception(QueueError(f"the consumer rejected it: {reason}"))
+
+    def _on_monitor(self) -> None:
         """A new connection after the first may be a restarted consumer: resend what is unacked."""
-        handshakes = 0
-        while True:
-            event = parse_monitor_message(await monitor.recv_multipart())
+        monitor = self._monitor
+        while monitor is not None and not monitor.closed and _events(monitor) & _POLLIN:
+            event = parse_monitor_message(monitor.recv_multipart(_NOBLOCK))
             if event["event"] != zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 continue
-            handshakes += 1
-            if handshakes == 1:
-                continue
-            for seq in sorted(self._pending):
-                if await self._send(seq):
-                    self.resent += 1
-            log.info("reconnected to %s: resent %d trajectories", self.address, self.resent)
+            self._handshakes += 1
+            if self._handshakes > 1 and self._loop is not None:
+                task = self._loop.create_task(self._resend())
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _resend(self) -> None:
+        for seq in sorted(self._pending):
+            if await self._send(seq):
+                self.resent += 1
+        log.info("reconnected to %s: resent %d trajectories", self.address, self.resent)
 
     async def close(self) -> None:
         """Wait up to ``close_timeout`` for every acknowledgement, then close the socket."""
@@ -221,14 +264,19 @@ class ZmqTrajectorySink:
             await self._shutdown()
 
     async def _shutdown(self) -> None:
+        assert self._sock is not None and self._ctx is not None and self._loop is not None
+        self._loop.remove_reader(_fd(self._sock))
+        if self._monitor is not None:
+            self._loop.remove_reader(_fd(self._monitor))
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        for entry in self._pending.values():
-            if not entry.future.done():
-                entry.future.set_exception(QueueError("the sink closed before an ack came"))
-                entry.future.exception()  # retrieved: a cancelled put no longer awaits it
-        assert self._sock is not None and self._ctx is not None
+        closed = QueueError("the sink closed before an ack came")
+        waiting = [e.future for e in self._pending.values()]
+        for future in [*waiting, self._writable]:
+            if future is not None and not future.done():
+                future.set_exception(closed)
+                future.exception()  # retrieved: a cancelled put no longer awaits it
         with contextlib.suppress(zmq.ZMQError):
             self._sock.disable_monitor()
         if self._monitor is not None:
@@ -382,22 +430,25 @@ class ZmqTrajectorySource:
             sock.close()
             ctx.term()
 
-    def _loop(self, sock: zmq.Socket) -> None:
+    def _loop(self, sock: zmq.Socket[bytes]) -> None:
         reading, full = zmq.Poller(), zmq.Poller()
         reading.register(sock, zmq.POLLIN)
         for poller in (reading, full):
             poller.register(self._wake_r, zmq.POLLIN)
         seen: dict[bytes, set[int]] = {}  # producer id -> acked sequence numbers >= its low
         acks: dict[bytes, list[bytes]] = {}  # producer id -> seqs taken, not yet acknowledged
+        buffer, limit = self._buffer, self.queue_max_size  # len() of a deque needs no lock
         while not self._stopping:
-            room = self.buffered < self.queue_max_size
+            room = len(buffer) < limit
             events = dict((reading if room else full).poll())
             if self._wake_r in events:
                 os.read(self._wake_r, 4096)
-            while room and not self._stopping and sock.poll(0, zmq.POLLIN):
+            taken = 0
+            while room and not self._stopping and _events(sock) & _POLLIN:
                 self._handle(sock, sock.recv_multipart(copy=False), seen, acks)
-                room = self.buffered < self.queue_max_size
-                if sum(len(seqs) for seqs in acks.values()) >= ACK_BATCH:
+                room = len(buffer) < limit
+                taken += 1
+                if taken % ACK_BATCH == 0:
                     self._send_acks(sock, acks)
             self._send_acks(sock, acks)  # the burst is over (or the buffer full): ack it
 
