@@ -94,7 +94,9 @@ class ZmqTrajectorySink:
     ``rejected``.
 
     The trainer reads samples only, so a trajectory's raw turns (its completions as generated, a
-    second copy of every token) stay behind unless ``send_turns`` asks for them.
+    second copy of every token) stay behind unless ``send_turns`` asks for them. ``send_hwm``
+    is ZeroMQ's high-water mark: how many sent trajectories may wait in the socket's pipe (not
+    yet on the network) before a send waits for room.
 
     The socket is a plain ZeroMQ socket watched by the event loop (``add_reader`` on its
     ``ZMQ_FD``), not a ``zmq.asyncio`` one: a put's send goes straight to ZeroMQ and acks are
@@ -104,11 +106,17 @@ class ZmqTrajectorySink:
     """
 
     def __init__(
-        self, address: str, *, close_timeout: float = 30.0, send_turns: bool = False
+        self,
+        address: str,
+        *,
+        close_timeout: float = 30.0,
+        send_turns: bool = False,
+        send_hwm: int = 1000,
     ) -> None:
         self.address = address
         self.close_timeout = close_timeout
         self.send_turns = send_turns
+        self.send_hwm = send_hwm
         self.sent = 0
         self.acked = 0
         self.resent = 0
@@ -147,6 +155,7 @@ class ZmqTrajectorySink:
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.ROUTING_ID, self._identity)
         sock.setsockopt(zmq.LINGER, 0)  # close() waits for acks itself; nothing left to linger
+        sock.setsockopt(zmq.SNDHWM, self.send_hwm)
         self._monitor = sock.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
         sock.connect(self.address)
         self._sock = sock
