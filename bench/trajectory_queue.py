@@ -80,7 +80,7 @@ async def produce_queue(
     await sink.close()
 
 
-def produce_raw(address: str, frames: list[bytes | memoryview], count: int) -> None:
+def produce_raw(address: str, frames: list[bytes], count: int) -> None:
     ctx = zmq.Context()
     sock = ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, -1)  # every message out before close returns
