@@ -8,7 +8,7 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
 - **queue**: areal's ZeroMQ queue plugin as the run uses it: ``ZmqTrajectorySink.put`` (the
   codec's encode, a sequence number, waiting for the consumer's acknowledgement) with
   ``--in-flight`` puts at once, as a gateway finishing many episodes does;
-  ``ZmqTrajectorySource`` (decode, CRC checks, duplicate filter, the bounded buffer, the ack)
+  ``ZmqTrajectorySource`` (decode, digest check, duplicate filter, the bounded buffer, the ack)
   drained by ``get``;
 - **raw**: pyzmq PUSH -> PULL of the very frames the codec makes, encoded once before timing:
   no encode, no decode, no acks. The floor of what any queue on ZeroMQ can do.
