@@ -131,7 +131,8 @@ def test_a_killed_trainer_takes_its_processes_along_and_resumes(
     # Every process areal train started died with it, within seconds, and left its ports free.
     assert {"engine0", "gateway", "rollout0"} <= set(hit.children.values()), (hit.children, why)
     assert hit.gone_after is not None and hit.gone_after < 5.0, (hit.left, why)
-    assert len(hit.ports) >= 2 and all(not port_holders(p) for p in hit.ports), (hit.ports, why)
+    holders = {port: port_holders(port) for port in hit.ports}  # who, if a port is not free
+    assert len(hit.ports) >= 2 and not any(holders.values()), (holders, why)
 
     found = latest_checkpoint(out)
     assert found is not None, why
