@@ -12,27 +12,6 @@ from areal.plugins.models.attention import AttentionBackend
 from areal.plugins.models.config import DecoderConfig, RopeConfig
 
 
-def fuse_linears(*linears: nn.Linear) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One weight (and bias) holding ``linears``' as row blocks, which become views of it.
-
-    For inference: one matrix product instead of several on the same input (fewer, larger GEMMs,
-    which is what a small decode batch needs on a CPU). The modules keep their parameters, now
-    views into the fused storage, so ``state_dict`` and an in-place weight update (``copy_``)
-    see and change the fused weight too.
-    """
-    weight = torch.cat([linear.weight.detach() for linear in linears])
-    biases = [linear.bias for linear in linears]
-    bias = torch.cat([b.detach() for b in biases if b is not None]) if biases[0] is not None else None
-    start = 0
-    for linear in linears:
-        rows = linear.out_features
-        linear.weight = nn.Parameter(weight[start : start + rows], requires_grad=False)
-        if bias is not None:
-            linear.bias = nn.Parameter(bias[start : start + rows], requires_grad=False)
-        start += rows
-    return weight, bias
-
-
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -115,12 +94,6 @@ class Attention(nn.Module):
         if config.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
-        self.qkv: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
-
-    def fuse(self) -> None:
-        """Compute q, k and v in one matrix product from now on (inference only)."""
-        self.qkv = fuse_linears(self.q_proj, self.k_proj, self.v_proj)
-        self._qkv_sizes = [m.out_features for m in (self.q_proj, self.k_proj, self.v_proj)]
 
     def forward(
         self,
@@ -130,13 +103,9 @@ class Attention(nn.Module):
         attention: AttentionBackend,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        if self.qkv is None:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        else:
-            q, k, v = F.linear(x, *self.qkv).split(self._qkv_sizes, dim=-1)
-        q = q.view(b, s, -1, self.head_dim)
-        k = k.view(b, s, -1, self.head_dim)
-        v = v.view(b, s, -1, self.head_dim)
+        q = self.q_proj(x).view(b, s, -1, self.head_dim)
+        k = self.k_proj(x).view(b, s, -1, self.head_dim)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -152,17 +121,9 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.up_proj = nn.Linear(hidden, intermediate, bias=bias)
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
-        self.gate_up: tuple[torch.Tensor, torch.Tensor | None] | None = None  # set by fuse()
-
-    def fuse(self) -> None:
-        """Compute gate and up in one matrix product from now on (inference only)."""
-        self.gate_up = fuse_linears(self.gate_proj, self.up_proj)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is None:
-            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-        gate, up = F.linear(x, *self.gate_up).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Experts(nn.Module):

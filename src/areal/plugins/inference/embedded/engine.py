@@ -43,7 +43,6 @@ from areal.plugins.inference.embedded.sequence import Sequence
 from areal.plugins.inference.embedded.streaming import TextChunker
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
-from areal.plugins.models.layers import MLP, Attention
 
 log = logging.getLogger("areal.inference")
 
@@ -60,16 +59,6 @@ class EngineConfig:
     incremental_streaming_output: bool = True
 
 
-def fuse_projections(model: torch.nn.Module) -> None:
-    """q/k/v and gate/up each become one matrix product: at a decode step's few rows the
-    engine's time is mostly per-GEMM overhead, and fewer, wider GEMMs cut it. Weight updates
-    (``copy_weights``) still write through the modules' parameters, which are views of the
-    fused weights."""
-    for module in model.modules():
-        if isinstance(module, (Attention, MLP)):
-            module.fuse()
-
-
 class Engine:
     def __init__(
         self,
@@ -80,7 +69,6 @@ class Engine:
         grammar: GrammarCompiler | None = None,
     ) -> None:
         self.model = model.eval()
-        fuse_projections(model)
         self.decode = decode
         self.eos_token_ids = frozenset(eos_token_ids)
         self.config = config
