@@ -58,7 +58,8 @@ def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(
     engine_at = rng.randint(1, 3)
     worker_at = engine_at + rng.randint(2, 3)
     stall_at = worker_at + rng.randint(2, 3)
-    steps = stall_at + 6  # room for the stall to take a few syncs to catch (_stop_in_sync)
+    # room for every try the stall may need to catch a sync (_stop_in_sync), and two steps more
+    steps = stall_at + fault_run.SYNC_TRIES + 2
     Fault = fault_run.Fault
     run = fault_run.run(
         tmp_path / "out",
