@@ -32,6 +32,9 @@ from typing import IO
 from areal.core.parent_death import guarded
 
 LOG_TAIL_LINES = 40
+# How long to wait for a SIGKILLed process to be gone: it cannot refuse, but on a loaded machine
+# the kernel took over 5 s to tear down an engine (a full test run, 2026-12-04).
+KILLED_EXIT_S = 30.0
 
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
@@ -129,8 +132,8 @@ class ServerProcess:
             while self._group_alive() and time.monotonic() < deadline:
                 time.sleep(0.05)
             self._signal_group(signal.SIGKILL)
-            if proc.poll() is None:
-                proc.wait(timeout=5.0)
+            if proc.poll() is None:  # it dies; tearing down a big address space may take a while
+                proc.wait(timeout=KILLED_EXIT_S)
         finally:
             _live.discard(self)
             self._close_log()
@@ -144,7 +147,7 @@ class ServerProcess:
             return None
         try:
             self._signal_group(signal.SIGKILL)
-            proc.wait(timeout=5.0)
+            proc.wait(timeout=KILLED_EXIT_S)
         finally:
             _live.discard(self)
             self._close_log()
