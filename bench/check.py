@@ -203,6 +203,15 @@ def measure(
     return results
 
 
+def baseline_history(old: str | None, kept: set[str], command: str, today: str) -> str:
+    """The file's top-level ``command``: this run's alone when it re-measured every entry, else
+    appended to the commands behind the entries it kept, so the file still says how each of its
+    figures was made (each entry also names its own command)."""
+    if not old or not kept:
+        return command
+    return f"{old}; later ({today}): {command}"
+
+
 def write_baseline(
     path: Path,
     benches: list[Bench],
@@ -216,7 +225,15 @@ def write_baseline(
     today = datetime.date.today().isoformat()
     for name, entry in baseline_entries(rounds).items():
         if name in what:  # a ratio the gate no longer reads stays out
-            entries[name] = {**entry, "what": what[name], "measured": today, "load": list(load)}
+            entries[name] = {
+                **entry,
+                "what": what[name],
+                "measured": today,
+                "load": list(load),
+                "command": command,
+            }
+    kept = set(old.get("ratios", {})) - set(what)
+    command = baseline_history(old.get("command"), kept, command, today)
     doc = {
         "about": (
             "Ratios of bench/check.py's fast benchmarks, each ours / a baseline measured in the "

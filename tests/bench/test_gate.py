@@ -92,3 +92,20 @@ def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
     assert strict.returncode == 1, strict.stdout + strict.stderr
     assert "FELL: queue_vs_raw_8k" in strict.stdout
     assert _check(*again).returncode == 0
+
+
+def test_an_update_of_some_entries_keeps_how_the_others_were_made(tmp_path: Path) -> None:
+    """``--update --only queue`` on a file with other entries keeps those entries and appends its
+    command to the file's, and each entry it wrote names that command."""
+    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
+    done = _check("--baseline", str(tmp_path / "first.json"), "--update", "--json", str(measured))
+    assert done.returncode == 0, done.stderr
+    other = {"value": 2.0, "band": 0.1, "samples": [2.0], "command": "an earlier run"}
+    path.write_text(json.dumps({"command": "an earlier run", "ratios": {"engine_x": other}}))
+    done = _check("--baseline", str(path), "--update", "--reuse", str(measured))
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(path.read_text())
+    assert doc["ratios"]["engine_x"] == other
+    assert doc["command"].startswith("an earlier run; later (")
+    assert doc["command"].endswith(doc["ratios"]["queue_vs_raw_8k"]["command"])
+    assert "--reuse" in doc["ratios"]["queue_vs_raw_8k"]["command"]

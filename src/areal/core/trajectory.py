@@ -59,10 +59,10 @@ class _Draft:
         context = completion.prompt_ids[len(self.ids) :]
         n, m = len(context), len(completion.output_ids)
         where = f"completion {completion.completion_id}"
-        self._add(
-            where, context, np.zeros(n), np.full(n, PROMPT_LOGPROB), np.full(n, PROMPT_VERSION)
-        )
-        self._add(where, completion.output_ids, np.ones(m), completion.output_logprobs,
+        mask, logprobs, versions = (SAMPLE_DTYPES[k] for k in ("loss_mask", "logprobs", "versions"))
+        self._add(where, context, np.zeros(n, mask), np.full(n, PROMPT_LOGPROB, logprobs),
+                  np.full(n, PROMPT_VERSION, versions))  # fmt: skip
+        self._add(where, completion.output_ids, np.ones(m, mask), completion.output_logprobs,
                   completion.output_versions)  # fmt: skip
         self.completion_ids.append(completion.completion_id)
 
