@@ -3,14 +3,17 @@ every valid trajectory exactly once, and keeps going.
 
 Hypothesis sends at least 1,000 bad messages, on real ZeroMQ sockets, to one
 ``ZmqTrajectorySource``, interleaved with valid trajectories and with resends of them: random
-bytes in place of the frames, truncated headers and arrays, a frame dropped, added or swapped, a
-flipped bit, headers with a field of the wrong type or missing, a wrong format, a wrong tag,
-too few frames, sequence numbers of the wrong size, and bad messages that claim a high ``low``
-(which must not make the consumer forget what it acknowledged). A bad put is answered with a
-NACK and counted in ``rejected``; a message that is not a put at all gets no answer and is
-counted in ``rejected`` too; a valid one is acknowledged and handed out by ``get``, equal to what
-was sent, once; a resend is acknowledged and counted in ``duplicates``. Afterwards a real sink
-still delivers.
+bytes in place of a trajectory's frames, truncated headers and arrays, a frame dropped, added or
+swapped, a flipped bit, headers with a field of the wrong type or missing, a wrong format, a
+wrong tag, too few frames, envelopes of the wrong size, and bad messages that claim a high
+``low`` (which must not make the consumer forget what it acknowledged). A put message carries
+several trajectories, so a bad one often travels between valid ones: a trajectory that does not
+decode is answered with a NACK for its sequence number alone and its neighbours are delivered;
+a message whose envelope does not match its frames is refused whole (a NACK naming each of its
+sequence numbers). Every refusal is counted in ``rejected``; a message that is not a put at all
+gets no answer and is counted too; a valid trajectory is acknowledged and handed out by ``get``,
+equal to what was sent, once; a resend is acknowledged and counted in ``duplicates``.
+Afterwards a real sink still delivers.
 """
 
 from __future__ import annotations
@@ -101,15 +104,21 @@ TRAJECTORIES = st.builds(
 
 @dataclass
 class Bad:
-    """What the frames after [PUT, seq, low] are (or the whole message, when ``whole``), and
-    whether the consumer answers (a NACK) or only counts it (not a put)."""
+    """A damaged trajectory (the frames that stand for it in a put message) or, when
+    ``whole``, a whole message; and how the consumer answers: ``level`` is "trajectory" (a
+    NACK for its seq only), "message" (its frames do not match the envelope: a NACK for every
+    seq), "envelope" (unreadable: a NACK without a seq) or "none" (not a put: no answer)."""
 
     why: str
     frames: list[bytes]
-    answered: bool = True
-    whole: bool = False  # ``frames`` is the whole message: no PUT, seq, low added
-    seq_bytes: bytes | None = None
-    low: int | None = None  # the low the message claims (default: its own seq)
+    level: str = "trajectory"
+    whole: bool = False  # ``frames`` is the whole message: no PUT or envelope added
+    envelope: bytes | None = None  # in place of the one the producer would write
+    low: int | None = None  # the low the message claims (default: its lowest seq)
+
+    def __post_init__(self) -> None:
+        if self.level == "trajectory" and not self.whole and len(self.frames) != 2:
+            self.level = "message"  # not two frames: the envelope no longer matches
 
     def __repr__(self) -> str:
         shown = [f[:40] for f in self.frames[:5]]
@@ -196,7 +205,7 @@ KINDS = st.sampled_from(
         "wrong tag",
         "too few frames",
         "no trajectory frames",
-        "seq of the wrong size",
+        "envelope of the wrong size",
     ]
 )
 
@@ -206,7 +215,7 @@ def bad_messages(draw: st.DrawFn) -> Bad:
     frames = [bytes(frame) for frame in codec.encode(draw(TRAJECTORIES))]  # to damage them
     kind = draw(KINDS)
     bad = _damage(draw, kind, frames)
-    if bad.answered and not bad.whole and bad.low is None and draw(st.booleans()):
+    if bad.level in ("trajectory", "message") and draw(st.booleans()):
         bad.low = 2**64 - 1  # "forget everything below": must not count from a bad put
         bad.why += " (claiming a high low)"
     return bad
@@ -267,16 +276,16 @@ def _damage(draw: st.DrawFn, kind: str, frames: list[bytes]) -> Bad:
         tag = draw(
             st.one_of(st.binary(max_size=12), st.just(b"areal.put/2")).filter(lambda t: t != PUT)
         )
-        seq = draw(st.binary(min_size=8, max_size=8))
-        return Bad("wrong tag", [tag, seq, seq, *frames], answered=False, whole=True)
+        envelope = draw(st.binary(min_size=16, max_size=16))
+        return Bad("wrong tag", [tag, envelope, *frames], level="none", whole=True)
     if kind == "too few frames":
-        n = draw(st.integers(1, 2))
-        return Bad(f"{n} frames", [PUT, b"\x00" * 8][:n], answered=False, whole=True)
+        return Bad(kind, [PUT], level="none", whole=True)
     if kind == "no trajectory frames":
         return Bad(kind, [])
-    # "seq of the wrong size"
-    size = draw(st.integers(0, 16).filter(lambda n: n != 8))
-    return Bad(kind, frames, seq_bytes=draw(st.binary(min_size=size, max_size=size)))
+    # "envelope of the wrong size": not whole 8-byte numbers, or no seq after low
+    size = draw(st.integers(0, 40).filter(lambda n: n < 16 or n % 8))
+    envelope = draw(st.binary(min_size=size, max_size=size))
+    return Bad(kind, frames, level="envelope", envelope=envelope)
 
 
 def _wrong_type(draw: st.DrawFn, frames: list[bytes]) -> Bad:
@@ -302,73 +311,113 @@ def _wrong_type(draw: st.DrawFn, frames: list[bytes]) -> Bad:
 # --- the property --------------------------------------------------------------------------------
 
 
+def u64(value: int) -> bytes:
+    return value.to_bytes(8, "big")
+
+
 @dataclass
 class Producer:
-    """A raw producer (a DEALER) numbering its messages as ``ZmqTrajectorySink`` does."""
+    """A raw producer (a DEALER) numbering its trajectories as ``ZmqTrajectorySink`` does."""
 
     sock: zmq.Socket
     source: ZmqTrajectorySource
     seq: int = 0
-    last_valid: list[bytes] | None = None
+    last_valid: list[tuple[bytes, list[bytes]]] | None = None  # (seq, frames) delivered last
 
-    def next_seq(self) -> int:
+    def next_seq(self) -> bytes:
         self.seq += 1
-        return self.seq
+        return u64(self.seq)
 
-    def reply(self) -> list[bytes]:
-        assert self.sock.poll(REPLY_TIMEOUT_MS), "the consumer did not answer"
-        return self.sock.recv_multipart()
+    def replies(self, seqs: int) -> tuple[list[bytes], list[tuple[bytes, list[bytes]]]]:
+        """The acknowledged seqs and the NACKs (reason, seqs) until ``seqs`` are answered."""
+        acked: list[bytes] = []
+        nacked: list[tuple[bytes, list[bytes]]] = []
+        while len(acked) + sum(len(n) for _, n in nacked) < seqs:
+            assert self.sock.poll(REPLY_TIMEOUT_MS), "the consumer did not answer"
+            kind, *rest = self.sock.recv_multipart()
+            if kind == ACK:
+                acked += rest
+            else:
+                assert kind == NACK and rest and rest[0], (
+                    f"{kind!r} {rest!r}: a NACK needs a reason"
+                )
+                nacked.append((rest[0], rest[1:]))
+        return acked, nacked
 
-    def put_valid(self, trajectory: Trajectory) -> None:
-        seq = self.next_seq().to_bytes(8, "big")
-        message = [PUT, seq, seq, *codec.encode(trajectory)]
-        before = self.source.counters()
-        self.sock.send_multipart(message)
-        assert self.reply() == [ACK, seq]
-        got = self.source.get(timeout=5)
-        assert got == trajectory, "a valid trajectory came out different"
-        after = self.source.counters()
-        assert after["received"] == before["received"] + 1
-        assert after["rejected"] == before["rejected"] and after["buffered"] == 0
-        self.last_valid = message
-        SENT["valid"] += 1
+    def put(self, bad: Bad | None, before: list[Trajectory], after: list[Trajectory]) -> None:
+        """One put message: the ``before`` trajectories, the bad one, the ``after`` ones."""
+        counters = self.source.counters()
+        valid = [(self.next_seq(), t) for t in before]
+        bad_seq = self.next_seq() if bad is not None else None
+        valid += [(self.next_seq(), t) for t in after]
+        items = [(seq, [bytes(f) for f in codec.encode(t)]) for seq, t in valid[: len(before)]]
+        if bad is not None and bad_seq is not None:
+            items.append((bad_seq, bad.frames))
+        items += [(seq, [bytes(f) for f in codec.encode(t)]) for seq, t in valid[len(before) :]]
+        seqs = [seq for seq, _ in items]
+        low = u64(bad.low) if bad is not None and bad.low is not None else min(seqs)
+        envelope = (
+            bad.envelope if bad is not None and bad.envelope is not None else low + b"".join(seqs)
+        )
+        self.sock.send_multipart([PUT, envelope, *(f for _, frames in items for f in frames)])
+        level = bad.level if bad is not None else "none"
+        if level == "envelope":
+            assert self.replies(0) == ([], [])
+            assert self.sock.poll(REPLY_TIMEOUT_MS), f"no answer to {bad!r}"
+            kind, *rest = self.sock.recv_multipart()
+            assert kind == NACK and len(rest) == 1 and rest[0], f"{rest!r} for {bad!r}"
+            rejected, delivered = 1, []
+        elif level == "message":
+            acked, nacked = self.replies(len(seqs))
+            assert acked == [] and [n for _, n in nacked] == [seqs], f"{nacked!r} for {bad!r}"
+            rejected, delivered = len(seqs), []
+        else:
+            acked, nacked = self.replies(len(seqs))
+            expected = [[bad_seq]] if bad is not None else []
+            assert [n for _, n in nacked] == expected, f"{nacked!r} for {bad!r}"
+            assert acked == [seq for seq, _ in valid], f"acked {acked!r} for {bad!r}"
+            rejected, delivered = len(expected), [t for _, t in valid]
+        for trajectory in delivered:
+            assert self.source.get(timeout=5) == trajectory, "a trajectory came out different"
+        after_counters = self.source.counters()
+        assert after_counters["rejected"] == counters["rejected"] + rejected, bad
+        assert after_counters["received"] == counters["received"] + len(delivered), bad
+        assert after_counters["buffered"] == 0
+        if delivered:
+            self.last_valid = [i for i in items if i[0] != bad_seq]
+        SENT["valid"] += len(delivered)
+        SENT["bad"] += bad is not None
+        SENT["refused"] += rejected
 
     def resend(self) -> None:
-        """The last valid message again (a producer that missed the ack): acked, not delivered."""
+        """The last delivered trajectories again (a producer that missed their acks):
+        acknowledged, not delivered."""
         if self.last_valid is None:
             return
         before = self.source.counters()
-        self.sock.send_multipart(self.last_valid)
-        assert self.reply() == [ACK, self.last_valid[1]]
+        seqs = [seq for seq, _ in self.last_valid]
+        frames = [f for _, item in self.last_valid for f in item]
+        self.sock.send_multipart([PUT, min(seqs) + b"".join(seqs), *frames])
+        assert self.replies(len(seqs)) == (seqs, [])
         after = self.source.counters()
-        assert after["duplicates"] == before["duplicates"] + 1, "a resend was not a duplicate"
+        assert after["duplicates"] == before["duplicates"] + len(seqs), "a resend got through"
         assert after["received"] == before["received"] and self.source.buffered == 0
-        SENT["resent"] += 1
+        SENT["resent"] += len(seqs)
 
-    def send_bad(self, bad: Bad) -> None:
+    def send_whole(self, bad: Bad) -> None:
+        """A message that is not a put: no answer, only the count."""
         before = self.source.counters()
-        if bad.whole:
-            message = bad.frames
-        else:
-            seq = self.next_seq()
-            seq_bytes = bad.seq_bytes if bad.seq_bytes is not None else seq.to_bytes(8, "big")
-            low = (bad.low if bad.low is not None else seq).to_bytes(8, "big")
-            message = [PUT, seq_bytes, low, *bad.frames]
-        self.sock.send_multipart(message)
-        if bad.answered:
-            reply = self.reply()
-            assert reply[:2] == [NACK, message[1]] and len(reply) == 3, f"{reply!r} for {bad!r}"
-            assert reply[2], "a NACK without a reason"
-        else:  # not a put: no answer, only the count
-            deadline = time.monotonic() + REPLY_TIMEOUT_MS / 1000
-            while self.source.rejected == before["rejected"]:
-                assert time.monotonic() < deadline, f"{bad!r} was not counted"
-                time.sleep(0.001)
-            assert not self.sock.poll(0), f"an answer to {bad!r}, which is not a put"
+        self.sock.send_multipart(bad.frames)
+        deadline = time.monotonic() + REPLY_TIMEOUT_MS / 1000
+        while self.source.rejected == before["rejected"]:
+            assert time.monotonic() < deadline, f"{bad!r} was not counted"
+            time.sleep(0.001)
+        assert not self.sock.poll(0), f"an answer to {bad!r}, which is not a put"
         after = self.source.counters()
         assert after["rejected"] == before["rejected"] + 1, f"{bad!r} not counted once"
         assert after["received"] == before["received"] and after["buffered"] == 0, bad
         SENT["bad"] += 1
+        SENT["refused"] += 1
 
 
 @pytest.fixture
@@ -383,7 +432,8 @@ def queue() -> Iterator[tuple[ZmqTrajectorySource, Producer]]:
         yield source, Producer(sock, source)
 
 
-STEPS = st.tuples(bad_messages(), st.none() | TRAJECTORIES, st.booleans())
+VALID = st.lists(TRAJECTORIES, max_size=2)
+STEPS = st.tuples(bad_messages(), VALID, VALID, st.booleans())
 
 
 def test_malformed_messages_are_counted_and_skipped_and_the_queue_keeps_going(
@@ -394,19 +444,22 @@ def test_malformed_messages_are_counted_and_skipped_and_the_queue_keeps_going(
 
     @FUZZ
     @given(STEPS)
-    def step(case: tuple[Bad, Trajectory | None, bool]) -> None:
-        bad, valid, resend = case
-        producer.send_bad(bad)
+    def step(case: tuple[Bad, list[Trajectory], list[Trajectory], bool]) -> None:
+        bad, first, then, resend = case
+        if bad.whole:
+            producer.send_whole(bad)
+        else:
+            producer.put(bad, first, then)  # between valid trajectories of the same message
         if resend:
             producer.resend()  # after a bad put that claimed a high low, too
-        if valid is not None:
-            producer.put_valid(valid)
+        if bad.level != "trajectory" and (first or then):
+            producer.put(None, first, then)  # refused with the bad one: they go again
 
     step()
     sent = SENT - before
     assert sent["bad"] >= EXAMPLES and sent["valid"] >= 100 and sent["resent"] >= 100, sent
     counters = source.counters()
-    assert counters["rejected"] == sent["bad"]
+    assert counters["rejected"] == sent["refused"]
     assert counters["received"] == counters["delivered"] == sent["valid"]
     assert counters["duplicates"] == sent["resent"]
     assert source.get(timeout=0.2) is None  # nothing delivered twice, nothing left over

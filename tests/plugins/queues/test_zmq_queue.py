@@ -88,7 +88,10 @@ def test_a_producer_process_that_closes_right_after_its_last_put_loses_nothing(
         assert proc.returncode == 0, err
         assert source.get(timeout=0.2) is None
     assert got == sent  # exact, in order, unicode metadata and empty samples included
-    assert json.loads(out) == {"sent": 40, "acked": 40, "pending": 0, "resent": 0, "rejected": 0}
+    counters = json.loads(out)  # sequential puts: one message each
+    assert counters == {
+        "sent": 40, "acked": 40, "pending": 0, "resent": 0, "rejected": 0, "messages": 40
+    }  # fmt: skip
     counters = source.counters()
     assert counters | {"peak_buffered": 0, "peak_buffered_bytes": 0} == {
         "received": 40, "delivered": 40, "buffered": 0, "duplicates": 0, "rejected": 0,
@@ -133,7 +136,7 @@ def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:
             assert source.buffered == 2
             await sink.close()
             assert sink.counters() == {
-                "sent": 3, "acked": 3, "pending": 0, "resent": 0, "rejected": 0
+                "sent": 3, "acked": 3, "pending": 0, "resent": 0, "rejected": 0, "messages": 3
             }  # fmt: skip
 
         asyncio.run(produce())
@@ -141,16 +144,17 @@ def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:
 
 
 def test_a_send_at_the_high_water_mark_waits_for_room_without_blocking_the_loop() -> None:
-    """The consumer is not there yet: ZeroMQ's pipe takes ``send_hwm`` puts, the next send is
-    refused (EAGAIN) and waits on the socket's edge-triggered FD. Once the consumer binds the
-    pipe drains and every put completes; meanwhile the event loop kept running."""
+    """The consumer is not there yet: ZeroMQ's pipe takes ``send_hwm`` messages (of
+    ``batch_max`` puts each), the next send is refused (EAGAIN) and waits on the socket's
+    edge-triggered FD. Once the consumer binds the pipe drains and every put completes;
+    meanwhile the event loop kept running."""
     with zmq.Context() as ctx, ctx.socket(zmq.REP) as probe:
         port = probe.bind_to_random_port("tcp://127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
     sent = [trajectory(i) for i in range(12)]
 
     async def scenario() -> ZmqTrajectorySource:
-        sink = ZmqTrajectorySink(address, send_hwm=2)
+        sink = ZmqTrajectorySink(address, send_hwm=2, batch_max=2)
         puts = [asyncio.create_task(sink.put(t)) for t in sent]
         ticks = 0
         while sink.sent < 2 or ticks < 20:  # the loop turns while sends wait for room
@@ -192,6 +196,52 @@ def test_many_puts_in_flight_never_lose_an_acknowledgement() -> None:
         asyncio.run(produce())
         reader.join(30)
     assert len(taken) == count and all(t is not None for t in taken)
+
+
+def test_puts_made_together_travel_together_in_order_and_once() -> None:
+    """40 puts made in one event-loop turn leave as ``40 / batch_max`` messages; the consumer
+    unpacks them into the trajectories, in put order, each once."""
+    sent = [trajectory(i) for i in range(40)]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=64) as source:
+
+        async def produce() -> dict[str, int]:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5, batch_max=8)
+            await asyncio.wait_for(asyncio.gather(*(sink.put(t) for t in sent)), 10)
+            await sink.close()
+            return sink.counters()
+
+        counters = asyncio.run(produce())
+        assert counters == {
+            "sent": 40, "acked": 40, "pending": 0, "resent": 0, "rejected": 0, "messages": 5
+        }  # fmt: skip
+        assert drain(source, 40) == sent
+        assert source.get(timeout=0.2) is None and source.duplicates == 0
+
+
+def test_a_message_bigger_than_the_room_left_waits_unacknowledged() -> None:
+    """One message of 6 trajectories reaches a consumer with room for 2: it buffers 2 and
+    acknowledges those; the other 4 puts keep waiting (back-pressure holds per trajectory, not
+    per message) and complete, in order, as ``get`` makes room."""
+    sent = [trajectory(i) for i in range(6)]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=2) as source:
+
+        async def produce() -> None:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            puts = [asyncio.create_task(sink.put(t)) for t in sent]
+            await asyncio.wait_for(asyncio.gather(*puts[:2]), 5)
+            await asyncio.sleep(0.3)
+            assert [p.done() for p in puts] == [True, True, False, False, False, False]
+            assert sink.messages == 1 and source.buffered == 2
+            got = [await source.aget(timeout=1) for _ in range(3)]
+            await asyncio.wait_for(asyncio.gather(*puts[:5]), 5)
+            assert not puts[5].done() and source.buffered == 2
+            got += [await source.aget(timeout=1) for _ in range(3)]
+            await asyncio.wait_for(puts[5], 5)
+            assert got == sent
+            await sink.close()
+
+        asyncio.run(produce())
+        assert source.counters()["peak_buffered"] == 2
 
 
 def test_the_consumer_counts_the_bytes_its_bound_holds() -> None:
@@ -296,9 +346,9 @@ def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None
     with ZmqTrajectorySource(LOOPBACK) as source, zmq.Context() as ctx:
         with ctx.socket(zmq.DEALER) as raw:
             raw.connect(source.address)
-            raw.send_multipart([PUT, (7).to_bytes(8, "big"), (7).to_bytes(8, "big"), *frames])
+            raw.send_multipart([PUT, (7).to_bytes(8, "big") * 2, *frames])  # low 7, seq 7
             assert raw.poll(5000)
-            kind, seq, reason = raw.recv_multipart()
+            kind, reason, seq = raw.recv_multipart()
         assert (kind, int.from_bytes(seq, "big")) == (NACK, 7)
         assert b"the payload is corrupted (XXH3-64 mismatch)" in reason
         assert source.rejected == 1 and source.buffered == 0
@@ -317,6 +367,9 @@ def test_the_registered_factory_checks_its_options() -> None:
         make_sink("zmq", {})
     with pytest.raises(ValueError, match=r"no option\(s\) port"):
         make_sink("zmq", {"address": "tcp://127.0.0.1:1", "port": 1})
+    with pytest.raises(ValueError, match="batch_max must be at least 1"):
+        make_sink("zmq", {"address": "tcp://127.0.0.1:1", "batch_max": 0})
+    assert make_sink("zmq", {"address": "tcp://127.0.0.1:1", "batch_max": 4}).batch_max == 4  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="queue_max_size must be at least 1"):
         ZmqTrajectorySource(LOOPBACK, queue_max_size=0)
     with pytest.raises(QueueError, match="cannot bind"):

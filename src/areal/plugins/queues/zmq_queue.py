@@ -21,14 +21,19 @@ What is guaranteed (docs/training.md, "Trajectory queue"):
   returns the buffer, so a checkpoint can save it); a producer that crashes loses what it had
   sent but not yet seen acknowledged.
 
-Wire format, producer -> consumer: ``[b"areal.put/2", seq, low, *codec frames]`` where ``low``
-is the producer's lowest unacknowledged sequence number (the consumer forgets the ids below it);
-consumer -> producer: ``[b"A", seq, seq, ...]`` (every put of that producer the consumer took
-since its last reply: one ack message per burst, not per trajectory) or ``[b"N", seq, reason]``
-for frames it cannot decode.
+Wire format, producer -> consumer: ``[b"areal.put/3", envelope, header, payload, header,
+payload, ...]``, one message for every trajectory put while the previous message was going out
+(up to ``batch_max``): the envelope is ``low`` then each trajectory's sequence number, 8 bytes
+big-endian each, and each trajectory is the codec's two frames. ``low`` is the producer's lowest
+unacknowledged sequence number (the consumer forgets the ids below it). Consumer -> producer:
+``[b"A", seq, seq, ...]`` (every put of that producer the consumer took since its last reply:
+one ack message per burst, not per trajectory) or ``[b"N", reason, seq, ...]`` for the
+trajectories of a message it cannot decode (no seq when even the envelope is unreadable).
 
 Why it is cheap: the token arrays go out and come in without a copy or a per-token Python object
-(:mod:`areal.plugins.queues.codec`), and acks are batched. ``bench/trajectory_queue.py`` measures
+(:mod:`areal.plugins.queues.codec`); puts that queue up travel together, so a burst of
+trajectories pays one message's fixed cost on each side (most of a small trajectory's cost), and
+acks are batched. ``bench/trajectory_queue.py`` measures
 it against raw PUSH/PULL of the same bytes.
 """
 
@@ -42,6 +47,7 @@ import os
 import threading
 import uuid
 from collections import deque
+from collections.abc import Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -54,11 +60,13 @@ from areal.plugins.queues.codec import CodecError
 
 log = logging.getLogger(__name__)
 
-PUT = b"areal.put/2"
+PUT = b"areal.put/3"
 # Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
 _NOBLOCK, _EVENTS = int(zmq.NOBLOCK), int(zmq.EVENTS)
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
 ACK_BATCH = 64  # the most puts one ack message covers (a burst is acked as it goes)
+BATCH_MAX = 32  # default: the most trajectories one put message carries
+BATCH_BYTES = 8 << 20  # ... and the most bytes, past its first trajectory
 ACK = b"A"
 NACK = b"N"
 
@@ -84,6 +92,7 @@ def _events(sock: zmq.Socket[bytes]) -> int:
 class _Pending:
     future: asyncio.Future[None]
     frames: list[bytes]
+    size: int
 
 
 class ZmqTrajectorySink:
@@ -91,12 +100,18 @@ class ZmqTrajectorySink:
 
     Use it from one event loop; the socket is created on the first ``put``. Counters for metrics:
     ``sent``, ``acked``, ``pending`` (sent or sending, not yet acknowledged), ``resent``,
-    ``rejected``.
+    ``rejected``, ``messages`` (put messages sent: ``sent / messages`` trajectories travel
+    together on average).
 
     The trainer reads samples only, so a trajectory's raw turns (its completions as generated, a
     second copy of every token) stay behind unless ``send_turns`` asks for them. ``send_hwm``
-    is ZeroMQ's high-water mark: how many sent trajectories may wait in the socket's pipe (not
-    yet on the network) before a send waits for room.
+    is ZeroMQ's high-water mark: how many sent messages may wait in the socket's pipe (not yet
+    on the network) before a send waits for room.
+
+    Puts are coalesced: a put joins an outbox, and one sender sends everything waiting there as
+    one message (at most ``batch_max`` trajectories and about ``batch_bytes``), so puts made in
+    the same event-loop turn, or while the previous message waited for room, share a message. A
+    lone put is sent in the next turn of the loop: nothing waits for company.
 
     The socket is a plain ZeroMQ socket watched by the event loop (``add_reader`` on its
     ``ZMQ_FD``), not a ``zmq.asyncio`` one: a put's send goes straight to ZeroMQ and acks are
@@ -112,17 +127,26 @@ class ZmqTrajectorySink:
         close_timeout: float = 30.0,
         send_turns: bool = False,
         send_hwm: int = 1000,
+        batch_max: int = BATCH_MAX,
+        batch_bytes: int = BATCH_BYTES,
     ) -> None:
+        if batch_max < 1:
+            raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.address = address
         self.close_timeout = close_timeout
         self.send_turns = send_turns
         self.send_hwm = send_hwm
+        self.batch_max = batch_max
+        self.batch_bytes = batch_bytes
         self.sent = 0
         self.acked = 0
         self.resent = 0
         self.rejected = 0
+        self.messages = 0
         self._identity = uuid.uuid4().bytes  # stable across reconnects, so resends dedupe
         self._pending: dict[int, _Pending] = {}
+        self._outbox: deque[int] = deque()  # seqs put, not yet sent
+        self._sender: asyncio.Task[None] | None = None
         self._next_seq = 0
         self._closed = False
         self._ctx: zmq.Context[zmq.Socket[bytes]] | None = None
@@ -145,6 +169,7 @@ class ZmqTrajectorySink:
             "pending": self.pending,
             "resent": self.resent,
             "rejected": self.rejected,
+            "messages": self.messages,
         }
 
     def _connect(self) -> zmq.Socket[bytes]:
@@ -165,29 +190,53 @@ class ZmqTrajectorySink:
         self._on_monitor()
         return sock
 
-    async def _send(self, seq: int) -> bool:
-        """Send ``seq`` unless it was acknowledged meanwhile (then a resend would be stale).
+    def _batches(self, seqs: deque[int]) -> Iterator[list[int]]:
+        """Take ``seqs`` from the left in messages' worth, skipping those acknowledged meanwhile
+        (a resend of one would be stale)."""
+        while seqs:
+            batch: list[int] = []
+            size = 0
+            while seqs and len(batch) < self.batch_max and (not batch or size < self.batch_bytes):
+                seq = seqs.popleft()
+                entry = self._pending.get(seq)
+                if entry is not None:
+                    batch.append(seq)
+                    size += entry.size
+            if batch:
+                yield batch
 
-        Sends are serialised and ``low`` is read under the lock, so no message for ``seq``
-        follows one whose ``low`` already tells the consumer to forget ``seq``.
-        """
-        assert self._sock is not None and self._send_lock is not None and self._loop is not None
+    async def _send(self, seqs: list[int]) -> None:
+        """One message carrying the trajectories ``seqs``. The caller holds the send lock, so
+        ``low`` is read in send order: no message for a seq follows one whose ``low`` already
+        tells the consumer to forget it."""
+        assert self._sock is not None and self._loop is not None
+        low = next(iter(self._pending))  # seqs enter in order: the first is the lowest
+        envelope = b"".join(_u64(s) for s in (low, *seqs))
+        message = [PUT, envelope]
+        for seq in seqs:
+            message += self._pending[seq].frames
+        while True:
+            try:
+                self._sock.send_multipart(message, flags=_NOBLOCK, copy=False)
+                break
+            except zmq.Again:  # at the high-water mark: wait for room, loop not blocked
+                self._writable = self._loop.create_future()
+                self._on_socket()  # room may have come already
+                await self._writable
+        self.messages += 1
+        self._on_socket()  # the send may have taken the FD's edge: look at the socket now
+
+    async def _send_outbox(self) -> None:
+        """The sender: everything in the outbox, a message at a time, until it stays empty."""
+        assert self._send_lock is not None
         async with self._send_lock:
-            entry = self._pending.get(seq)
-            if entry is None:
-                return False
-            low = next(iter(self._pending))  # seqs enter in order: the first is the lowest
-            message = [PUT, _u64(seq), _u64(low), *entry.frames]
-            while True:
+            for batch in self._batches(self._outbox):
                 try:
-                    self._sock.send_multipart(message, flags=_NOBLOCK, copy=False)
-                    break
-                except zmq.Again:  # at the high-water mark: wait for room, loop not blocked
-                    self._writable = self._loop.create_future()
-                    self._on_socket()  # room may have come already
-                    await self._writable
-            self._on_socket()  # the send may have taken the FD's edge: look at the socket now
-            return True
+                    await self._send(batch)
+                except zmq.ZMQError as err:  # the socket is gone: these puts cannot complete
+                    self._fail(batch, QueueError(f"cannot send to {self.address}: {err}"))
+                else:
+                    self.sent += len(batch)
 
     async def put(self, trajectory: Trajectory) -> None:
         """Send ``trajectory`` and wait for its acknowledgement (back-pressure: may wait long)."""
@@ -199,12 +248,27 @@ class ZmqTrajectorySink:
         self._connect()
         seq = self._next_seq
         self._next_seq += 1
-        entry = _Pending(asyncio.get_running_loop().create_future(), frames)
+        size = sum(len(frame) for frame in frames)
+        entry = _Pending(asyncio.get_running_loop().create_future(), frames, size)
         self._pending[seq] = entry
-        await self._send(seq)
-        self.sent += 1
+        self._outbox.append(seq)
+        if self._sender is None or self._sender.done():
+            self._sender = self._spawn(self._send_outbox())
         # A cancelled put leaves the trajectory pending: close() still waits for its ack.
         await asyncio.shield(entry.future)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> asyncio.Task[None]:
+        assert self._loop is not None
+        task = self._loop.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _fail(self, seqs: Iterable[int], error: QueueError) -> None:
+        for seq in seqs:
+            entry = self._pending.pop(seq, None)
+            if entry is not None and not entry.future.done():
+                entry.future.set_exception(error)
 
     def _on_socket(self) -> None:
         """Take every reply waiting on the socket, and wake a send waiting for room."""
@@ -219,20 +283,17 @@ class ZmqTrajectorySink:
             self._on_reply(sock.recv_multipart(_NOBLOCK))
 
     def _on_reply(self, reply: list[bytes]) -> None:
-        if len(reply) < 2:
-            return
         if reply[0] == ACK:
             for seq in reply[1:]:
                 entry = self._pending.pop(int.from_bytes(seq, "big"), None)
                 if entry is not None and not entry.future.done():  # else: a resend's 2nd ack
                     self.acked += 1
                     entry.future.set_result(None)
-            return
-        entry = self._pending.pop(int.from_bytes(reply[1], "big"), None)
-        if entry is not None and not entry.future.done():
-            self.rejected += 1
-            reason = reply[2].decode(errors="replace") if len(reply) > 2 else "no reason"
-            entry.future.set_exception(QueueError(f"the consumer rejected it: {reason}"))
+        elif reply[0] == NACK and len(reply) > 2:
+            seqs = [int.from_bytes(seq, "big") for seq in reply[2:]]
+            self.rejected += sum(1 for seq in seqs if seq in self._pending)
+            reason = reply[1].decode(errors="replace")
+            self._fail(seqs, QueueError(f"the consumer rejected it: {reason}"))
 
     def _on_monitor(self) -> None:
         """A new connection after the first may be a restarted consumer: resend what is unacked."""
@@ -243,14 +304,18 @@ class ZmqTrajectorySink:
                 continue
             self._handshakes += 1
             if self._handshakes > 1 and self._loop is not None:
-                task = self._loop.create_task(self._resend())
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._resend())
 
     async def _resend(self) -> None:
-        for seq in sorted(self._pending):
-            if await self._send(seq):
-                self.resent += 1
+        """Everything sent and not acknowledged, again (what is still in the outbox goes out
+        with the sender as usual)."""
+        assert self._send_lock is not None
+        async with self._send_lock:
+            waiting = set(self._outbox)
+            unacked = deque(seq for seq in sorted(self._pending) if seq not in waiting)
+            for batch in self._batches(unacked):
+                await self._send(batch)
+                self.resent += len(batch)
         log.info("reconnected to %s: resent %d trajectories", self.address, self.resent)
 
     async def close(self) -> None:
@@ -304,6 +369,11 @@ class ZmqTrajectorySource:
     ``delivered``, ``buffered``, ``duplicates``, ``rejected``; and for the memory the bound
     holds, ``buffered_bytes`` (the buffered trajectories' size on the wire), ``peak_buffered``
     and ``peak_buffered_bytes``.
+
+    A put message may carry more trajectories than the buffer has room for: the rest wait in
+    the socket thread, undecoded and unacknowledged (so their ``put`` calls keep waiting), and
+    enter the buffer as ``get`` makes room. Beyond the bound, the consumer so holds at most one
+    message's worth (the producers' ``batch_max``), as ZeroMQ's pipes hold the rest.
     """
 
     def __init__(self, address: str, *, queue_max_size: int = 64, ack_linger_ms: int = 500) -> None:
@@ -446,15 +516,24 @@ class ZmqTrajectorySource:
             poller.register(self._wake_r, zmq.POLLIN)
         seen: dict[bytes, set[int]] = {}  # producer id -> acked sequence numbers >= its low
         acks: dict[bytes, list[bytes]] = {}  # producer id -> seqs taken, not yet acknowledged
+        # The trajectories of messages received but not yet taken into the buffer: a message
+        # may carry more than there is room for, and those wait here unacknowledged.
+        held: deque[_Item] = deque()
         buffer, limit = self._buffer, self.queue_max_size  # len() of a deque needs no lock
         while not self._stopping:
             room = len(buffer) < limit
-            events = dict((reading if room else full).poll())
-            if self._wake_r in events:
-                os.read(self._wake_r, 4096)
+            if not (room and held):
+                events = dict((reading if room else full).poll())
+                if self._wake_r in events:
+                    os.read(self._wake_r, 4096)
             taken = 0
-            while room and not self._stopping and _events(sock) & _POLLIN:
-                self._handle(sock, sock.recv_multipart(copy=False), seen, acks)
+            while room and not self._stopping:
+                if not held:
+                    if not _events(sock) & _POLLIN:
+                        break
+                    self._unpack(sock, sock.recv_multipart(copy=False), held)
+                    continue
+                self._take(sock, held.popleft(), seen, acks)
                 room = len(buffer) < limit
                 taken += 1
                 if taken % ACK_BATCH == 0:
@@ -467,56 +546,98 @@ class ZmqTrajectorySource:
             sock.send_multipart([producer, ACK, *seqs])
         acks.clear()
 
-    def _handle(
-        self,
-        sock: zmq.Socket,
-        frames: list[zmq.Frame],
-        seen: dict[bytes, set[int]],
-        acks: dict[bytes, list[bytes]],
-    ) -> None:
-        # The small frames as bytes; the token arrays stay in ZeroMQ's buffers (no copy).
-        message: list[Any] = [f.bytes for f in frames[:4]] + [f.buffer for f in frames[4:]]
-        if len(message) < 4 or message[1] != PUT:
+    def _reject(self, sock: zmq.Socket, producer: bytes, seqs: list[bytes], reason: str) -> None:
+        self.rejected += max(1, len(seqs))
+        log.warning("rejected a put: %s", reason)
+        sock.send_multipart([producer, NACK, reason.encode(), *seqs])
+
+    def _unpack(self, sock: zmq.Socket, frames: list[zmq.Frame], held: deque[_Item]) -> None:
+        """A put message's trajectories, each still as its frames, onto ``held``; a message that
+        is not a put is counted and dropped, one whose envelope does not match its frames is
+        answered with a NACK for every sequence number it names."""
+        if len(frames) < 3 or frames[1].bytes != PUT:
             self.rejected += 1
             log.warning("dropped a message that is not an %s put", PUT.decode())
             return
-        producer, seq_bytes, low_bytes = message[0], message[2], message[3]
-        if len(seq_bytes) != 8 or len(low_bytes) != 8:
-            self.rejected += 1
-            reason = f"seq and low must be 8 bytes each, got {len(seq_bytes)} and {len(low_bytes)}"
-            log.warning("rejected a put: %s", reason)
-            sock.send_multipart([producer, NACK, seq_bytes, reason.encode()])
+        producer, envelope = frames[0].bytes, frames[2].bytes
+        if len(envelope) < 16 or len(envelope) % 8:
+            reason = (
+                f"the envelope must be 8-byte numbers, low and 1 seq or more: {len(envelope)} bytes"
+            )
+            self._reject(sock, producer, [], reason)
             return
-        seq, low = int.from_bytes(seq_bytes, "big"), int.from_bytes(low_bytes, "big")
-        acked = seen.setdefault(producer, set())
+        seqs = [envelope[i : i + 8] for i in range(8, len(envelope), 8)]
+        parts = len(frames) - 3
+        if parts != 2 * len(seqs):
+            reason = f"{len(seqs)} sequence numbers but {parts} frames (2 per trajectory)"
+            self._reject(sock, producer, seqs, reason)
+            return
+        message = _Message(producer, int.from_bytes(envelope[:8], "big"), len(seqs))
+        for i, seq in enumerate(seqs):  # the header as bytes; the payload stays ZeroMQ's (no copy)
+            header, payload = frames[3 + 2 * i], frames[4 + 2 * i]
+            held.append(_Item(message, seq, header.bytes, payload.buffer))
+
+    def _take(
+        self,
+        sock: zmq.Socket,
+        item: _Item,
+        seen: dict[bytes, set[int]],
+        acks: dict[bytes, list[bytes]],
+    ) -> None:
+        """One trajectory of a put into the buffer (acknowledged with the burst), unless it is a
+        duplicate (acknowledged again) or does not decode (a NACK)."""
+        message, seq = item.message, int.from_bytes(item.seq, "big")
+        acked = seen.setdefault(message.producer, set())
+        message.left -= 1
         if seq in acked:
             self.duplicates += 1
-            acks.setdefault(producer, []).append(seq_bytes)
-            return
-        try:
-            trajectory = codec.decode(message[4:])
-        except CodecError as err:
-            self.rejected += 1
-            log.warning("rejected a trajectory: %s", err)
-            sock.send_multipart([producer, NACK, seq_bytes, str(err).encode()])
-            return
-        # Only a put that decoded may tell the consumer which ids to forget: a malformed one
-        # with a high ``low`` would otherwise let a resent trajectory through twice.
-        acked.difference_update([s for s in acked if s < low])
-        size = sum(frame.nbytes for frame in message[4:])
-        with self._cond:
-            self._buffer.append(trajectory)
-            self._sizes.append(size)
-            self.buffered_bytes += size
-            self.peak_buffered = max(self.peak_buffered, len(self._buffer))
-            self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered_bytes)
-            self.received += 1
-            self._cond.notify()
-        acked.add(seq)
-        acks.setdefault(producer, []).append(seq_bytes)
+            acks.setdefault(message.producer, []).append(item.seq)
+        else:
+            try:
+                trajectory = codec.decode([item.header, item.payload])
+            except CodecError as err:
+                message.failed = True
+                self._reject(sock, message.producer, [item.seq], str(err))
+                return
+            size = len(item.header) + item.payload.nbytes
+            with self._cond:
+                self._buffer.append(trajectory)
+                self._sizes.append(size)
+                self.buffered_bytes += size
+                self.peak_buffered = max(self.peak_buffered, len(self._buffer))
+                self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered_bytes)
+                self.received += 1
+                self._cond.notify()
+            acked.add(seq)
+            acks.setdefault(message.producer, []).append(item.seq)
+        # Only a message whose every trajectory decoded may tell the consumer which ids to
+        # forget: a malformed one with a high ``low`` would otherwise let a resent trajectory
+        # through twice.
+        if not message.left and not message.failed:
+            acked.difference_update([s for s in acked if s < message.low])
 
 
-_SINK_OPTIONS = {"address", "close_timeout", "send_turns"}
+@dataclass(slots=True)
+class _Message:
+    """A received put message, as far as its trajectories' handling needs it."""
+
+    producer: bytes
+    low: int
+    left: int  # its trajectories not yet taken
+    failed: bool = False
+
+
+@dataclass(slots=True)
+class _Item:
+    """One trajectory of a received put message, not yet decoded."""
+
+    message: _Message
+    seq: bytes
+    header: bytes
+    payload: memoryview
+
+
+_SINK_OPTIONS = {"address", "close_timeout", "send_turns", "batch_max"}
 
 
 def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
@@ -534,4 +655,5 @@ def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
         address,
         close_timeout=float(options.get("close_timeout", 30.0)),
         send_turns=bool(options.get("send_turns", False)),
+        batch_max=int(options.get("batch_max", BATCH_MAX)),
     )
