@@ -238,6 +238,7 @@ async def _generate(config: RunConfig, out: Path, s: Settings) -> Generation:
 class Training:
     samples_per_s: float
     step_seconds: list[float]
+    ms_per_ktoken: float  # train_step's time per 1,000 tokens of its batch (prompts included)
 
 
 def stream_batches(
@@ -278,6 +279,7 @@ def training_only(config: RunConfig, trajectories: Sequence[Trajectory], s: Sett
         model.parameters(), lr=config.train.learning_rate, weight_decay=0.0
     )
     times: list[float] = []
+    tokens: list[int] = []
 
     def run() -> None:
         for i in range(s.train_steps + 1):  # the first is a warm-up
@@ -291,6 +293,7 @@ def training_only(config: RunConfig, trajectories: Sequence[Trajectory], s: Sett
             )  # fmt: skip
             if i:
                 times.append(time.perf_counter() - started)
+                tokens.append(sum(len(sample.input_ids) for sample in samples))
 
     with pinned(TRAINER_CORE):
         torch.set_num_threads(1)
@@ -298,7 +301,7 @@ def training_only(config: RunConfig, trajectories: Sequence[Trajectory], s: Sett
         thread.start()
         thread.join()
     size = config.train.global_batch_size
-    return Training(size * len(times) / sum(times), times)
+    return Training(size * len(times) / sum(times), times, 1e6 * sum(times) / sum(tokens))
 
 
 @contextmanager
@@ -322,6 +325,7 @@ class Run:
     seconds: float
     step_seconds: float  # the steady state's mean step interval...
     train_seconds: float  # ...of which train_step
+    tokens_per_step: float  # the trained samples' tokens, prompts included
     sync_seconds: float  # ...and the weight sync; the rest is waiting for samples
     admission_seconds: float | None  # sync: step end -> the batch's last episode admitted
     max_staleness: float
@@ -353,6 +357,7 @@ def real_run(
         seconds=summary.seconds,
         step_seconds=(events[-1]["time"] - events[s.skip - 1]["time"]) / len(steady),
         train_seconds=statistics.mean(e["train_seconds"] for e in steady),
+        tokens_per_step=statistics.mean(e["tokens"] for e in steady),
         sync_seconds=statistics.mean(e["sync_seconds"] for e in steady),
         admission_seconds=statistics.mean(admitted[s.skip - 1 :]) if admitted else None,
         max_staleness=max(e["max_staleness"] for e in events),
@@ -421,7 +426,10 @@ def report(results: dict[str, Any]) -> str:
             "training only",
             r["training_only"],
             other["training"],
-            f"mean of {r['training_only_first']:.2f} (first) and {r['training_only_last']:.2f} (last)",
+            f"mean of {r['training_only_first']:.2f} (first) and {r['training_only_last']:.2f} "
+            "(last); train {:.0f} and {:.0f} ms per 1k tokens".format(
+                *results.get("training_only_ms_per_ktoken", (math.nan, math.nan))
+            ),
         ),
         ("pipeline bound", r["bound"], None, "min of the two"),
     ]
@@ -461,7 +469,8 @@ def _run_note(run: dict[str, Any]) -> str:
     waiting = run["step_seconds"] - run["train_seconds"] - run["sync_seconds"]
     note = (
         f"step {run['step_seconds']:.2f} s = train {run['train_seconds']:.2f} + weight sync "
-        f"{run['sync_seconds']:.2f} + waiting {waiting:.2f}"
+        f"{run['sync_seconds']:.2f} + waiting {waiting:.2f}; {run['tokens_per_step']:.0f} tokens "
+        f"a step, train {1e6 * run['train_seconds'] / run['tokens_per_step']:.0f} ms per 1k"
     )
     if run["admission_seconds"] is not None:
         note += f" (last of the batch admitted {run['admission_seconds']:.2f} s after the step)"
@@ -535,6 +544,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
             phase: monitor.other_cores(phase) for phase in ("generation", "training", *runs)
         },
         "training_only_step_seconds": trained.step_seconds + again.step_seconds,
+        "training_only_ms_per_ktoken": [trained.ms_per_ktoken, again.ms_per_ktoken],
         **{
             name: {**dataclasses.asdict(run), "share_of_bound": run.samples_per_s / bound}
             for name, run in runs.items()

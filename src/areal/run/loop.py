@@ -400,6 +400,7 @@ class TrainerLoop:
                 group_ids.extend([gid] * len(entry.samples))
         min_versions = [v for v in (s.min_version for s in samples) if v >= 0]
         tokens = token_staleness(samples, self.version)
+        tokens["tokens"] = float(sum(len(s.input_ids) for s in samples))  # what the step computes
         reward = sum(s.reward for s in samples) / len(samples)
         flat = sum(1 for group in batch if _flat(group))
         success = self._success_rate(batch)
