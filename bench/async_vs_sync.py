@@ -456,6 +456,9 @@ def report(results: dict[str, Any]) -> str:
         "output lengths L: mean {mean:.1f}, p50 {p50:.0f}, p90 {p90:.0f}, p99 {p99:.0f}, "
         "max {max:.0f} tokens ({n:.0f} samples)".format(**lengths),
     ]
+    for phase, cores in results.get("own_cores", {}).items():
+        shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
+        lines.append(f"CPU in cores, {phase}: {shown}")
     busy = [f"{phase} ({load:.2f})" for phase, load in other.items() if load > BUSY_CORES]
     if busy:
         lines.append(
@@ -543,6 +546,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
         "other_load_cores": {
             phase: monitor.other_cores(phase) for phase in ("generation", "training", *runs)
         },
+        "own_cores": {phase: monitor.own_cores(phase) for phase in ("generation", *runs)},
         "training_only_step_seconds": trained.step_seconds + again.step_seconds,
         "training_only_ms_per_ktoken": [trained.ms_per_ktoken, again.ms_per_ktoken],
         **{

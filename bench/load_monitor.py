@@ -10,20 +10,38 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 import psutil
 
 BUSY_CORES = 0.25  # other load (in cores) above which a figure is flagged as disturbed
 
 
+def role(proc: psutil.Process) -> str:
+    """A short name for one of the benchmark's processes: the module a ``python -m`` runs (the
+    engine, the gateway, a rollout worker), else its executable's name."""
+    try:
+        args = proc.cmdline()
+    except psutil.Error:
+        return "?"
+    if "-m" in args[:-1]:
+        module = args[args.index("-m") + 1]
+        rest = [a for a in args[args.index("-m") + 2 :][:2] if not a.startswith("-")]
+        return " ".join([module, *rest]) if module in ("areal", "vllm") else module
+    return Path(args[0]).name if args else "?"
+
+
 class LoadMonitor(threading.Thread):
-    """CPU used by processes outside this process tree, per phase, in cores (0 = quiet)."""
+    """CPU used by processes outside this process tree, per phase, in cores (0 = quiet); and
+    within the tree, per process role (``own_cores``), to see where a phase's CPU went."""
 
     def __init__(self, interval: float = 0.5) -> None:
         super().__init__(daemon=True)
         self.interval = interval
         self.phase = ""
         self.busy: dict[str, list[float]] = defaultdict(list)
+        self.own: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self.seconds: dict[str, float] = defaultdict(float)  # each phase's time measured
         self._stop_event = threading.Event()
 
     @contextmanager
@@ -38,6 +56,12 @@ class LoadMonitor(threading.Thread):
         samples = self.busy.get(phase) or [0.0]
         return statistics.mean(samples)
 
+    def own_cores(self, phase: str) -> dict[str, float]:
+        """This process tree's CPU over ``phase`` by role, in cores, the busiest first."""
+        seconds = self.seconds.get(phase) or 1.0
+        used = self.own.get(phase, {})
+        return {k: v / seconds for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
+
     def stop(self) -> None:
         self._stop_event.set()
 
@@ -45,20 +69,29 @@ class LoadMonitor(threading.Thread):
         me = psutil.Process()
         seen: dict[int, float] = {}
         last_busy, last_time = _busy_seconds(), time.monotonic()
+        roles: dict[int, str] = {me.pid: "benchmark (trainer)"}
         while not self._stop_event.wait(self.interval):
             mine = 0.0
+            by_role: dict[str, float] = defaultdict(float)
             for proc in [me, *me.children(recursive=True)]:
                 try:
                     t = proc.cpu_times()
                 except psutil.Error:
                     continue
                 total = t.user + t.system
-                mine += total - seen.get(proc.pid, 0.0)
+                used = total - seen.get(proc.pid, 0.0)
+                mine += used
                 seen[proc.pid] = total
+                if proc.pid not in roles:
+                    roles[proc.pid] = role(proc)
+                by_role[roles[proc.pid]] += used
             busy, now = _busy_seconds(), time.monotonic()
             if self.phase:
                 other = (busy - last_busy - mine) / (now - last_time)
                 self.busy[self.phase].append(max(0.0, other))
+                self.seconds[self.phase] += now - last_time
+                for name, used in by_role.items():
+                    self.own[self.phase][name] += used
             last_busy, last_time = busy, now
 
 
