@@ -89,9 +89,7 @@ def test_packed_prefill_writes_the_same_cache_as_a_padded_step() -> None:
         for packed_layer, padded_layer in zip(
             (*packed_pool.k, *packed_pool.v), (*padded_pool.k, *padded_pool.v), strict=True
         ):
-            torch.testing.assert_close(
-                packed_layer[b[:n]], padded_layer[a[:n]], atol=2e-5, rtol=0
-            )
+            torch.testing.assert_close(packed_layer[b[:n]], padded_layer[a[:n]], atol=2e-5, rtol=0)
 
 
 def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:

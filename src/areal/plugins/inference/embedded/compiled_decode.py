@@ -6,8 +6,8 @@ adds, the KV write and gather), each a Python call and a dispatch, and the gaps 
 also slow the GEMMs' threads. ``torch.compile`` (inductor, C++ on CPU) turns a step into one
 call: the elementwise work fused into a few loops, the GEMMs and attention called back to back.
 
-Shapes are dynamic (rows and key span), so one compile serves every step of every batch size,
-and a second one for a batch of one row (torch specialises size 1). Weights are graph inputs,
+The rows and the key span are dynamic, so one compile serves every step of every batch size,
+and a second one a batch of one row (torch specialises size 1). Weights are graph inputs,
 not constants, so weights copied into the parameters in place are used by the next step.
 Steps whose rows attend in more than one bucket (very different lengths) run eagerly.
 """
@@ -60,9 +60,7 @@ def _paged_decode_attention(
     return masked_attention(q, keys, values, mask)
 
 
-def _paged_decode_attention_fake(
-    q: torch.Tensor, *args: torch.Tensor
-) -> torch.Tensor:
+def _paged_decode_attention_fake(q: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(q)
 
 
@@ -106,10 +104,14 @@ def _decode_logits(
 class CompiledDecode:
     """The compiled decode step of one model; ``warm_up`` compiles it before the first request."""
 
+    # A step that would need a new graph (anything warm_up did not cover) runs eagerly instead
+    # of stalling every request for a compile; tests set "fail_on_recompile".
+    stance = "eager_on_recompile"
+
     def __init__(self, model: DecoderForCausalLM, pool: TokenKVPool) -> None:
         self.model = model
         self.pool = pool
-        self._fn: Any = torch.compile(_decode_logits, dynamic=True)
+        self._fn: Any = torch.compile(_decode_logits)
 
     @staticmethod
     def fits(ids: torch.Tensor, attention: PagedAttention) -> bool:
@@ -123,12 +125,15 @@ class CompiledDecode:
         bucket = attention.buckets[0]
         read = bucket.read.view(ids.shape[0], bucket.span)
         gather = GatherAttention(self.pool, attention.write_slots, read, bucket.mask)
-        logits: torch.Tensor = self._fn(self.model, ids, positions, gather)
+        with torch.compiler.set_stance(self.stance):
+            logits: torch.Tensor = self._fn(self.model, ids, positions, gather)
         return logits
 
     def warm_up(self) -> float:
-        """Compile for a batch of one row and of several (rows and span beyond one are dynamic),
-        on a dummy step that writes only the pool's scratch slot 0. Returns the seconds taken."""
+        """Compile for a batch of one row and one of several, on dummy steps that write only the
+        pool's scratch slot 0. Only the rows and the key span are dynamic (everything else, the
+        pool's shape included, stays fixed in the graph); their warm-up sizes differ so that
+        torch does not assume them equal. Returns the seconds taken."""
         start = time.perf_counter()
         with torch.inference_mode():
             for rows, span in ((1, 2), (2, 3)):
@@ -137,6 +142,11 @@ class CompiledDecode:
                 write = torch.zeros(rows, dtype=torch.long)
                 read = torch.zeros(rows, span, dtype=torch.long)
                 mask = torch.ones(rows, 1, 1, span, dtype=torch.bool)
+                if rows > 1:  # torch specialises size 1: a batch of one row has its own graph
+                    for tensor in (ids, positions, write, read, mask):
+                        torch._dynamo.mark_dynamic(tensor, 0)
+                torch._dynamo.mark_dynamic(read, 1)
+                torch._dynamo.mark_dynamic(mask, 3)
                 self._fn(self.model, ids, positions, GatherAttention(self.pool, write, read, mask))
         seconds = time.perf_counter() - start
         log.info("compiled the decode step in %.1f s", seconds)
