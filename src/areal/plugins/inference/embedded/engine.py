@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
 from areal.plugins.inference.embedded.grammar import (
     GrammarCompiler,
     grammar_spec_from_sampling_params,
@@ -57,6 +58,8 @@ class EngineConfig:
     # stream only what each step adds (SGLang's --incremental-streaming-output); False: the
     # whole output so far in every chunk, as SGLang streams by default
     incremental_streaming_output: bool = True
+    # compile the decode step (compiled_decode.py): faster steps, tens of seconds at start
+    compile_decode: bool = False
 
 
 class Engine:
@@ -94,6 +97,10 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._alive = threading.Event()
         self._masker = grammar.new_masker() if grammar is not None else None
+        self._compiled: CompiledDecode | None = None
+        if config.compile_decode:
+            self._compiled = CompiledDecode(self.model, self.pool)
+            self._compiled.warm_up()
         torch.manual_seed(config.seed)
 
     # --- thread-safe API --------------------------------------------------------------------
@@ -355,24 +362,38 @@ class Engine:
         slots = [s.slots for s in seqs if s.slots is not None]
         kv_lens = [s.kv_len for s in seqs]
         if packed:
-            ids, positions, packed_attention, spans = build_packed_step(
-                self.pool, slots, kv_lens, pending
-            )
-            hidden = self.model.hidden_states(ids, positions, packed_attention)[0]
-            last_hidden = hidden[torch.tensor([end - 1 for _, end in spans])]
+            logits = self._prefill_logits(seqs, slots, kv_lens, pending)
         else:
-            ids, positions, attention = build_step(self.pool, slots, kv_lens, pending)
-            hidden = self.model.hidden_states(ids, positions, attention)
-            last = torch.tensor([len(p) - 1 for p in pending])
-            last_hidden = hidden[torch.arange(len(seqs)), last]
-        logits = self.model.lm_head(last_hidden).float()
-        for b, seq in enumerate(seqs):
+            logits = self._decode_logits(slots, kv_lens, pending)
+        for seq, tokens in zip(seqs, pending):
+            seq.kv_len += len(tokens)
+        return logits
+
+    def _prefill_logits(
+        self,
+        seqs: list[Sequence],
+        slots: list[torch.Tensor],
+        kv_lens: list[int],
+        pending: list[list[int]],
+    ) -> torch.Tensor:
+        ids, positions, attention, spans = build_packed_step(self.pool, slots, kv_lens, pending)
+        hidden = self.model.hidden_states(ids, positions, attention)[0]
+        for seq, span in zip(seqs, spans):
             first_prefill = seq.kv_len == 0 and seq.input_logprobs is None  # not after a retract
             if first_prefill and seq.req.return_logprob and seq.req.logprob_start_len >= 0:
-                row = hidden[slice(*spans[b])] if packed else hidden[b, : len(pending[b])]
-                seq.input_logprobs = self._prompt_logprobs(seq, row)
-            seq.kv_len += len(pending[b])
-        return logits
+                seq.input_logprobs = self._prompt_logprobs(seq, hidden[slice(*span)])
+        last_hidden = hidden[torch.tensor([end - 1 for _, end in spans])]
+        return self.model.lm_head(last_hidden).float()
+
+    def _decode_logits(
+        self, slots: list[torch.Tensor], kv_lens: list[int], pending: list[list[int]]
+    ) -> torch.Tensor:
+        ids, positions, attention = build_step(self.pool, slots, kv_lens, pending)
+        if self._compiled is not None and self._compiled.fits(ids, attention):
+            return self._compiled(ids, positions, attention)
+        hidden = self.model.hidden_states(ids, positions, attention)
+        last = torch.tensor([len(p) - 1 for p in pending])
+        return self.model.lm_head(hidden[torch.arange(len(pending)), last]).float()
 
     def _prompt_logprobs(self, seq: Sequence, hidden: torch.Tensor) -> list[list[Any]]:
         logp = torch.log_softmax(self.model.lm_head(hidden).float(), dim=-1)

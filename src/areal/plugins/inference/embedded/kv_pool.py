@@ -22,15 +22,14 @@ class TokenKVPool:
     ) -> None:
         if num_tokens < 1:
             raise ValueError(f"the KV cache needs at least one token slot, got {num_tokens}")
-        shape = (
-            config.num_hidden_layers,
-            num_tokens + 1,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
+        shape = (num_tokens + 1, config.num_key_value_heads, config.head_dim)
         # zeros (not empty) so the whole budget is resident from the start: memory stays flat.
-        self.k = torch.zeros(shape, dtype=dtype)
-        self.v = torch.zeros(shape, dtype=dtype)
+        # One tensor per layer, not one stacked tensor: a compiled decode step writes each
+        # layer's slots in place, and a write into a view of one shared tensor would make
+        # torch.compile copy the whole pool back every step.
+        layers = config.num_hidden_layers
+        self.k = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
+        self.v = [torch.zeros(shape, dtype=dtype) for _ in range(layers)]
         self.capacity = num_tokens
         self._free = torch.arange(1, num_tokens + 1, dtype=torch.long)
         self._n_free = num_tokens
@@ -45,7 +44,7 @@ class TokenKVPool:
         return self.capacity - self._n_free
 
     def nbytes(self) -> int:
-        return self.k.numel() * self.k.element_size() * 2
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
 
     def alloc(self, n: int) -> torch.Tensor | None:
         """``n`` slot indices, or None when the budget cannot hold them now."""

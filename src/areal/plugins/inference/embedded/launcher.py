@@ -21,6 +21,7 @@ class EmbeddedServerConfig:
     weight_version: str | None = None
     seed: int = 0
     log_level: str = "info"
+    compile_decode: bool = False  # --compile-decode: a compiled decode step (slower start)
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -44,6 +45,8 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
         cmd += ["--mem-fraction-static", str(config.mem_fraction_static)]
     if config.weight_version is not None:
         cmd += ["--weight-version", config.weight_version]
+    if config.compile_decode:
+        cmd.append("--compile-decode")
     if not is_loopback(config.host):  # the run asked for it (launcher.listen: node)
         cmd.append("--allow-remote")
     return cmd + list(config.extra_args)

@@ -429,6 +429,7 @@ def build_server(
     served_model_name: str | None = None,
     start_engine: bool = True,
     incremental_streaming_output: bool = True,
+    compile_decode: bool = False,
 ) -> InferenceServer:
     """Load the model and tokenizer; start the engine on a background thread unless told not to
     (``serve`` runs it on the main thread). The HTTP app is not bound here."""
@@ -449,6 +450,7 @@ def build_server(
         weight_version=weight_version or "0",
         seed=seed,
         incremental_streaming_output=incremental_streaming_output,
+        compile_decode=compile_decode,
     )
     # Compact JSON (no free whitespace between tokens): an untrained policy under a schema would
     # otherwise spend its whole budget on newlines, and a forced tool call must always finish.
@@ -504,6 +506,7 @@ def serve(
     served_model_name: str | None = None,
     hooks: ServeHooks | None = None,
     incremental_streaming_output: bool = True,
+    compile_decode: bool = False,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
@@ -525,6 +528,7 @@ def serve(
         served_model_name=served_model_name,
         start_engine=False,
         incremental_streaming_output=incremental_streaming_output,
+        compile_decode=compile_decode,
     )
     http = ServerThread(server.app(), host, port)
     try:
