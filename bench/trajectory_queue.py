@@ -14,8 +14,9 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
   no encode, no decode, no acks. The floor of what any queue on ZeroMQ can do.
 
 Reported per size and mode: trajectories/s and MB/s (medians over alternating rounds), the
-queue's share of raw, and CPU milliseconds per trajectory on each side (process CPU time over
-the timed window, divided by the trajectories in it).
+queue's share of raw, CPU milliseconds per trajectory on each side (process CPU time over
+the timed window, divided by the trajectories in it), and how many trajectories a message
+carried on average (the queue sends the puts that wait together; raw sends one per message).
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def cpu_seconds() -> float:
 
 async def produce_queue(
     address: str, episodes: list[Trajectory], count: int, in_flight: int
-) -> None:
+) -> int:
+    """Put ``count`` episodes from ``in_flight`` sessions; the number of messages they took."""
     sink = ZmqTrajectorySink(address)
 
     async def episodes_of(worker: int) -> None:  # one of ``in_flight`` sessions finishing
@@ -78,6 +80,7 @@ async def produce_queue(
 
     await asyncio.gather(*(episodes_of(w) for w in range(in_flight)))
     await sink.close()
+    return sink.messages
 
 
 def produce_raw(address: str, frames: list[bytes], count: int) -> None:
@@ -96,10 +99,12 @@ def producer_main(mode: str, address: str, tokens: int, count: int, in_flight: i
     frames = codec.encode(episodes[0])
     started, cpu = time.perf_counter(), cpu_seconds()
     if mode == "queue":
-        asyncio.run(produce_queue(address, episodes, count, in_flight))
+        messages = asyncio.run(produce_queue(address, episodes, count, in_flight))
     else:
         produce_raw(address, frames, count)
-    print(json.dumps({"wall": time.perf_counter() - started, "cpu": cpu_seconds() - cpu}))
+        messages = count
+    wall, used = time.perf_counter() - started, cpu_seconds() - cpu
+    print(json.dumps({"wall": wall, "cpu": used, "messages": messages}))
 
 
 def spawn_producer(mode: str, address: str, tokens: int, count: int, in_flight: int) -> Any:
@@ -144,6 +149,7 @@ def consume(mode: str, tokens: int, count: int, in_flight: int) -> dict[str, flo
         "per_s": timed / wall,
         "consumer_cpu_ms": 1000 * used / timed,
         "producer_cpu_ms": 1000 * sent["cpu"] / count,  # all it sent, warm-up included
+        "per_message": count / sent["messages"],
     }
 
 
@@ -162,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     results: list[dict[str, Any]] = []
     print(f"{'tokens':>7} {'KB':>7} {'mode':>6} {'traj/s':>9} {'MB/s':>8} "
-          f"{'producer ms':>12} {'consumer ms':>12} {'queue/raw':>10}")  # fmt: skip
+          f"{'producer ms':>12} {'consumer ms':>12} {'per msg':>8} {'queue/raw':>10}")  # fmt: skip
     for tokens in args.tokens:
         size = wire_bytes(tokens)
         count = max(WARMUP + 50, int(args.megabytes * 1e6 / size))
@@ -180,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{row['ratio']:.2f}x" if mode == "queue" else ""
             print(f"{tokens:>7} {size / 1e3:>7.1f} {mode:>6} {m['per_s']:>9.0f} "
                   f"{m['per_s'] * size / 1e6:>8.0f} {m['producer_cpu_ms']:>12.3f} "
-                  f"{m['consumer_cpu_ms']:>12.3f} {ratio:>10}")  # fmt: skip
+                  f"{m['consumer_cpu_ms']:>12.3f} {m['per_message']:>8.1f} {ratio:>10}")  # fmt: skip
     if args.json:
         print(json.dumps(results))
     return 0

@@ -47,6 +47,7 @@ from areal.plugins.models.hf_io import to_checkpoint
 from areal.plugins.trainer.weight_sync import EngineCalls, WeightSyncError
 
 DEFAULT_BUCKET_BYTES = 64 * 1024**2
+GROUP_TIMEOUT_SLACK_S = 5.0  # the group's timeout beyond the watchdog's (see _make_group)
 
 
 @dataclass
@@ -179,7 +180,9 @@ class CollectiveWeightSync(EngineCalls):
                 return_exceptions=True,
             )
         if self._abandoned:  # let a stalled broadcast's thread reach the group's timeout
-            await asyncio.wait(self._abandoned, timeout=self.timeouts["update"] + 5)
+            await asyncio.wait(
+                self._abandoned, timeout=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S + 5
+            )
             for task in self._abandoned:
                 if task.done() and not task.cancelled():
                     task.exception()  # retrieved: it is the stall already reported
@@ -226,8 +229,13 @@ class CollectiveWeightSync(EngineCalls):
         return [1 + i * self.tp_size for i in range(engines)]
 
     def _make_group(self, port: int, world: int, name: str) -> tuple[Any, Any]:
-        """Rank 0: the store's owner, then SGLang's group on it (NCCL checked by bench/gpu)."""
-        timeout = datetime.timedelta(seconds=self.timeouts["update"])
+        """Rank 0: the store's owner, then SGLang's group on it (NCCL checked by bench/gpu).
+
+        The group's own timeout is the watchdog's plus ``GROUP_TIMEOUT_SLACK_S``: a stalled
+        broadcast is named by the watchdog (which phase, which bucket, which engine), and the
+        group's timeout only ends the abandoned thread afterwards. With equal timeouts, a busy
+        event loop let gloo's bare "timed out" error win the race."""
+        timeout = datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
         store = dist.TCPStore(
             self.master_address, port, world, True, timeout=timeout, wait_for_workers=True
         )
