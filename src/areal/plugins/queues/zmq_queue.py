@@ -27,7 +27,7 @@ payload, ...]``, one message for every trajectory put while the previous message
 big-endian each, and each trajectory is the codec's two frames. ``low`` is the producer's lowest
 unacknowledged sequence number (the consumer forgets the ids below it). Consumer -> producer:
 ``[b"A", seq, seq, ...]`` (every put of that producer the consumer took since its last reply:
-one ack message per burst, not per trajectory) or ``[b"N", reason, seq, ...]`` for the
+one ack message per put message, not per trajectory) or ``[b"N", reason, seq, ...]`` for the
 trajectories of a message it cannot decode (no seq when even the envelope is unreadable).
 
 Why it is cheap: the token arrays go out and come in without a copy or a per-token Python object
@@ -64,8 +64,10 @@ PUT = b"areal.put/3"
 # Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
 _NOBLOCK, _EVENTS = int(zmq.NOBLOCK), int(zmq.EVENTS)
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
-ACK_BATCH = 64  # the most puts one ack message covers (a burst is acked as it goes)
-BATCH_MAX = 32  # default: the most trajectories one put message carries
+ACK_BATCH = 64  # the most puts one ack message covers (each message is acked when taken)
+# default: the most trajectories one put message carries. Small enough that a burst of puts
+# spans messages, so one side encodes the next while the other decodes (docs/training.md).
+BATCH_MAX = 8
 BATCH_BYTES = 8 << 20  # ... and the most bytes, past its first trajectory
 ACK = b"A"
 NACK = b"N"
@@ -536,7 +538,7 @@ class ZmqTrajectorySource:
                 self._take(sock, held.popleft(), seen, acks)
                 room = len(buffer) < limit
                 taken += 1
-                if taken % ACK_BATCH == 0:
+                if not held or taken % ACK_BATCH == 0:  # a message done: its acks go now
                     self._send_acks(sock, acks)
             self._send_acks(sock, acks)  # the burst is over (or the buffer full): ack it
 
