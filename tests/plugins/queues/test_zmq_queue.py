@@ -320,6 +320,35 @@ def test_a_restarted_consumer_gets_what_the_crashed_one_never_acknowledged(
     asyncio.run(scenario())
 
 
+def test_a_restarted_consumer_gets_the_part_of_a_message_the_crashed_one_held(
+    tmp_path: Path,
+) -> None:
+    """One message of 4 reaches a consumer with room for 1: it buffers and acknowledges the
+    first and holds the other 3 unacknowledged. It goes away; a new consumer at the same address
+    gets exactly those 3, in order, from the producer's resend."""
+    address = f"ipc://{tmp_path}/queue"
+    sent = [trajectory(i) for i in range(4)]
+
+    async def scenario() -> None:
+        first = ZmqTrajectorySource(address, queue_max_size=1)
+        sink = ZmqTrajectorySink(address, close_timeout=5)
+        puts = [asyncio.create_task(sink.put(t)) for t in sent]
+        await asyncio.wait_for(puts[0], 5)
+        await asyncio.sleep(0.2)
+        assert sink.messages == 1 and not any(p.done() for p in puts[1:])
+        first.close()
+        assert first.get(timeout=0) == sent[0] and first.get(timeout=0) is None
+
+        with ZmqTrajectorySource(address, queue_max_size=8) as second:
+            await asyncio.wait_for(asyncio.gather(*puts[1:]), 5)
+            assert [await second.aget(timeout=1) for _ in range(3)] == sent[1:]
+            assert second.get(timeout=0.2) is None and second.duplicates == 0
+            assert sink.resent == 3
+            await sink.close()
+
+    asyncio.run(scenario())
+
+
 def test_close_reports_trajectories_that_were_never_acknowledged() -> None:
     with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as silent:  # accepts, never acks
         port = silent.bind_to_random_port("tcp://127.0.0.1")
