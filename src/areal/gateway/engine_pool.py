@@ -106,6 +106,28 @@ class Engine:
         return len(running)
 
 
+class _StreamReader:
+    """A stream's stand-in in ``engine.calls``: ``call`` is cancelled when the engine leaves,
+    and then the task reading the stream is cancelled if it is reading at that moment."""
+
+    def __init__(self, call: asyncio.Future[None]) -> None:
+        self.task: asyncio.Task[Any] | None = None  # the task of the read in progress
+        self.call = call
+        self.reading = False
+        self.interrupted = False
+        call.add_done_callback(self._on_done)
+
+    def _on_done(self, call: asyncio.Future[None]) -> None:
+        if call.cancelled() and self.reading and self.task is not None:
+            self.interrupted = True
+            self.task.cancel()
+
+    def lost(self) -> bool:
+        """Was the read cancelled by the engine leaving, and by nothing else (the request's own
+        cancellation, e.g. a client that went away, stays a cancellation)?"""
+        return self.interrupted and self.task is not None and self.task.uncancel() == 0
+
+
 class EnginePool:
     """The attached engines; ``pick`` chooses one for a call, ``call``/``stream`` track it."""
 
@@ -249,16 +271,38 @@ class EnginePool:
         return result
 
     async def stream(self, engine: Engine, items: AsyncIterator[T]) -> AsyncIterator[T]:
-        """``items`` (an engine's stream), each step tracked as :meth:`call` tracks a call."""
+        """``items`` (an engine's stream), tracked as one call for its whole length: it counts
+        as running, a drain waits for it, and when the engine leaves, a read in progress is
+        interrupted (or the next one refused) with :class:`EngineLost`.
+
+        Why not :meth:`call` per item: a task per stream chunk cost more of the gateway's CPU
+        than the chunk itself. One future stands for the stream in ``engine.calls``; cancelling
+        it (``cancel_calls``) cancels the task reading, only while it is reading."""
         iterator = aiter(items)
+        reader = _StreamReader(asyncio.get_running_loop().create_future())
+        engine.calls.add(reader.call)
         try:
             while True:
+                if reader.call.cancelled():
+                    raise EngineLost(engine.url, engine.lost_why or "went away")
+                reader.task = asyncio.current_task()  # the consumer may read each in a new task
+                reader.reading = True
                 try:
-                    item = await self.call(engine, anext(iterator))
+                    item = await anext(iterator)
                 except StopAsyncIteration:
                     return
+                except asyncio.CancelledError:
+                    if reader.lost():
+                        raise EngineLost(engine.url, engine.lost_why or "went away") from None
+                    raise
+                finally:
+                    reader.reading = False
                 yield item
         finally:
+            engine.calls.discard(reader.call)
+            if not reader.call.done():
+                reader.call.set_result(None)
+                engine.served += 1
             closer = getattr(iterator, "aclose", None)
             if closer is not None:
                 with contextlib.suppress(Exception):
