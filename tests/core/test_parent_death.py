@@ -21,7 +21,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 # A parent that starts one server (a ServerProcess, or the command behind the portable watcher)
 # and sleeps; it says the server's pid.
 PARENT = """
-import subprocess, sys, time
+import signal, subprocess, sys, time
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # killed by it even when started under nohup
 from areal.core.parent_death import guarded
 from areal.core.process import ServerProcess
 server = [sys.executable, "-c", "import time; time.sleep(600)"]
