@@ -336,13 +336,13 @@ def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
 
 
 async def _update_mid_request(
-    url: str, mode: str, model: str, version: str, stream: bool
+    url: str, mode: str, model: str, version: str, stream: bool, n: int = 0
 ) -> tuple[Any, list[int]]:
     """A long greedy request, and while it runs: pause (``mode``), load ``model``, resume. Also
     what greedy decoding on ``model`` continues the first piece with, asked before the original
     weights are put back."""
     async with VLLMClient(url) as client, VLLMClient(url) as trainer:
-        params = {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True}
+        params = {"max_new_tokens": n or N, "temperature": 0.0, "ignore_eos": True}
         progress, paused = asyncio.Event(), asyncio.Event()
 
         async def watch(prompt: list[int]) -> Any:
@@ -383,6 +383,7 @@ async def _update_mid_request(
 
 
 N = 1500  # tokens: long enough for the update to land mid-request
+N_WHOLE = 4000  # ... of a whole (not streamed) answer beside a stream (the model has 4,096 positions)
 ORIGINAL: list[str] = []  # the checkpoint the server started on, for the tests to restore
 
 
@@ -422,16 +423,20 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     # The same premise as above (the update lands while the request runs), tried again the
     # same way when a loaded machine let the engine finish first, or when the whole request
     # had not produced its first token yet as the pause came (all of it on the new weights).
+    # The whole answer is longer: the stream beside it (its progress) doubles the tokens vLLM's
+    # API server relays, and on a loaded machine the relay fell so far behind that the engine
+    # finished all of N before the pause reached it, in every try.
+    n = N if stream else N_WHOLE
     for _attempt in range(6):  # 3 all missed once, in a full run on a loaded machine
-        out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream))
+        out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream, n))
         if len(out.weight_versions) != 1:
             break
-    assert len(out.output_ids) == len(out.output_logprobs) == N
+    assert len(out.output_ids) == len(out.output_logprobs) == n
     assert out.finish_reason is not None and out.finish_reason.type == "length"
     assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
-    assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", N)
-    assert 0 < after.start < N, "the update should land mid-request"
+    assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", n)
+    assert 0 < after.start < n, "the update should land mid-request"
     assert before.version != "1"
     k = after.start
     # The first piece is model a's greedy output; the rest, prefilled again on model b, is b's
@@ -439,7 +444,7 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
     assert out.output_ids[k : k + 6] == on_b
     assert_greedy(checkpoints["b"], PROMPT + out.output_ids[:k], on_b)
-    assert out.token_versions() == [before.version] * k + ["1"] * (N - k)
+    assert out.token_versions() == [before.version] * k + ["1"] * (n - k)
 
 
 def test_weights_from_disk_change_what_greedy_decoding_says(
