@@ -383,7 +383,9 @@ async def _update_mid_request(
 
 
 N = 1500  # tokens: long enough for the update to land mid-request
-N_WHOLE = 4000  # ... of a whole (not streamed) answer beside a stream (the model has 4,096 positions)
+N_WHOLE = (
+    4000  # ... of a whole (not streamed) answer beside a stream (the model has 4,096 positions)
+)
 ORIGINAL: list[str] = []  # the checkpoint the server started on, for the tests to restore
 
 
