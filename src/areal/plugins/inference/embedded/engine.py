@@ -22,11 +22,10 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
 from areal.plugins.inference.embedded.grammar import (
     GrammarCompiler,
     grammar_spec_from_sampling_params,
@@ -44,6 +43,9 @@ from areal.plugins.inference.embedded.sequence import Sequence
 from areal.plugins.inference.embedded.streaming import TextChunker
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
+
+if TYPE_CHECKING:
+    from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
 
 log = logging.getLogger("areal.inference")
 
@@ -99,6 +101,10 @@ class Engine:
         self._masker = grammar.new_masker() if grammar is not None else None
         self._compiled: CompiledDecode | None = None
         if config.compile_decode:
+            # Imported only when asked: it registers a torch op and pulls in the compiler stack,
+            # start-up work an eager engine does not need.
+            from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
+
             self._compiled = CompiledDecode(self.model, self.pool)
             self._compiled.warm_up()
         torch.manual_seed(config.seed)
