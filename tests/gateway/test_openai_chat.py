@@ -138,6 +138,37 @@ def test_reply_is_token_exact_with_the_engine(client: openai.OpenAI, gateway: An
     assert streamed == pytest.approx(direct.output_logprobs, abs=1e-5)
 
 
+def test_a_gateway_behind_its_engine_sends_what_arrived_together_as_one_chunk(
+    client: openai.OpenAI, gateway: Any
+) -> None:
+    """The engine streams a token a step. When the gateway's loop falls behind (blocked here for
+    half a second, as a busy gateway would be), the tokens that piled up leave as one chunk: its
+    delta holds their text and its log-probs one entry per token, exactly as the engine made
+    them."""
+    params = {"max_tokens": 160, "temperature": 1.0, "seed": 5, "logprobs": True}
+    stream = client.chat.completions.create(
+        model=gateway.model, messages=CHAT, stream=True, extra_body={"ignore_eos": True}, **params
+    )
+    chunks = []
+    for chunk in stream:
+        chunks.append(chunk)
+        if len(chunks) == 2:  # the first token is out; the engine goes on generating
+            gateway.http.loop.call_soon_threadsafe(time.sleep, 0.5)
+    prompt_ids = gateway.state.policy.render(CHAT)
+    direct = engine_generate(
+        gateway,
+        prompt_ids,
+        {"max_new_tokens": 160, "temperature": 1.0, "sampling_seed": 5, "ignore_eos": True},
+    )
+    entries = [c.choices[0].logprobs.content or [] for c in chunks if c.choices[0].logprobs]
+    # read token by token, a chunk holds at most the few tokens of held-back text
+    assert max(map(len, entries)) >= 10 and len(entries) < len(direct.output_ids) - 9
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == direct.text
+    streamed = [t.logprob for tokens in entries for t in tokens]
+    assert streamed == pytest.approx(direct.output_logprobs, abs=1e-5)
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
 def test_usage_counts_the_rendered_prompt(
     client: openai.OpenAI, gateway: Any, tokenizer: Any
 ) -> None:

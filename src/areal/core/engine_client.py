@@ -52,6 +52,7 @@ class EngineClient(Protocol):
         return_logprob: bool = True,
         rid: str | None = None,
         extra: Mapping[str, Any] | None = None,
+        coalesce: bool = False,
     ) -> AsyncIterator[GenerateOutput]: ...
 
     async def pause_generation(self, mode: PauseMode = "abort") -> dict[str, Any]: ...

@@ -307,6 +307,17 @@ class StreamOutput(GenerateOutput):
         return self
 
 
+def coalesced(outs: list[GenerateOutput]) -> GenerateOutput:
+    """The last of consecutive stream outputs, its ``delta_*`` extended to what all of them
+    added (the outputs are the stream's own, made per chunk: the last is changed in place)."""
+    last = outs[-1]
+    if len(outs) > 1:
+        last.delta_output_ids = [t for out in outs for t in out.delta_output_ids]
+        last.delta_logprobs = [lp for out in outs for lp in out.delta_logprobs]
+        last.delta_text = "".join(out.delta_text for out in outs)
+    return last
+
+
 class _StreamAssembler:
     """Turns SSE chunks, cumulative or incremental, into cumulative :class:`StreamOutput`, in
     time linear in what each chunk carries: lists grow in place and text is joined on demand."""
@@ -435,8 +446,9 @@ class _StreamAssembler:
         return self.ids_mode or "cumulative"
 
 
-async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """Split a byte stream into lines at ``\\n``, ``\\r\\n`` or ``\\r``, however long a line is.
+async def _line_batches(chunks: AsyncIterator[bytes]) -> AsyncIterator[list[str]]:
+    """Split a byte stream into lines at ``\\n``, ``\\r\\n`` or ``\\r``, however long a line is:
+    the lines each read completed, one list per read.
 
     aiohttp's own line iterator refuses lines longer than its read buffer (128 KiB), and one
     cumulative SSE chunk of a long generation with log-probs is longer than that.
@@ -450,16 +462,35 @@ async def _lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
         pending = []
         if not lines[-1].endswith(b"\n"):  # unfinished, or a "\r" whose "\n" may come next
             pending.append(lines.pop())
-        for line in lines:
-            yield line.rstrip(b"\r\n").decode("utf-8", errors="replace")
-    for line in b"".join(pending).splitlines():
-        yield line.decode("utf-8", errors="replace")
+        yield [line.rstrip(b"\r\n").decode("utf-8", errors="replace") for line in lines]
+    rest = b"".join(pending).splitlines()
+    if rest:
+        yield [line.decode("utf-8", errors="replace") for line in rest]
 
 
 def _sse_data(line: str) -> str | None:
     if not line.startswith("data:"):
         return None  # blank separators, comments, event: lines
     return line[5:].strip()
+
+
+_DONE = object()  # the stream's ``[DONE]``
+
+
+def _sse_chunk(line: str, url: str) -> Any:
+    """The JSON of a ``data:`` line; None for other lines, ``_DONE`` at the end."""
+    payload = _sse_data(line)
+    if not payload:
+        return None
+    if payload == "[DONE]":
+        return _DONE
+    try:
+        data = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise InferenceError(200, f"bad stream chunk {payload[:200]!r}", url) from exc
+    if isinstance(data, dict) and "error" in data:
+        raise _stream_error(data, url)
+    return data
 
 
 # --- responses and errors --------------------------------------------------------------------
@@ -698,11 +729,15 @@ class InferenceClient:
         rid: str | None = None,
         extra: Mapping[str, Any] | None = None,
         stream_chunking: StreamChunking | None = None,
+        coalesce: bool = False,
     ) -> AsyncIterator[GenerateOutput]:
         """Streaming ``POST /generate``: yields the cumulative output after each chunk.
 
         The outputs share the stream's growing ``output_ids`` and ``output_logprobs`` (see
-        :class:`StreamOutput`); ``delta_*`` hold what each chunk added.
+        :class:`StreamOutput`); ``delta_*`` hold what each chunk added. With ``coalesce``, the
+        chunks that arrived together (one network read) yield one output, whose ``delta_*`` hold
+        what they all added: a reader that fell behind the engine catches up in one step, not one
+        per token (what vLLM's API server does for a slow client).
 
         A consumer that may stop early should wrap it in ``contextlib.aclosing`` so the
         connection is released at once rather than when the generator is collected.
@@ -710,36 +745,50 @@ class InferenceClient:
         body = _generate_body(input_ids, text, sampling_params, return_logprob, rid, extra, True)
         assembler = _StreamAssembler(stream_chunking or self.stream_chunking)
         last: GenerateOutput | None = None
-        async for data in self._sse_events("/generate", body):
-            last = assembler.add(data)
-            yield last
+        async for batch in self._sse_batches("/generate", body):
+            if coalesce:
+                last = coalesced([assembler.add(data) for data in batch])
+                yield last
+                continue
+            for data in batch:  # each yielded before the next grows the shared lists
+                last = assembler.add(data)
+                yield last
         if last is None or not last.finished:
             url = self.base_url + "/generate"
             raise InferenceError(None, "stream ended before the request finished", url)
 
     async def _sse_events(self, path: str, body: Any) -> AsyncIterator[Any]:
-        """``POST path`` and yield each SSE ``data:`` chunk as JSON until ``[DONE]``; an error
-        status, an ``error`` chunk, a bad chunk or a broken connection is an InferenceError."""
+        """``POST path`` and yield each SSE ``data:`` chunk as JSON until ``[DONE]``."""
+        async for batch in self._sse_batches(path, body):
+            for data in batch:
+                yield data
+
+    async def _sse_batches(self, path: str, body: Any) -> AsyncIterator[list[Any]]:
+        """``POST path`` and yield the SSE ``data:`` chunks as JSON until ``[DONE]``, those of
+        one network read together; an error status, an ``error`` chunk, a bad chunk or a broken
+        connection is an InferenceError."""
         url = self.base_url + path
         try:
             async with self._session().post(url, json=body, allow_redirects=False) as response:
                 if response.status >= 400:
                     raise _error_from_response(await _read(response, url))
-                async for line in _lines(response.content.iter_any()):
-                    payload = _sse_data(line)
-                    if not payload:
-                        continue
-                    if payload == "[DONE]":
-                        return
-                    try:
-                        data = json.loads(payload)
-                    except json.JSONDecodeError as exc:
-                        raise InferenceError(
-                            200, f"bad stream chunk {payload[:200]!r}", url
-                        ) from exc
-                    if isinstance(data, dict) and "error" in data:
-                        raise _stream_error(data, url)
-                    yield data
+                async for lines in _line_batches(response.content.iter_any()):
+                    batch: list[Any] = []
+                    for line in lines:
+                        try:
+                            data = _sse_chunk(line, url)
+                        except InferenceError:
+                            if batch:  # what came before the bad chunk is delivered first
+                                yield batch
+                            raise
+                        if data is _DONE:
+                            if batch:
+                                yield batch
+                            return
+                        if data is not None:
+                            batch.append(data)
+                    if batch:
+                        yield batch
         except _TRANSPORT_ERRORS as exc:
             raise _transport_error(exc, url) from exc
 

@@ -32,6 +32,7 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
+from areal.gateway.sse import EventStreamResponse
 
 # --- the prompt ------------------------------------------------------------------------------
 
@@ -267,9 +268,7 @@ async def _stream(
             if first is not None:
                 await episode.record(request, state, first)
             check_not_aborted(first)
-        response = web.StreamResponse(
-            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
-        )
+        response = EventStreamResponse()
         await response.prepare(request)
         events = EventStream(response)
         try:

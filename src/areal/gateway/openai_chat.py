@@ -46,14 +46,10 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
+from areal.gateway.sse import EventStreamResponse
 
 MAX_CHOICES = 64
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
 
 
 # --- the request ----------------------------------------------------------------------------
@@ -374,6 +370,18 @@ class ChoiceStream:
         return self.entry({"content": text})
 
 
+class _ChunkEvents:
+    """SSE events of ``chat.completion.chunk`` objects: the fields every chunk of a stream
+    shares are serialized once, and each chunk adds its one ``choices`` entry."""
+
+    def __init__(self, envelope: dict[str, Any]) -> None:
+        head = _dumps({**envelope, "choices": []})
+        self.prefix = b"data: " + head[: -len("[]}")].encode() + b"["
+
+    def event(self, entry: dict[str, Any]) -> bytes:
+        return self.prefix + _dumps(entry).encode() + b"]}\n\n"
+
+
 async def _merge(streams: list[AsyncIterator[Any]]) -> AsyncGenerator[Any, None]:
     """Items of several async iterators as they come (the n choices generate concurrently)."""
     if len(streams) == 1:
@@ -469,15 +477,15 @@ async def _write_stream(
             async for gen in engines[i]:
                 yield i, gen
 
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = EventStreamResponse()
     await response.prepare(request)
 
     async def send(payload: dict[str, Any]) -> None:
         await response.write(b"data: " + _dumps(payload).encode() + b"\n\n")
 
+    chunk = _ChunkEvents(envelope)
+    pending = [chunk.event(choice.role()) for choice in choices]
     try:
-        for choice in choices:
-            await send({**envelope, "choices": [choice.role()]})
         merged = _merge([generations(i) for i in range(chat.n)])
         async with contextlib.aclosing(merged):
             async for i, gen in merged:
@@ -486,14 +494,18 @@ async def _write_stream(
                     finals[i] = gen
                     await chat.episode.record(request, state, gen)
                     check_not_aborted(gen)
-                for entry in choices[i].step(gen):
-                    await send({**envelope, "choices": [entry]})
+                pending += [chunk.event(entry) for entry in choices[i].step(gen)]
+                if pending and None in finals:  # what one engine step gave leaves in one write
+                    await response.write(b"".join(pending))
+                    pending = []
         if chat.include_usage:
             done = [g for g in finals if g is not None]
-            await send({**envelope, "choices": [], "usage": usage_json(prompt_ids, done)})
-        await response.write(b"data: [DONE]\n\n")
+            usage = {**envelope, "choices": [], "usage": usage_json(prompt_ids, done)}
+            pending.append(b"data: " + _dumps(usage).encode() + b"\n\n")
+        await response.write_eof(b"".join([*pending, b"data: [DONE]\n\n"]))  # one send
     except GatewayError as err:  # headers are gone: the error travels as an SSE event
         with contextlib.suppress(ConnectionResetError):
+            await response.write(b"".join(pending))
             await send(openai_error_body(err.status, err.message, err.param, err.code))
     except ConnectionResetError:  # the client left; closing the engine streams stops generation
         pass

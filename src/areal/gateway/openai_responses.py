@@ -44,16 +44,12 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation, TextDeltas
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
+from areal.gateway.sse import EventStreamResponse
 
 ROUTE = "/responses"
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema value for "any JSON value" (text.format json_object)
 _ROLES = ("system", "user", "assistant")
 _SKIPPED_ITEMS = {"reasoning"}  # the policy's own reasoning is not re-rendered
-SSE_HEADERS = {
-    "Content-Type": "text/event-stream; charset=utf-8",
-    "Cache-Control": "no-cache",
-    "X-Accel-Buffering": "no",
-}
 
 
 # --- the request --------------------------------------------------------------------------------
@@ -603,7 +599,7 @@ async def _stream(
     )
     async with contextlib.aclosing(generations):
         first = await anext(generations, None)
-        response = web.StreamResponse(headers=SSE_HEADERS)
+        response = EventStreamResponse()
         await response.prepare(request)
         events = _EventWriter(response)
         out = _OutputStream(events)

@@ -387,7 +387,9 @@ class PolicyService:
         while True:
             engine = self._next_engine(sticky, tried)
             started = False
-            outputs = engine.client.generate_stream(input_ids=prompt_ids, sampling_params=sampling)
+            outputs = engine.client.generate_stream(
+                input_ids=prompt_ids, sampling_params=sampling, coalesce=True
+            )
             generations = GenerationStream(prompt_ids, engine.url, sampling)
             try:
                 async for out in self.pool.stream(engine, outputs):

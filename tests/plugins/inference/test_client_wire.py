@@ -28,7 +28,7 @@ from areal.core.inference_client import (
     StreamOutput,
     UnknownTokenVersionsError,
     WeightVersionSpan,
-    _lines,
+    _line_batches,
     _StreamAssembler,
 )
 from areal.core.process import pick_free_port
@@ -50,6 +50,7 @@ class StandIn:
     versions_by_chunk: list[str] = field(default_factory=list)  # weight_version of stream chunk i
     fail_next: tuple[int, str, str] | None = None  # (status, body, media type) for the next call
     token_delay: float = 0.0  # seconds before each stream chunk
+    one_write: bool = False  # True: a stream's chunks leave in one write (a reader fell behind)
     answer_delay: float = 0.0  # seconds before /generate answers at all
     abort_event: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, Any]] = field(default_factory=list)
@@ -153,11 +154,14 @@ def build_app(state: StandIn) -> web.Application:
             )
         response = StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
-        async for piece in stream(body, ids, finish):
-            await response.write(piece)
-            if body.get("rid") == "drop-mid-stream" and request.transport is not None:
-                request.transport.abort()  # the connection breaks mid-answer
-                return response
+        if state.one_write:
+            await response.write(b"".join([piece async for piece in stream(body, ids, finish)]))
+        else:
+            async for piece in stream(body, ids, finish):
+                await response.write(piece)
+                if body.get("rid") == "drop-mid-stream" and request.transport is not None:
+                    request.transport.abort()  # the connection breaks mid-answer
+                    return response
         await response.write_eof()
         return response
 
@@ -467,6 +471,36 @@ def test_stream_reassembles_both_chunkings(
     assert not any(c.finished for c in chunks[:-1])
 
 
+@pytest.mark.parametrize("chunking", ["cumulative", "incremental"])
+def test_a_coalesced_stream_yields_what_one_read_brought_as_one_output(
+    standin: tuple[StandIn, str], chunking: str
+) -> None:
+    state, url = standin
+    state.chunking, state.one_write = chunking, True
+    kwargs: dict[str, Any] = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}
+    apart = run(url, lambda c: collect(c, **kwargs))
+    together = run(url, lambda c: collect(c, **kwargs, coalesce=True))
+    assert len(apart) == 4  # without coalescing: one output per chunk, however they came
+    assert len(together) == 1
+    (out,) = together
+    assert out.delta_output_ids == [100, 101, 102, 103] == out.output_ids
+    assert out.delta_logprobs == [-0.5, -1.0, -1.5, -2.0] == out.output_logprobs
+    assert out.delta_text == "<100><101><102><103>" == out.text
+    assert out.finished and out.completion_tokens == 4
+    assert out.output_ids == apart[-1].output_ids and out.text == apart[-1].text
+
+
+def test_a_coalesced_stream_read_as_it_comes_yields_every_chunk(
+    standin: tuple[StandIn, str],
+) -> None:
+    state, url = standin
+    state.chunking, state.token_delay = "incremental", 0.05
+    kwargs: dict[str, Any] = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}
+    chunks = run(url, lambda c: collect(c, **kwargs, coalesce=True))
+    assert [c.delta_output_ids for c in chunks] == [[100], [101], [102], [103]]
+    assert [c.delta_text for c in chunks] == ["<100>", "<101>", "<102>", "<103>"]
+
+
 def test_stream_auto_survives_repeated_tokens_with_counts() -> None:
     """Incremental chunks that look like a cumulative prefix are told apart by completion_tokens."""
     asm = _StreamAssembler("auto")
@@ -553,7 +587,7 @@ def test_sse_lines_across_chunk_boundaries(pieces: list[bytes]) -> None:
             for piece in pieces:
                 yield piece
 
-        return [line async for line in _lines(chunks())]
+        return [line async for lines in _line_batches(chunks()) for line in lines]
 
     assert [line for line in asyncio.run(split()) if line] == ["data: 1", "data: 2"]
 
@@ -567,7 +601,7 @@ def test_sse_lines_keep_a_character_split_between_chunks() -> None:
             yield encoded[:cut]
             yield encoded[cut:]
 
-        return [line async for line in _lines(chunks())]
+        return [line async for lines in _line_batches(chunks()) for line in lines]
 
     assert asyncio.run(split()) == ['data: {"text": "héllo"}']
 

@@ -278,12 +278,14 @@ def test_logprobs_and_greedy_tokens_match_transformers(
     assert_greedy(checkpoints["a"], PROMPT, argmax.output_ids)
 
 
-def test_a_stream_adds_up_to_the_whole_answer(vllm_url: str) -> None:
+@pytest.mark.parametrize("coalesce", [False, True], ids=["each-chunk", "coalesced"])
+def test_a_stream_adds_up_to_the_whole_answer(vllm_url: str, coalesce: bool) -> None:
     params = {"max_new_tokens": 10, "temperature": 0.0}
 
     async def both(client: VLLMClient) -> tuple[Any, list[Any]]:
         whole = await client.generate(input_ids=PROMPT, sampling_params=params)
-        chunks = [o async for o in client.generate_stream(input_ids=PROMPT, sampling_params=params)]
+        stream = client.generate_stream(input_ids=PROMPT, sampling_params=params, coalesce=coalesce)
+        chunks = [o async for o in stream]
         return whole, chunks
 
     whole, chunks = run(_with_client(vllm_url, both))

@@ -45,6 +45,7 @@ from areal.core.inference_client import (
     TextPieces,
     WeightVersionSpan,
     _json,
+    coalesced,
 )
 
 ROUTE = "/inference/v1/generate"
@@ -304,19 +305,28 @@ class VLLMClient(InferenceClient):
         rid: str | None = None,
         extra: Mapping[str, Any] | None = None,
         stream_chunking: StreamChunking | None = None,
+        coalesce: bool = False,
     ) -> AsyncIterator[GenerateOutput]:
-        """Cumulative outputs after each chunk (vLLM streams deltas); ``stream_chunking`` is
+        """Cumulative outputs after each chunk (vLLM streams deltas), or with ``coalesce`` after
+        each network read (see :meth:`InferenceClient.generate_stream`); ``stream_chunking`` is
         SGLang's and has no meaning here."""
         answer, params = await self._start(input_ids, text, sampling_params, rid)
         url = self.base_url + ROUTE
         while True:
             body = self._body(answer, params, return_logprob, extra, stream=True)
-            async for data in self._sse_events(ROUTE, body):
-                piece = _piece(data, url)
-                answer.add(piece)
-                if await self._retracted(answer, params):
-                    continue  # not the end: the rest comes in the next piece
-                yield answer.output(piece)
+            async for batch in self._sse_batches(ROUTE, body):
+                outs: list[GenerateOutput] = []
+                for data in batch:
+                    piece = _piece(data, url)
+                    answer.add(piece)
+                    if await self._retracted(answer, params):
+                        continue  # not the end: the rest comes in the next piece
+                    if not coalesce:  # each yielded before the next grows the shared lists
+                        yield answer.output(piece)
+                    else:
+                        outs.append(answer.output(piece))
+                if outs:
+                    yield coalesced(outs)
             if answer.finish is None:
                 raise InferenceError(None, "stream ended before the request finished", url)
             if not await self._resubmit(answer, params):
