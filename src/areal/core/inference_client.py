@@ -334,35 +334,48 @@ class _StreamAssembler:
         self.spans: list[WeightVersionSpan] = []  # from chunk versions, when the server sends none
 
     def add(self, data: Mapping[str, Any]) -> StreamOutput:
-        meta = dict(data.get("meta_info") or {})
-        new_ids: list[int] = []
-        chunk_ids = data.get("output_ids")
-        if chunk_ids is not None:
-            chunk_ids = [int(t) for t in chunk_ids]
-            mode = self._ids_mode(chunk_ids, meta.get("completion_tokens"))
-            new_ids = chunk_ids[len(self.ids) :] if mode == "cumulative" else chunk_ids
-            self.ids.extend(new_ids)
-        triples = meta.get("output_token_logprobs")
-        new_logprobs = self._add_logprobs(triples) if triples is not None else []
-        finished = meta.get("finish_reason") is not None
-        delta_text = ""
-        if data.get("text") is not None:
-            delta_text = self._add_text(str(data["text"]), finished)
+        """The output after one more chunk."""
+        return self.add_all([data])
 
+    def add_all(self, chunks: list[Mapping[str, Any]]) -> StreamOutput:
+        """The output after ``chunks`` (at least one), its ``delta_*`` what they all added:
+        one output is built however many chunks arrived together."""
+        ids_from, logprobs_from = len(self.ids), len(self.logprobs)
+        texts = [self._take(data) for data in chunks]
+        data = chunks[-1]
+        meta = dict(data.get("meta_info") or {})
         out = StreamOutput(
             output_ids=self.ids,
             output_logprobs=self.logprobs,
             **_output_fields(data, meta, len(self.ids)),
-            delta_output_ids=new_ids,
-            delta_logprobs=new_logprobs,
-            delta_text=delta_text,
+            delta_output_ids=self.ids[ids_from:],
+            delta_logprobs=self.logprobs[logprobs_from:],
+            delta_text=texts[0] if len(texts) == 1 else "".join(texts),
         )
         out.text = self.whole
         if self.pieces is not None:
             out.text_from(self.pieces)
         if not out.spans_known:
-            out.weight_versions, out.spans_known = self._chunk_spans(out), True
+            out.weight_versions, out.spans_known = list(self.spans), True
         return out
+
+    def _take(self, data: Mapping[str, Any]) -> str:
+        """Grow the ids, log-probs, text and spans by one chunk; return the text it adds."""
+        meta = data.get("meta_info") or {}
+        chunk_ids = data.get("output_ids")
+        if chunk_ids is not None:
+            chunk_ids = [int(t) for t in chunk_ids]
+            mode = self._ids_mode(chunk_ids, meta.get("completion_tokens"))
+            self.ids.extend(chunk_ids[len(self.ids) :] if mode == "cumulative" else chunk_ids)
+        triples = meta.get("output_token_logprobs")
+        if triples is not None:
+            self._add_logprobs(triples)
+        delta_text = ""
+        if data.get("text") is not None:
+            delta_text = self._add_text(str(data["text"]), meta.get("finish_reason") is not None)
+        if "weight_versions" not in meta:  # the server sends no spans: each chunk's version
+            self._chunk_spans(str(meta.get("weight_version", "default")))
+        return delta_text
 
     def _add_logprobs(self, triples: list[Any]) -> list[float]:
         """Extend the log-probs by what this chunk adds. They follow the ids' chunking; their
@@ -397,17 +410,17 @@ class _StreamAssembler:
         self.pieces.add(chunk)
         return chunk
 
-    def _chunk_spans(self, out: GenerateOutput) -> list[WeightVersionSpan]:
-        """Spans from each chunk's ``weight_version``: the version its new tokens were made at."""
+    def _chunk_spans(self, version: str) -> None:
+        """Extend the spans by a chunk's ``weight_version``: the version its new tokens were
+        made at."""
         n = len(self.ids)
         start = self.spans[-1].end if self.spans else 0
         if n > start:
             last = self.spans[-1] if self.spans else None
-            if last is not None and last.version == out.weight_version:
+            if last is not None and last.version == version:
                 self.spans[-1] = WeightVersionSpan(last.version, last.start, n)
             else:
-                self.spans.append(WeightVersionSpan(out.weight_version, start, n))
-        return list(self.spans)
+                self.spans.append(WeightVersionSpan(version, start, n))
 
     def _ids_mode(self, chunk: list[int], count: Any) -> str:
         if self.chunking != "auto":
@@ -747,7 +760,7 @@ class InferenceClient:
         last: GenerateOutput | None = None
         async for batch in self._sse_batches("/generate", body):
             if coalesce:
-                last = coalesced([assembler.add(data) for data in batch])
+                last = assembler.add_all(batch)
                 yield last
                 continue
             for data in batch:  # each yielded before the next grows the shared lists
