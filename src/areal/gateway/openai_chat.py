@@ -436,6 +436,8 @@ async def stream_completion(
 
 
 async def _first_items(streams: list[AsyncIterator[Generation]]) -> list[Generation]:
+    if len(streams) == 1:  # no other choice to wait for alongside: no task
+        return [await anext(streams[0])]
     tasks = [asyncio.ensure_future(anext(s)) for s in streams]
     try:
         return list(await asyncio.gather(*tasks))
