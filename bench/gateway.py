@@ -170,7 +170,7 @@ async def under_load(
                 try:
                     await one(session, case, payload)
                     completed += 1
-                except (BenchError, aiohttp.ClientError, asyncio.TimeoutError):
+                except (TimeoutError, BenchError, aiohttp.ClientError):
                     case.errors += 1
 
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -183,7 +183,7 @@ async def probe(session: aiohttp.ClientSession, case: Case) -> None:
         async with session.post(case.url, data=case.payload, headers=case.headers) as resp:
             body = await resp.read()
             status = resp.status
-    except (aiohttp.ClientError, asyncio.TimeoutError) as err:
+    except (TimeoutError, aiohttp.ClientError) as err:
         case.skipped = f"no answer: {type(err).__name__}: {err}"
         return
     if status == 404:

@@ -22,7 +22,7 @@ app = typer.Typer(
 )
 
 
-class TinySize(str, Enum):
+class TinySize(str, Enum):  # noqa: UP042 (a StrEnum would change str() of the CLI's choices)
     """Preset sizes of the random model; all run on a laptop CPU."""
 
     nano = "nano"

@@ -203,8 +203,9 @@ async def _read_body(request: web.Request, limits: HttpLimits) -> None:
     if not request.body_exists:
         return
     try:
-        await asyncio.wait_for(request.read(), limits.body_timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(limits.body_timeout_s):  # no task, unlike wait_for
+            await request.read()
+    except TimeoutError:
         raise GatewayError(
             408,
             f"the request body did not arrive within {limits.body_timeout_s:g}s",

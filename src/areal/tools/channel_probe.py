@@ -9,7 +9,6 @@ some providers echo it in their error text.
 
 from __future__ import annotations
 
-import asyncio
 import difflib
 import json
 import re
@@ -78,7 +77,7 @@ class ChannelProbe:
                 async with session.post(self.url, json=body, headers=self.headers) as resp:
                     raw = await resp.read()
                     status = resp.status
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 return self._unreachable(f"no answer within api_gateway.timeout {cfg.timeout:g}s")
             except aiohttp.ClientError as err:
                 return self._unreachable(_transport_reason(err))
@@ -238,7 +237,7 @@ class ChannelProbe:
                 if resp.status != 200:
                     return None
                 data = json.loads(await resp.read())
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
         items = data.get("data") if isinstance(data, dict) else None
         if not isinstance(items, list):
