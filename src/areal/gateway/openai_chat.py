@@ -258,11 +258,11 @@ async def complete(
     request: web.Request, state: GatewayState, chat: ChatRequest, prompt_ids: list[int]
 ) -> web.Response:
     base = state.policy.sampling(len(prompt_ids), **chat.sampling)
-    calls = [
+    answers = [
         state.policy.generate(prompt_ids, choice_sampling(base, i), sticky=chat.episode.sticky)
         for i in range(chat.n)
     ]
-    gens = [await calls[0]] if chat.n == 1 else await asyncio.gather(*calls)  # one: no task
+    gens = [await answers[0]] if chat.n == 1 else await asyncio.gather(*answers)  # one: no task
     record_ids = [await chat.episode.record(request, state, gen) for gen in gens]
     for gen in gens:
         check_not_aborted(gen)
