@@ -107,9 +107,8 @@ class Engine:
 
 
 class _StreamReader:
-    """A call's or stream's stand-in in ``engine.calls``: ``call`` is cancelled when the engine
-    leaves, and then the task waiting on the engine is cancelled if it is waiting at that
-    moment."""
+    """A stream's stand-in in ``engine.calls``: ``call`` is cancelled when the engine leaves,
+    and then the task reading the stream is cancelled if it is reading at that moment."""
 
     def __init__(self, call: asyncio.Future[None]) -> None:
         self.task: asyncio.Task[Any] | None = None  # the task of the read in progress
@@ -256,25 +255,18 @@ class EnginePool:
         ]
 
     async def call(self, engine: Engine, work: Awaitable[T]) -> T:
-        """Run ``work`` on ``engine``, tracked: if the engine leaves meanwhile, :class:`EngineLost`.
-
-        ``work`` runs in the caller's task (a task of its own per call cost the gateway more than
-        the tracking): the engine's departure cancels the caller while it waits (see
-        :class:`_StreamReader`)."""
-        reader = _StreamReader(asyncio.get_running_loop().create_future())
-        reader.task, reader.reading = asyncio.current_task(), True
-        engine.calls.add(reader.call)
+        """Run ``work`` on ``engine``, tracked: if the engine leaves meanwhile, :class:`EngineLost`."""
+        future = asyncio.ensure_future(work)
+        engine.calls.add(future)
         try:
-            result = await work
+            result = await future
         except asyncio.CancelledError:
-            if reader.lost():
+            current = asyncio.current_task()
+            if future.cancelled() and not (current and current.cancelling()):
                 raise EngineLost(engine.url, engine.lost_why or "went away") from None
             raise
         finally:
-            reader.reading = False
-            engine.calls.discard(reader.call)
-            if not reader.call.done():
-                reader.call.set_result(None)
+            engine.calls.discard(future)
         engine.served += 1
         return result
 

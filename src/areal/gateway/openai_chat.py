@@ -258,11 +258,12 @@ async def complete(
     request: web.Request, state: GatewayState, chat: ChatRequest, prompt_ids: list[int]
 ) -> web.Response:
     base = state.policy.sampling(len(prompt_ids), **chat.sampling)
-    answers = [
-        state.policy.generate(prompt_ids, choice_sampling(base, i), sticky=chat.episode.sticky)
-        for i in range(chat.n)
-    ]
-    gens = [await answers[0]] if chat.n == 1 else await asyncio.gather(*answers)  # one: no task
+    gens = await asyncio.gather(
+        *(
+            state.policy.generate(prompt_ids, choice_sampling(base, i), sticky=chat.episode.sticky)
+            for i in range(chat.n)
+        )
+    )
     record_ids = [await chat.episode.record(request, state, gen) for gen in gens]
     for gen in gens:
         check_not_aborted(gen)
@@ -435,8 +436,6 @@ async def stream_completion(
 
 
 async def _first_items(streams: list[AsyncIterator[Generation]]) -> list[Generation]:
-    if len(streams) == 1:  # no other choice to wait for alongside: no task
-        return [await anext(streams[0])]
     tasks = [asyncio.ensure_future(anext(s)) for s in streams]
     try:
         return list(await asyncio.gather(*tasks))
