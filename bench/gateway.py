@@ -451,18 +451,24 @@ def stub_command(port: int, model_dir: Path, chunking: str) -> list[str]:
     return [sys.executable, script, *flags]
 
 
-def baseline_case(cases: list[Case], url: str, pid: int | None) -> Case:
-    """The streamed chat case against the ``--baseline-src`` gateway (cumulative chunks)."""
-    mine = next(c for c in cases if c.name == "areal gateway (stream, cumulative chunks)")
-    return Case(
-        "areal gateway at --baseline-src (stream, cumulative chunks)",
-        url.rstrip("/") + "/v1/chat/completions",
-        mine.headers,
-        mine.body,
-        True,
-        baseline=mine.baseline,
-        pid=pid,
-    )
+def baseline_cases(cases: list[Case], url: str, pid: int | None) -> list[Case]:
+    """The gateway's plain and streamed chat cases against the ``--baseline-src`` gateway (in
+    front of the same stub): before and after, side by side."""
+    out = []
+    for name in ("areal gateway (plain)", "areal gateway (stream)"):
+        mine = next(c for c in cases if c.name == name)
+        out.append(
+            Case(
+                name.replace("areal gateway", "areal gateway at --baseline-src"),
+                url.rstrip("/") + "/v1/chat/completions",
+                mine.headers,
+                mine.body,
+                mine.stream,
+                baseline=mine.baseline,
+                pid=pid,
+            )
+        )
+    return out
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -526,11 +532,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 base_port = pick_free_port()
                 base_url = f"http://127.0.0.1:{base_port}"
                 base_env = {**gw_env, "PYTHONPATH": str(Path(args.baseline_src).resolve())}
-                base_cmd = gateway_command(cumulative[0], base_port, work, None, "router-base")
+                base_cmd = gateway_command(stub_url, base_port, work, None, "router-base")
                 base = stack.enter_context(
                     server("gateway-base", base_cmd, f"{base_url}/health", work, base_env)
                 )
-                cases.append(baseline_case(cases, base_url, base.pid))
+                cases += baseline_cases(cases, base_url, base.pid)
             for case in cases:  # the proxies' own CPU per request (the stub's is not theirs)
                 if case.pid is not None:
                     continue
@@ -881,7 +887,7 @@ def main(argv: list[str] | None = None) -> int:
         "--baseline-src",
         metavar="DIR",
         help="also measure the gateway of another checkout's src/ (e.g. `git archive REV src`) "
-        "in front of the cumulative stub: the streamed request before a change",
+        "in front of the same stub: the plain and streamed requests before a change",
     )
     parser.add_argument("--profile", action="store_true", help="also profile the gateway")
     parser.add_argument("--profile-requests", type=int, default=2000)
