@@ -159,6 +159,10 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
         (1, 4, 0),
         (2, 4, 1),
     ]
+    # A step's tokens: every trained sample's prompt and its 6 generated tokens, 2 per prompt.
+    step_tokens = sum(2 * (len(prompt) + 6) for prompt in PROMPTS)
+    assert [h["tokens"] for h in history] == [step_tokens, step_tokens]
+    assert [r["tokens"] for r in records] == [step_tokens, step_tokens]
 
 
 def test_an_engine_that_never_answers_fails_the_pause_within_its_timeout(
