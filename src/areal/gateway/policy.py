@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -168,6 +168,8 @@ class PolicyService:
         self.context_length = context_length
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
+        self._encode: Callable[[str], list[int]] = lambda text: []
+        self._encoder_of: Any = None  # the tokenizer ``_encode`` was made for
         self.published: tuple[int, str] | None = None  # the trainer's newest (version, weights)
         self._noted: set[tuple[str, Any]] = set()  # client sampling values logged as overridden
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
@@ -282,13 +284,18 @@ class PolicyService:
                 400, f"messages cannot be rendered with the policy's chat template: {err}"
             ) from None
         text = str(text) + prefix
+        encode = self._encoder()
         if history:
             head = self.tokenizer.decode(list(history), clean_up_tokenization_spaces=False)
             if head and text.startswith(head):
-                rest: list[int] = self.tokenizer.encode(text[len(head) :], add_special_tokens=False)
-                return list(history) + rest
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False)
-        return ids
+                return list(history) + encode(text[len(head) :])
+        return encode(text)
+
+    def _encoder(self) -> Callable[[str], list[int]]:
+        """:func:`text_encoder` of the current tokenizer (made again if it was replaced)."""
+        if self._encoder_of is not self.tokenizer:
+            self._encode, self._encoder_of = text_encoder(self.tokenizer), self.tokenizer
+        return self._encode
 
     def sampling(
         self,
@@ -450,6 +457,19 @@ def _load_tokenizer(path: str) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def text_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """``tokenizer.encode(text, add_special_tokens=False)``, as directly as it can be had.
+
+    A fast tokenizer's own Rust tokenizer gives the same ids ~40 % sooner: transformers' call
+    goes through ``encode_batch`` (a thread pool) for one text, the largest single part of
+    rendering a short chat. Not when the Rust tokenizer truncates or pads (set in its
+    ``tokenizer.json``): transformers turns those off per call, so its own call is used then."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or backend.truncation is not None or backend.padding is not None:
+        return lambda text: list(tokenizer.encode(text, add_special_tokens=False))
+    return lambda text: backend.encode(text, add_special_tokens=False).ids
 
 
 class TextDeltas:
