@@ -490,6 +490,22 @@ def test_a_coalesced_stream_yields_what_one_read_brought_as_one_output(
     assert out.output_ids == apart[-1].output_ids and out.text == apart[-1].text
 
 
+def test_a_coalesced_stream_without_spans_still_labels_each_token_by_its_chunk(
+    standin: tuple[StandIn, str],
+) -> None:
+    """An SGLang without spans says only each chunk's version: chunks read together must still
+    give each token its own chunk's version (training on a wrong one would be wrong)."""
+    state, url = standin
+    state.old_sglang, state.chunking, state.one_write = True, "incremental", True
+    state.versions_by_chunk = ["v1", "v1", "v2", "v3", "v3"]
+    kwargs: dict[str, Any] = {"input_ids": [1], "sampling_params": {"max_new_tokens": 5}}
+    (out,) = run(url, lambda c: collect(c, **kwargs, coalesce=True))
+    assert out.token_versions() == ["v1", "v1", "v2", "v3", "v3"]
+    assert out.weight_versions == [
+        WeightVersionSpan("v1", 0, 2), WeightVersionSpan("v2", 2, 3), WeightVersionSpan("v3", 3, 5)
+    ]  # fmt: skip
+
+
 def test_a_coalesced_stream_read_as_it_comes_yields_every_chunk(
     standin: tuple[StandIn, str],
 ) -> None:
