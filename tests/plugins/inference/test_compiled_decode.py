@@ -1,7 +1,9 @@
-"""The compiled decode step (``--compile-decode``) computes what the eager step computes: the same
-greedy tokens and log-probs for batches of one and of several rows as their keys grow, the same
-after weights are copied in place, and steps it does not cover (rows in several buckets) run
-eagerly. One compile (warm_up) serves every batch size and span: a recompile fails the test."""
+"""The compiled decode step (``--compile-decode``) and the linear layers on pre-packed weights
+(``EngineConfig.pack_weights``, the default) compute what the eager step on the parameters
+computes: the same greedy tokens and log-probs for batches of one and of several rows as their keys
+grow, the same after weights are loaded or written in place (a stale pack would be a silent wrong
+answer), and steps the compiled step does not cover (rows in several buckets) run eagerly. One
+compile (warm_up) serves every batch size and span: a recompile fails the test."""
 
 from __future__ import annotations
 
@@ -13,24 +15,29 @@ import torch
 
 from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
+from areal.plugins.inference.embedded.packed_linear import PackedLinear
 from areal.plugins.inference.embedded.requests import Emit, SequenceRequest
 from areal.plugins.inference.embedded.schema import SamplingParams
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
 
 
-def _engine(compile_decode: bool) -> Engine:
+def _engine(compile_decode: bool, pack_weights: bool = True) -> Engine:
     model = Qwen3ForCausalLM(tiny_config("nano"))
     model.init_weights(generator=torch.Generator().manual_seed(0))
-    config = EngineConfig(max_total_tokens=4096, compile_decode=compile_decode)
+    config = EngineConfig(
+        max_total_tokens=4096, compile_decode=compile_decode, pack_weights=pack_weights
+    )
     return Engine(model, lambda ids, skip: "", [], config)
 
 
 @pytest.fixture(scope="module")
-def engines() -> Iterator[tuple[Engine, Engine]]:
+def engines() -> Iterator[tuple[Engine, Engine, Engine]]:
+    """The reference (eager, torch's own linear), the eager step and the compiled step (both on
+    packed weights)."""
     stance = CompiledDecode.stance
     CompiledDecode.stance = "fail_on_recompile"
     try:
-        yield _engine(False), _engine(True)
+        yield _engine(False, pack_weights=False), _engine(False), _engine(True)
     finally:
         CompiledDecode.stance = stance
 
@@ -48,7 +55,9 @@ def _generate(engine: Engine, prompts: list[list[int]], new_tokens: int) -> list
         engine._enqueue(req, _keep_final(out, i))
     engine._admit()
     while engine.running:
-        engine._timed("prefill", [s for s in engine.running if s.kv_len == 0])
+        prefill = [s for s in engine.running if s.kv_len == 0]
+        if prefill:  # an empty prefill batch is not a step (the engine's loop never runs one)
+            engine._timed("prefill", prefill)
         decode = [s for s in engine.running if s.kv_len > 0]
         if decode:
             engine._timed("decode", decode)
@@ -76,38 +85,75 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
     return [torch.randint(10, 4000, (n,), generator=g).tolist() for n in lengths]
 
 
+def test_engines_under_test_pack_as_configured(engines: tuple[Engine, Engine, Engine]) -> None:
+    reference, eager, compiled = engines
+    assert reference._prepacked is None
+    assert not any(isinstance(m, PackedLinear) for m in reference.model.modules())
+    for engine in (eager, compiled):
+        assert engine._prepacked is not None
+        linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+        assert linears == []  # every one of them runs on its packed weight
+
+
 @pytest.mark.parametrize("lengths", [[5], [7, 9, 8, 12, 10, 6, 11, 9]])
 def test_compiled_decode_matches_the_eager_step(
-    engines: tuple[Engine, Engine], lengths: list[int]
+    engines: tuple[Engine, Engine, Engine], lengths: list[int]
 ) -> None:
-    eager, compiled = engines
+    reference, eager, compiled = engines
     prompts = _prompts(lengths, seed=len(lengths))
     decode_steps = compiled.timings["decode"][0]
-    _assert_same(_generate(eager, prompts, 24), _generate(compiled, prompts, 24))
+    expected = _generate(reference, prompts, 24)
+    _assert_same(expected, _generate(eager, prompts, 24))
+    _assert_same(expected, _generate(compiled, prompts, 24))
     assert compiled.timings["decode"][0] > decode_steps
 
 
-def test_compiled_decode_sees_weights_copied_in_place(engines: tuple[Engine, Engine]) -> None:
-    eager, compiled = engines
+def _perturbed(engine: Engine, seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {
+        name: p.detach() + 0.05 * torch.randn(p.shape, generator=g)
+        for name, p in engine.model.state_dict().items()
+    }
+
+
+def test_compiled_decode_sees_weights_loaded(engines: tuple[Engine, Engine, Engine]) -> None:
+    """``load_weights`` (every HTTP weight update ends in it) copies into the parameters: the
+    packed copies follow, in the eager and in the compiled step."""
+    reference, eager, compiled = engines
     prompts = _prompts([6, 9, 7], seed=3)
     before = _generate(compiled, prompts, 16)
-    g = torch.Generator().manual_seed(5)
-    update = {
-        name: p.detach() + 0.05 * torch.randn(p.shape, generator=g)
-        for name, p in compiled.model.state_dict().items()
-    }
+    update = _perturbed(compiled, seed=5)
     for engine in engines:
         engine.load_weights(update, None)
     after = _generate(compiled, prompts, 16)
     assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
-    _assert_same(_generate(eager, prompts, 16), after)
+    expected = _generate(reference, prompts, 16)
+    _assert_same(expected, after)
+    _assert_same(expected, _generate(eager, prompts, 16))
+
+
+def test_packed_weights_follow_any_in_place_write(engines: tuple[Engine, Engine, Engine]) -> None:
+    """Not only ``load_weights``: a write into one parameter by any path, here a single tensor
+    (the tied embedding / LM head) scaled in place, re-packs before the next step."""
+    reference, eager, compiled = engines
+    prompts = _prompts([8, 5], seed=6)
+    before = _generate(compiled, prompts, 12)
+    for engine in engines:
+        with torch.no_grad():
+            engine.model.lm_head.weight.mul_(-1.0)
+            engine.model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+    after = _generate(compiled, prompts, 12)
+    assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
+    expected = _generate(reference, prompts, 12)
+    _assert_same(expected, after)
+    _assert_same(expected, _generate(eager, prompts, 12))
 
 
 def test_rows_of_very_different_lengths_run_eagerly(
-    engines: tuple[Engine, Engine], monkeypatch: pytest.MonkeyPatch
+    engines: tuple[Engine, Engine, Engine], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Rows in several buckets are outside the compiled step: the eager one runs them."""
-    eager, compiled = engines
+    eager, _, compiled = engines
     step = compiled._compiled
     assert step is not None
     calls = 0

@@ -67,6 +67,29 @@ def _paged_decode_attention_fake(q: torch.Tensor, *args: torch.Tensor) -> torch.
 _LIB.impl("paged_decode_attention", _paged_decode_attention, "CPU")
 torch.library.register_fake("areal::paged_decode_attention", _paged_decode_attention_fake, lib=_LIB)
 
+_LIB.define("packed_linear(Tensor x, Tensor packed, Tensor? bias) -> Tensor")
+
+
+def _packed_linear(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """oneDNN's linear on a weight packed by packed_linear.py. An opaque op inside the compiled
+    step: inductor lowers ``mkldnn._linear_pointwise`` only when the weight is a frozen constant,
+    and these weights are graph inputs so that a re-pack after an update is seen."""
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out
+
+
+def _packed_linear_fake(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    return x.new_empty((*x.shape[:-1], packed.shape[0]))
+
+
+# the packed weight is an mkldnn tensor, so the op dispatches on MkldnnCPU as well as CPU
+_LIB.impl("packed_linear", _packed_linear, "CompositeExplicitAutograd")
+torch.library.register_fake("areal::packed_linear", _packed_linear_fake, lib=_LIB)
+
 
 class GatherAttention:
     """One bucket of paged attention for the compiled step: the step's tensors, and the op above

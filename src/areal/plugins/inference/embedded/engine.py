@@ -31,6 +31,7 @@ from areal.plugins.inference.embedded.grammar import (
     grammar_spec_from_sampling_params,
 )
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
+from areal.plugins.inference.embedded.packed_linear import PackedWeights, can_pack
 from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
 from areal.plugins.inference.embedded.requests import Emit, RequestError, SequenceRequest
 from areal.plugins.inference.embedded.sampling import (
@@ -62,6 +63,9 @@ class EngineConfig:
     incremental_streaming_output: bool = True
     # compile the decode step (compiled_decode.py): faster steps, tens of seconds at start
     compile_decode: bool = False
+    # linear layers on oneDNN-packed copies of their weights (packed_linear.py), re-packed after
+    # every weight update; False: torch's own linear on the parameters
+    pack_weights: bool = True
 
 
 class Engine:
@@ -99,6 +103,9 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._alive = threading.Event()
         self._masker = grammar.new_masker() if grammar is not None else None
+        self._prepacked: PackedWeights | None = None
+        if config.pack_weights and can_pack(self.model):
+            self._prepacked = PackedWeights(self.model)
         self._compiled: CompiledDecode | None = None
         if config.compile_decode:
             # Imported only when asked: it registers a torch op and pulls in the compiler stack,
@@ -346,6 +353,8 @@ class Engine:
     def _run(self, seqs: list[Sequence], packed: bool) -> None:
         try:
             with torch.inference_mode():
+                if self._prepacked is not None:
+                    self._prepacked.refresh()  # weights written since the last step: re-pack them
                 logits = self._forward(seqs, packed)
                 self._advance(seqs, logits)
         except Exception as exc:  # a bad batch must not take the server down

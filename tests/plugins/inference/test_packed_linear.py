@@ -1,0 +1,83 @@
+"""Linear layers on oneDNN-packed weights (``packed_linear.py``): the same logits as torch's own
+linear on the same parameters, and a re-pack of exactly the weights written since the last one,
+whichever way they were written (a stale pack would answer wrong without any error)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from areal.plugins.inference.embedded.packed_linear import PackedLinear, PackedWeights, can_pack
+from areal.plugins.models.decoder import DecoderForCausalLM
+from areal.plugins.models.hf_io import copy_weights
+from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
+
+
+def _models() -> tuple[DecoderForCausalLM, DecoderForCausalLM, PackedWeights]:
+    """An unpacked model and a packed copy of it."""
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    packed = copy.deepcopy(model)
+    return model.eval(), packed.eval(), PackedWeights(packed)
+
+
+def _assert_same_logits(a: DecoderForCausalLM, b: DecoderForCausalLM) -> None:
+    ids = torch.randint(10, 4000, (3, 11), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        torch.testing.assert_close(b(ids), a(ids), atol=1e-5, rtol=1e-5)
+
+
+def test_packing_keeps_parameters_and_logits() -> None:
+    model, packed_model, packs = _models()
+    names = set(model.state_dict())
+    params = dict(packed_model.named_parameters(remove_duplicate=False))
+    assert len(packs.layers) == 7 * model.config.num_hidden_layers + 1  # + the LM head
+    assert not any(type(m) is torch.nn.Linear for m in packed_model.modules())
+    assert set(packed_model.state_dict()) == names  # same names: weight updates find them
+    assert packed_model.lm_head.weight is packed_model.model.embed_tokens.weight  # still tied
+    assert all(layer.weight is params[n + ".weight"] for n, layer in _named(packed_model))
+    _assert_same_logits(model, packed_model)
+
+
+def _named(model: DecoderForCausalLM) -> list[tuple[str, PackedLinear]]:
+    return [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+
+
+def test_refresh_repacks_exactly_the_weights_written() -> None:
+    model, packed_model, packs = _models()
+    assert packs.refresh() == 0
+    g = torch.Generator().manual_seed(2)
+    update = {
+        name: p + 0.1 * torch.randn(p.shape, generator=g)
+        for name, p in model.state_dict().items()
+        if name.startswith("model.layers.1.")
+    }
+    copy_weights(model, update)
+    copy_weights(packed_model, update)  # the engine's load_weights
+    assert packs.refresh() == 7  # layer 1's seven projections, nothing else
+    assert packs.refresh() == 0
+    _assert_same_logits(model, packed_model)
+
+
+def test_refresh_sees_writes_by_any_path() -> None:
+    """In-place ops under no_grad and inference mode, and a parameter given new storage."""
+    model, packed_model, packs = _models()
+    for m in (model, packed_model):
+        with torch.no_grad():
+            m.model.embed_tokens.weight.mul_(2.0)  # tied: the LM head's weight
+        with torch.inference_mode():
+            m.model.layers[0].self_attn.q_proj.weight.add_(0.1)
+        new = m.model.layers[1].mlp.up_proj.weight.detach().flip(0).clone()
+        m.model.layers[1].mlp.up_proj.weight.data = new
+    assert packs.refresh() == 3
+    _assert_same_logits(model, packed_model)
+
+
+def test_only_fp32_cpu_models_are_packed() -> None:
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    assert can_pack(model)
+    assert not can_pack(model.to(torch.bfloat16))
