@@ -162,12 +162,15 @@ def sustained_rss(url: str, pid: int, waves: int) -> list[float]:
     return rss
 
 
-def start_compiled(config: EmbeddedServerConfig, tmp: Path) -> tuple[ServerProcess, str]:
-    """A second engine, with ``--compile-decode``, on its own port (its compile takes a while)."""
+def start_variant(
+    config: EmbeddedServerConfig, tmp: Path, name: str, **changes: Any
+) -> tuple[ServerProcess, str]:
+    """Another engine with ``changes`` (``compile_decode=True``: its compile takes a while) on
+    its own port."""
     port = pick_free_port()
-    compiled = dataclasses.replace(config, port=port, compile_decode=True)
+    variant = dataclasses.replace(config, port=port, **changes)
     server = ServerProcess(
-        build_command(compiled), log_path=tmp / "engine-compiled.log", env={**os.environ}
+        build_command(variant), log_path=tmp / f"engine-{name}.log", env={**os.environ}
     ).start()
     url = f"http://127.0.0.1:{port}"
     server.wait_healthy(url, timeout=900)
@@ -190,6 +193,11 @@ def main() -> int:
         action="store_true",
         help="also run a second engine with --compile-decode, in the same alternating rounds",
     )
+    parser.add_argument(
+        "--unpacked",
+        action="store_true",
+        help="also run the engine(s) with --no-pack-weights, in the same alternating rounds",
+    )
     args = parser.parse_args()
     if not args.no_vllm and not Path(default_python()).is_relative_to(Path(sys.prefix) / "vllm"):
         parser.error("no vLLM venv at .venv/vllm: run `make setup`, or pass --no-vllm")
@@ -210,24 +218,41 @@ def main() -> int:
     )
     log_path = Path(tmp.name) / "engine.log"
     vllm = None if args.no_vllm else start_vllm(model_dir, Path(tmp.name) / "vllm.log")
-    compiled = start_compiled(config, Path(tmp.name)) if args.compile_decode else None
+    compiled = (
+        start_variant(config, Path(tmp.name), "compiled", compile_decode=True)
+        if args.compile_decode
+        else None
+    )
+    # variants timed beside the engine: name -> (server, url)
+    extra: dict[str, tuple[ServerProcess, str]] = {}
+    if args.unpacked:
+        extra["unpacked"] = start_variant(config, Path(tmp.name), "unpacked", pack_weights=False)
+        if args.compile_decode:
+            extra["compiled_unpacked"] = start_variant(
+                config, Path(tmp.name), "compiled-unpacked", compile_decode=True, pack_weights=False
+            )
     with ServerProcess(build_command(config), log_path=log_path, env={**os.environ}) as server:
         url = f"http://127.0.0.1:{port}"
         server.wait_healthy(url, timeout=120)
         # Rounds alternate baseline and engines so machine noise hits all alike; medians reported.
         runs: dict[str, list[float]] = {k: [] for k in ("hf_1", "ours_1", "hf_16", "ours_16")}
         runs.update(vllm_1=[], vllm_16=[], compiled_1=[], compiled_16=[])
+        runs.update({f"{name}_{n}": [] for name in extra for n in (1, 16)})
         for _ in range(args.repeats):
             runs["hf_1"].append(hf_tokens_per_s(hf_model, batch16[:1], 1))
             runs["ours_1"].append(engine_tokens_per_s(url, batch16[:1], 1))
             if compiled is not None:
                 runs["compiled_1"].append(engine_tokens_per_s(compiled[1], batch16[:1], 1))
+            for name, (_, variant_url) in extra.items():
+                runs[f"{name}_1"].append(engine_tokens_per_s(variant_url, batch16[:1], 1))
             if vllm is not None:
                 runs["vllm_1"].append(vllm_tokens_per_s(vllm[1], batch16[:1], 1))
             runs["hf_16"].append(hf_tokens_per_s(hf_model, batch16, 1))
             runs["ours_16"].append(engine_tokens_per_s(url, batch16, 1))
             if compiled is not None:
                 runs["compiled_16"].append(engine_tokens_per_s(compiled[1], batch16, 1))
+            for name, (_, variant_url) in extra.items():
+                runs[f"{name}_16"].append(engine_tokens_per_s(variant_url, batch16, 1))
             if vllm is not None:
                 runs["vllm_16"].append(vllm_tokens_per_s(vllm[1], batch16, 1))
         hf_1, ours_1, hf_16, ours_16 = (
@@ -242,6 +267,8 @@ def main() -> int:
         vllm[0].stop()
     if compiled is not None:
         compiled[0].stop()
+    for variant, _ in extra.values():
+        variant.stop()
 
     params = sum(
         p.numel()
@@ -282,6 +309,18 @@ def main() -> int:
             compiled_16_concurrent_tok_s=round(c16, 1),
             compiled_ratio_16_vs_padded_batch=round(c16 / hf_16, 2),
         )
+    for name in extra:
+        x1, x16 = (statistics.median(runs[f"{name}_{n}"]) for n in (1, 16))
+        result.update(
+            {
+                f"{name}_batch1_tok_s": round(x1, 1),
+                f"{name}_ratio_batch1": round(x1 / hf_1, 2),
+                f"{name}_16_concurrent_tok_s": round(x16, 1),
+                f"{name}_ratio_16_vs_padded_batch": round(x16 / hf_16, 2),
+            }
+        )
+    result["rounds"] = {k: [round(x, 1) for x in v] for k, v in runs.items() if v}
+    result["load_average"] = [round(x, 2) for x in os.getloadavg()]
     if args.json:
         print(json.dumps(result, indent=2))
     else:
@@ -307,6 +346,13 @@ def main() -> int:
                 f"{'engine --compile-decode':<34}batch 1 {c1:.1f} ({c1 / hf_1:.2f}x), "
                 f"16 concurrent {c16:.1f} ({c16 / hf_16:.2f}x the padded batch)"
             )
+        for name in extra:
+            x1, x16 = result[f"{name}_batch1_tok_s"], result[f"{name}_16_concurrent_tok_s"]
+            print(
+                f"{'engine ' + name:<34}batch 1 {x1:.1f} ({x1 / hf_1:.2f}x), "
+                f"16 concurrent {x16:.1f} ({x16 / hf_16:.2f}x the padded batch)"
+            )
+        print("load average at the end:", result["load_average"])
         print("engine RSS MiB after each wave of 32 requests:", ", ".join(f"{r:.0f}" for r in rss))
         print(
             f"KV pool: budget {info['kv_capacity_tokens']} tokens, "

@@ -64,6 +64,13 @@ def inference_command(
         help="Compile the decode step with torch.compile (inductor): faster steps at every "
         "batch size, after a compile of tens of seconds at start (cached on disk for the next).",
     ),
+    pack_weights: bool = typer.Option(
+        True,
+        "--pack-weights/--no-pack-weights",
+        help="Run linear layers on oneDNN-packed copies of their weights, re-packed after every "
+        "weight update (faster GEMMs, a second copy of the linear weights in memory); "
+        "--no-pack-weights uses torch's own linear on the parameters.",
+    ),
     attach: str | None = typer.Option(
         None,
         "--attach",
@@ -107,6 +114,7 @@ def inference_command(
         hooks=hooks,
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
+        pack_weights=pack_weights,
     )
     if hooks is not None:
         raise typer.Exit(hooks.finish())

@@ -145,3 +145,17 @@ def test_an_engine_off_loopback_is_started_with_the_remote_bind_allowed() -> Non
     assert "--allow-remote" not in build_command(_config("/m", 9))
     remote = build_command(EmbeddedServerConfig(model_path="/m", host="10.0.0.7", port=9))
     assert remote[remote.index("--host") + 1] == "10.0.0.7" and "--allow-remote" in remote
+
+
+def test_weights_are_packed_unless_the_command_says_no_pack_weights() -> None:
+    """Packed weights are the default; ``pack_weights=False`` is the CLI's ``--no-pack-weights``,
+    which the CLI itself accepts (its help lists both spellings)."""
+    assert "--no-pack-weights" not in build_command(_config("/m", 9))
+    unpacked = build_command(EmbeddedServerConfig(model_path="/m", port=9, pack_weights=False))
+    assert "--no-pack-weights" in unpacked
+    from typer.testing import CliRunner
+
+    from areal.cli.main import app
+
+    result = CliRunner().invoke(app, ["serve", "inference", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--no-pack-weights" in result.output

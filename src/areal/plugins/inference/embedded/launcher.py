@@ -22,6 +22,7 @@ class EmbeddedServerConfig:
     seed: int = 0
     log_level: str = "info"
     compile_decode: bool = False  # --compile-decode: a compiled decode step (slower start)
+    pack_weights: bool = True  # False: --no-pack-weights, torch's own linear on the parameters
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -47,6 +48,8 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
         cmd += ["--weight-version", config.weight_version]
     if config.compile_decode:
         cmd.append("--compile-decode")
+    if not config.pack_weights:
+        cmd.append("--no-pack-weights")
     if not is_loopback(config.host):  # the run asked for it (launcher.listen: node)
         cmd.append("--allow-remote")
     return cmd + list(config.extra_args)

@@ -430,6 +430,7 @@ def build_server(
     start_engine: bool = True,
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
+    pack_weights: bool = True,
 ) -> InferenceServer:
     """Load the model and tokenizer; start the engine on a background thread unless told not to
     (``serve`` runs it on the main thread). The HTTP app is not bound here."""
@@ -451,6 +452,7 @@ def build_server(
         seed=seed,
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
+        pack_weights=pack_weights,
     )
     # Compact JSON (no free whitespace between tokens): an untrained policy under a schema would
     # otherwise spend its whole budget on newlines, and a forced tool call must always finish.
@@ -507,6 +509,7 @@ def serve(
     hooks: ServeHooks | None = None,
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
+    pack_weights: bool = True,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
@@ -529,6 +532,7 @@ def serve(
         start_engine=False,
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
+        pack_weights=pack_weights,
     )
     http = ServerThread(server.app(), host, port)
     try:
