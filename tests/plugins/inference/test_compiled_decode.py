@@ -91,8 +91,10 @@ def test_engines_under_test_pack_as_configured(engines: tuple[Engine, Engine, En
     assert not any(isinstance(m, PackedLinear) for m in reference.model.modules())
     for engine in (eager, compiled):
         assert engine._prepacked is not None
-        linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
-        assert linears == []  # every one of them runs on its packed weight
+        layers = engine.model.model.layers
+        assert all(isinstance(layer.self_attn.qkv_proj, PackedLinear) for layer in layers)
+        assert all(isinstance(layer.mlp.gate_up_proj, PackedLinear) for layer in layers)
+        assert isinstance(engine.model.lm_head, PackedLinear)
 
 
 @pytest.mark.parametrize("lengths", [[5], [7, 9, 8, 12, 10, 6, 11, 9]])

@@ -1,10 +1,12 @@
-"""Linear layers on oneDNN-packed weights (``packed_linear.py``): the same logits as torch's own
-linear on the same parameters, and a re-pack of exactly the weights written since the last one,
-whichever way they were written (a stale pack would answer wrong without any error)."""
+"""Linear layers on oneDNN-packed weights (``packed_linear.py``), q/k/v and gate/up fused: the same
+logits as torch's own linear on the same parameters, and a re-pack of exactly the layers whose
+weights were written since the last one, whichever way they were written (a stale pack would
+answer wrong without any error)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -14,12 +16,14 @@ from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
 
+Linear = torch.nn.Linear
+
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN")
 
 
-def _models() -> tuple[DecoderForCausalLM, DecoderForCausalLM, PackedWeights]:
+def _models(**config: bool) -> tuple[DecoderForCausalLM, DecoderForCausalLM, PackedWeights]:
     """An unpacked model and a packed copy of it."""
-    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model = Qwen3ForCausalLM(dataclasses.replace(tiny_config("nano"), **config))
     model.init_weights(generator=torch.Generator().manual_seed(0))
     packed = copy.deepcopy(model)
     return model.eval(), packed.eval(), PackedWeights(packed)
@@ -35,16 +39,37 @@ def test_packing_keeps_parameters_and_logits() -> None:
     model, packed_model, packs = _models()
     names = set(model.state_dict())
     params = dict(packed_model.named_parameters(remove_duplicate=False))
-    assert len(packs.layers) == 7 * model.config.num_hidden_layers + 1  # + the LM head
-    assert not any(type(m) is torch.nn.Linear for m in packed_model.modules())
+    # per layer: q/k/v fused, o, gate/up fused, down; + the LM head
+    assert len(packs.layers) == 4 * model.config.num_hidden_layers + 1
+    kept = {n.rsplit(".", 1)[-1] for n, m in packed_model.named_modules() if type(m) is Linear}
+    assert kept == {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}  # holding parameters
     assert set(packed_model.state_dict()) == names  # same names: weight updates find them
     assert packed_model.lm_head.weight is packed_model.model.embed_tokens.weight  # still tied
-    assert all(layer.weight is params[n + ".weight"] for n, layer in _named(packed_model))
+    singles = [(n, m) for n, m in _named(packed_model) if not m.fused]
+    assert len(singles) == 2 * model.config.num_hidden_layers + 1
+    assert all(layer.weight is params[n + ".weight"] for n, layer in singles)
     _assert_same_logits(model, packed_model)
 
 
 def _named(model: DecoderForCausalLM) -> list[tuple[str, PackedLinear]]:
     return [(n, m) for n, m in model.named_modules() if isinstance(m, PackedLinear)]
+
+
+def test_fused_projections_with_biases() -> None:
+    """Qwen2's q/k/v carry biases: the fused layer adds their concatenation, re-made with it."""
+    model, packed_model, packs = _models(attention_bias=True, mlp_bias=True)
+    for m in (model, packed_model):
+        with torch.no_grad():
+            for name, p in m.named_parameters():
+                if name.endswith(".bias"):
+                    p.copy_(torch.linspace(-1, 1, p.numel()))
+    assert packs.refresh() == 2 * model.config.num_hidden_layers  # q/k/v and gate/up copies
+    _assert_same_logits(model, packed_model)
+    for m in (model, packed_model):
+        with torch.no_grad():
+            m.model.layers[1].self_attn.v_proj.bias.mul_(-3.0)
+    assert packs.refresh() == 1
+    _assert_same_logits(model, packed_model)
 
 
 def test_refresh_repacks_exactly_the_weights_written() -> None:
@@ -58,7 +83,7 @@ def test_refresh_repacks_exactly_the_weights_written() -> None:
     }
     copy_weights(model, update)
     copy_weights(packed_model, update)  # the engine's load_weights
-    assert packs.refresh() == 7  # layer 1's seven projections, nothing else
+    assert packs.refresh() == 4  # layer 1's q/k/v, o, gate/up and down; nothing else
     assert packs.refresh() == 0
     _assert_same_logits(model, packed_model)
 

@@ -78,6 +78,9 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class Attention(nn.Module):
+    # Set only by an inference engine (embedded/packed_linear.py): q, k and v from one GEMM.
+    qkv_proj: nn.Module
+
     def __init__(self, config: DecoderConfig, layer_idx: int) -> None:
         super().__init__()
         self.layer_idx = layer_idx
@@ -103,9 +106,13 @@ class Attention(nn.Module):
         attention: AttentionBackend,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, -1, self.head_dim)
-        k = self.k_proj(x).view(b, s, -1, self.head_dim)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim)
+        if hasattr(self, "qkv_proj"):  # one GEMM for the three, set by an inference engine
+            q, k, v = self.qkv_proj(x)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = q.view(b, s, -1, self.head_dim)
+        k = k.view(b, s, -1, self.head_dim)
+        v = v.view(b, s, -1, self.head_dim)
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
@@ -116,6 +123,9 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     """SwiGLU feed-forward."""
 
+    # Set only by an inference engine (embedded/packed_linear.py): gate and up from one GEMM.
+    gate_up_proj: nn.Module
+
     def __init__(self, hidden: int, intermediate: int, bias: bool = False) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=bias)
@@ -123,7 +133,11 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if hasattr(self, "gate_up_proj"):  # one GEMM for the two, set by an inference engine
+            gate, up = self.gate_up_proj(x)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Experts(nn.Module):
