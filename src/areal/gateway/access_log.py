@@ -40,7 +40,7 @@ def _redact_pieces(text: str, secret: str) -> str:
         return text
     if not _any_piece(secret).search(text):  # the usual case, in C: no piece of it at all
         return text
-    pieces = {secret[i : i + SECRET_PIECE] for i in range(len(secret) - SECRET_PIECE + 1)}
+    pieces = _pieces(secret)
     hidden = [False] * len(text)
     for i in range(len(text) - SECRET_PIECE + 1):
         if text[i : i + SECRET_PIECE] in pieces:
@@ -57,11 +57,16 @@ def _redact_pieces(text: str, secret: str) -> str:
 
 
 @functools.lru_cache(maxsize=32)
+def _pieces(secret: str) -> frozenset[str]:
+    """Every ``SECRET_PIECE``-long piece of ``secret`` (once per secret: the gateway redacts
+    every log line with the same few keys)."""
+    return frozenset(secret[i : i + SECRET_PIECE] for i in range(len(secret) - SECRET_PIECE + 1))
+
+
+@functools.lru_cache(maxsize=32)
 def _any_piece(secret: str) -> re.Pattern[str]:
-    """A pattern matching any ``SECRET_PIECE``-long piece of ``secret`` (built once per secret:
-    the gateway redacts every log line with the same few keys)."""
-    pieces = {secret[i : i + SECRET_PIECE] for i in range(len(secret) - SECRET_PIECE + 1)}
-    return re.compile("|".join(re.escape(piece) for piece in sorted(pieces)))
+    """A pattern matching any of ``secret``'s pieces."""
+    return re.compile("|".join(re.escape(piece) for piece in sorted(_pieces(secret))))
 
 
 class AccessLog:

@@ -370,6 +370,10 @@ class ChoiceStream:
         return self.entry({"content": text})
 
 
+def _event(payload: dict[str, Any]) -> bytes:
+    return b"data: " + _dumps(payload).encode() + b"\n\n"
+
+
 class _ChunkEvents:
     """SSE events of ``chat.completion.chunk`` objects: the fields every chunk of a stream
     shares are serialized once, and each chunk adds its one ``choices`` entry."""
@@ -481,7 +485,7 @@ async def _write_stream(
     await response.prepare(request)
 
     async def send(payload: dict[str, Any]) -> None:
-        await response.write(b"data: " + _dumps(payload).encode() + b"\n\n")
+        await response.write(_event(payload))
 
     chunk = _ChunkEvents(envelope)
     pending = [chunk.event(choice.role()) for choice in choices]
@@ -501,7 +505,7 @@ async def _write_stream(
         if chat.include_usage:
             done = [g for g in finals if g is not None]
             usage = {**envelope, "choices": [], "usage": usage_json(prompt_ids, done)}
-            pending.append(b"data: " + _dumps(usage).encode() + b"\n\n")
+            pending.append(_event(usage))
         await response.write_eof(b"".join([*pending, b"data: [DONE]\n\n"]))  # one send
     except GatewayError as err:  # headers are gone: the error travels as an SSE event
         with contextlib.suppress(ConnectionResetError):

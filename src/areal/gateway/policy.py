@@ -168,8 +168,7 @@ class PolicyService:
         self.context_length = context_length
         self.aliases = tuple(aliases)
         self.tokenizer: Any = None
-        self._encode: Callable[[str], list[int]] = lambda text: []
-        self._encoder_of: Any = None  # the tokenizer ``_encode`` was made for
+        self._encoding: tuple[Any, Callable[[str], list[int]]] | None = None  # (tokenizer, its)
         self.published: tuple[int, str] | None = None  # the trainer's newest (version, weights)
         self._noted: set[tuple[str, Any]] = set()  # client sampling values logged as overridden
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
@@ -293,9 +292,9 @@ class PolicyService:
 
     def _encoder(self) -> Callable[[str], list[int]]:
         """:func:`text_encoder` of the current tokenizer (made again if it was replaced)."""
-        if self._encoder_of is not self.tokenizer:
-            self._encode, self._encoder_of = text_encoder(self.tokenizer), self.tokenizer
-        return self._encode
+        if self._encoding is None or self._encoding[0] is not self.tokenizer:
+            self._encoding = (self.tokenizer, text_encoder(self.tokenizer))
+        return self._encoding[1]
 
     def sampling(
         self,

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
+from areal.plugins.inference.embedded.packed_linear import linear_on_packed
 from areal.plugins.inference.embedded.paged_attention import PagedAttention
 from areal.plugins.models.attention import masked_attention
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -76,8 +77,7 @@ def _packed_linear(
     """oneDNN's linear on a weight packed by packed_linear.py. An opaque op inside the compiled
     step: inductor lowers ``mkldnn._linear_pointwise`` only when the weight is a frozen constant,
     and these weights are graph inputs so that a re-pack after an update is seen."""
-    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-    return out
+    return linear_on_packed(x, packed, bias)
 
 
 def _packed_linear_fake(

@@ -44,6 +44,14 @@ def _pack(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
+def linear_on_packed(
+    x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """oneDNN's linear on a weight ``_pack`` made."""
+    out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    return out
+
+
 def _stamp(tensors: list[torch.Tensor]) -> list[tuple[int, int]]:
     """What an in-place write (version) or a swapped storage (address) changes."""
     return [(t._version, t.data_ptr()) for t in tensors]
@@ -68,7 +76,7 @@ class PackedLinear(nn.Module):
             self.weight = linears[0].weight
             self.bias = linears[0].bias
         # plain tensors, not parameters or buffers: outside the state dict, untouched by .to()
-        self.packed = _pack(self._weights[0] if not self.fused else torch.cat(self._weights))
+        self.packed = self._pack()
         self.fused_bias = torch.cat(self._biases).detach() if self.fused and self._biases else None
         self._stamps = self._stamp()
 
@@ -79,8 +87,11 @@ class PackedLinear(nn.Module):
             # to it (registered by compiled_decode.py)
             out = torch.ops.areal.packed_linear(x, self.packed, bias)
         else:
-            out = torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+            out = linear_on_packed(x, self.packed, bias)
         return out.split(self.sizes, dim=-1) if self.fused else out
+
+    def _pack(self) -> torch.Tensor:
+        return _pack(torch.cat(self._weights) if self.fused else self._weights[0])
 
     def _stamp(self) -> list[tuple[int, int]]:
         """Of what the packed copies hold: the weights, and a fused layer's biases (one layer
@@ -93,7 +104,7 @@ class PackedLinear(nn.Module):
         stamps = self._stamp()
         if stamps == self._stamps:
             return False
-        self.packed.copy_(_pack(torch.cat(self._weights)))
+        self.packed.copy_(self._pack())
         if self.fused_bias is not None:
             self.fused_bias.copy_(torch.cat(self._biases))
         self._stamps = stamps
