@@ -19,6 +19,7 @@ import os
 import random
 import re
 import signal
+import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -36,6 +37,21 @@ def _why(seed: int, run: Any, **where: Any) -> str:
     faults = ", ".join(f"{k}={v}" for k, v in where.items())
     tail = "\n".join(run.log.splitlines()[-25:])
     return f"AREAL_FAULT_SEED={seed} ({faults}); areal train's log ends:\n{tail}"
+
+
+def _holders_after_teardown(ports: list[int], within_s: float = 3.0) -> dict[int, list[Any]]:
+    """Who still listens on ``ports``, asked until none does or ``within_s`` passed.
+
+    A process the kernel is still tearing down has let go of its file table before its
+    listening socket leaves ``/proc/net/tcp``: for a moment the socket is listed with no
+    owner (seen once in four full runs). Asking again lets that moment pass; a port some
+    process really kept stays held and is reported with its owner."""
+    deadline = time.monotonic() + within_s
+    while True:
+        holders = {port: port_holders(port) for port in ports}
+        if not any(holders.values()) or time.monotonic() > deadline:
+            return holders
+        time.sleep(0.1)
 
 
 def _once(records: list[dict[str, Any]]) -> list[str]:
@@ -132,8 +148,9 @@ def test_a_killed_trainer_takes_its_processes_along_and_resumes(
     # Every process areal train started died with it, within seconds, and left its ports free.
     assert {"engine0", "gateway", "rollout0"} <= set(hit.children.values()), (hit.children, why)
     assert hit.gone_after is not None and hit.gone_after < 5.0, (hit.left, why)
-    holders = {port: port_holders(port) for port in hit.ports}  # who, if a port is not free
-    assert len(hit.ports) >= 2 and not any(holders.values()), (holders, why)
+    assert len(hit.ports) >= 2, (hit.ports, why)
+    holders = _holders_after_teardown(hit.ports)  # who, if a port is not free
+    assert not any(holders.values()), (holders, why)
 
     found = latest_checkpoint(out)
     assert found is not None, why
