@@ -35,6 +35,8 @@ from typing import Any, Literal
 
 import aiohttp
 
+from areal.core import fast_json
+
 StreamChunking = Literal["auto", "cumulative", "incremental"]
 PauseMode = Literal["abort", "retract", "in_place"]
 
@@ -498,7 +500,7 @@ def _sse_chunk(line: str, url: str) -> Any:
     if payload == "[DONE]":
         return _DONE
     try:
-        data = json.loads(payload)
+        data = fast_json.loads_engine(payload)
     except json.JSONDecodeError as exc:
         raise InferenceError(200, f"bad stream chunk {payload[:200]!r}", url) from exc
     if isinstance(data, dict) and "error" in data:

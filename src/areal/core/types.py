@@ -164,6 +164,28 @@ class Sample:
         self.temperature = temperature
         self.__post_init__()
 
+    @classmethod
+    def of_wire_arrays(
+        cls,
+        arrays: Sequence[Any],
+        reward: float = 0.0,
+        completion_ids: list[str] | None = None,
+        temperature: float = 1.0,
+    ) -> Sample:
+        """A sample over the four token arrays in field order, which already have
+        :data:`SAMPLE_DTYPES` and are flat and contiguous (the queue's decoded views): the
+        constructor's conversion checks are skipped, the length and temperature checks are not."""
+        sample = object.__new__(cls)
+        for name, values in zip(SAMPLE_DTYPES, arrays, strict=True):
+            object.__setattr__(sample, name, values)
+        object.__setattr__(sample, "reward", reward)
+        object.__setattr__(
+            sample, "completion_ids", [] if completion_ids is None else completion_ids
+        )
+        object.__setattr__(sample, "temperature", temperature)
+        sample.__post_init__()
+        return sample
+
     def __setattr__(self, name: str, value: Any) -> None:
         """Every assignment to a token field (the constructor's too) keeps it an array of its
         dtype, so a caller's list never reaches the packing or the queue as a list."""

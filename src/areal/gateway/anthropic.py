@@ -23,6 +23,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from areal.core import fast_json
 from areal.core.tool_calls import new_call_id
 from areal.gateway.anthropic_request import ChatRequest, parse_request, sampling_options
 from areal.gateway.chat_messages import ForcedCallReader, OutputStream, split_output
@@ -199,8 +200,8 @@ class EventStream:
         self.tool_calls = 0
 
     async def send(self, event: str, data: dict[str, Any]) -> None:
-        payload = json.dumps({"type": event, **data}, ensure_ascii=False)
-        await self.response.write(f"event: {event}\ndata: {payload}\n\n".encode())
+        payload = fast_json.dumps_bytes({"type": event, **data})
+        await self.response.write(b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n")
 
     async def text(self, delta: str) -> None:
         if not delta:

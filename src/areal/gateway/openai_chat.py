@@ -27,6 +27,7 @@ from typing import Any
 
 from aiohttp import web
 
+from areal.core import fast_json
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
 from areal.gateway.chat_messages import (
     OutputStream,
@@ -305,12 +306,8 @@ async def complete(
             "usage": usage_json(prompt_ids, list(gens)),
             "system_fingerprint": None,
         },
-        dumps=_dumps,
+        dumps=fast_json.dumps,
     )
-
-
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False)
 
 
 # --- streaming ------------------------------------------------------------------------------
@@ -371,7 +368,7 @@ class ChoiceStream:
 
 
 def _event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + _dumps(payload).encode() + b"\n\n"
+    return b"data: " + fast_json.dumps_bytes(payload) + b"\n\n"
 
 
 class _ChunkEvents:
@@ -379,11 +376,11 @@ class _ChunkEvents:
     shares are serialized once, and each chunk adds its one ``choices`` entry."""
 
     def __init__(self, envelope: dict[str, Any]) -> None:
-        head = _dumps({**envelope, "choices": []})
-        self.prefix = b"data: " + head[: -len("[]}")].encode() + b"["
+        head = fast_json.dumps_bytes({**envelope, "choices": []})
+        self.prefix = b"data: " + head[: -len(b"[]}")] + b"["
 
     def event(self, entry: dict[str, Any]) -> bytes:
-        return self.prefix + _dumps(entry).encode() + b"]}\n\n"
+        return self.prefix + fast_json.dumps_bytes(entry) + b"]}\n\n"
 
 
 async def _merge(streams: list[AsyncIterator[Any]]) -> AsyncGenerator[Any, None]:

@@ -24,6 +24,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from areal.core import fast_json
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, ToolCallStream
 from areal.gateway.chat_messages import (
     ROLE_ALIASES,
@@ -489,8 +490,8 @@ class _EventWriter:
     async def send(self, kind: str, **data: Any) -> None:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
         self.sequence += 1
-        line = f"event: {kind}\ndata: {json.dumps(payload, ensure_ascii=False)}\n\n"
-        await self.response.write(line.encode())
+        data_json = fast_json.dumps_bytes(payload)
+        await self.response.write(b"event: " + kind.encode() + b"\ndata: " + data_json + b"\n\n")
 
 
 class _OutputStream:

@@ -262,7 +262,11 @@ def decode(frames: Sequence[Any]) -> Trajectory:
         def take(fields: tuple[tuple[str, str], ...], meta: dict[str, Any]) -> dict[str, Any]:
             return {**{name: next(columns) for name, _ in fields}, **meta}
 
-        samples = [Sample(**take(SAMPLE_ARRAYS, meta)) for meta in header["samples"]]
+        # The views have the wire's dtypes, which are the sample's: no conversion to check.
+        samples = [
+            Sample.of_wire_arrays([next(columns) for _ in SAMPLE_ARRAYS], **meta)
+            for meta in header["samples"]
+        ]
         turns = []
         for meta in header["turns"]:  # a completion holds lists, as the engine's answer did
             record = take(TURN_ARRAYS, meta)
