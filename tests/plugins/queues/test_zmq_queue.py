@@ -7,7 +7,9 @@ import json
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pytest
 import zmq
@@ -403,3 +405,61 @@ def test_the_registered_factory_checks_its_options() -> None:
         ZmqTrajectorySource(LOOPBACK, queue_max_size=0)
     with pytest.raises(QueueError, match="cannot bind"):
         ZmqTrajectorySource("tcp://not-an-address")
+
+
+def test_a_cancelled_put_still_arrives_and_close_waits_for_its_ack() -> None:
+    """Cancelling a put cancels only the caller's wait: the trajectory stays pending, reaches
+    the consumer once there is room, and ``close`` waits for its acknowledgement."""
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=1) as source:
+
+        async def produce() -> None:
+            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            await asyncio.wait_for(sink.put(trajectory(0)), 5)
+            second = asyncio.create_task(sink.put(trajectory(1)))
+            done, _ = await asyncio.wait([second], timeout=0.3)
+            assert not done and sink.pending == 1  # the consumer is full
+            second.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await second
+            assert sink.pending == 1
+            taker = threading.Timer(0.3, source.get)  # room, after close() began waiting
+            taker.start()
+            await sink.close()
+            taker.join()
+            assert sink.counters()["acked"] == 2 and sink.pending == 0
+
+        asyncio.run(produce())
+        assert drain(source, 1) == [trajectory(1)]
+
+
+class _CountingExecutor(ThreadPoolExecutor):
+    """The loop's default executor, counting the calls sent to its threads."""
+
+    calls = 0
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        type(self).calls += 1
+        return super().submit(fn, *args, **kwargs)
+
+
+def test_aget_takes_buffered_trajectories_without_a_worker_thread() -> None:
+    """The trainer takes a batch with ``aget``: what is buffered comes back at once, and only an
+    empty buffer waits in a worker thread (and still gets what arrives while it waits)."""
+    sent = [trajectory(i) for i in range(20)]
+    with ZmqTrajectorySource(LOOPBACK, queue_max_size=64) as source:
+
+        async def scenario() -> None:
+            asyncio.get_running_loop().set_default_executor(_CountingExecutor(max_workers=1))
+            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            await asyncio.wait_for(asyncio.gather(*(sink.put(t) for t in sent)), 5)
+            assert [await source.aget(timeout=1) for _ in sent] == sent
+            assert _CountingExecutor.calls == 0
+            late = asyncio.create_task(source.aget(timeout=5))  # empty: waits in a thread
+            await asyncio.sleep(0.2)
+            await asyncio.wait_for(sink.put(trajectory(99)), 5)
+            assert await late == trajectory(99)
+            assert _CountingExecutor.calls == 1
+            assert await source.aget(timeout=0.1) is None
+            await sink.close()
+
+        asyncio.run(scenario())

@@ -466,22 +466,33 @@ class ZmqTrajectorySource:
     def get(self, timeout: float | None = None) -> Trajectory | None:
         """The next trajectory, or ``None`` after ``timeout`` seconds (or once closed and empty)."""
         with self._cond:
-            self._cond.wait_for(lambda: self._buffer or self._stopping, timeout)
             if not self._buffer:
-                if self._error is not None:
-                    raise QueueError(f"the trajectory queue failed: {self._error}")
-                return None
-            was_full = len(self._buffer) >= self.queue_max_size
-            item = self._buffer.popleft()
-            self.buffered_bytes -= self._sizes.popleft()
-            self.delivered += 1
+                self._cond.wait_for(lambda: self._buffer or self._stopping, timeout)
+            return self._pop_locked()
+
+    async def aget(self, timeout: float | None = None) -> Trajectory | None:
+        """``get`` for an event loop. A buffered trajectory is returned at once; only an empty
+        buffer waits, in a worker thread (pass a timeout). The trainer takes a whole batch this
+        way, so most takes skip the thread hop."""
+        with self._cond:
+            if self._buffer:
+                return self._pop_locked()
+        return await asyncio.to_thread(self.get, timeout)
+
+    def _pop_locked(self) -> Trajectory | None:
+        """The first buffered trajectory (the caller holds the lock); ``None`` if there is none,
+        ``QueueError`` if the socket thread failed."""
+        if not self._buffer:
+            if self._error is not None:
+                raise QueueError(f"the trajectory queue failed: {self._error}")
+            return None
+        was_full = len(self._buffer) >= self.queue_max_size
+        item = self._buffer.popleft()
+        self.buffered_bytes -= self._sizes.popleft()
+        self.delivered += 1
         if was_full:
             self._wake()  # there is room again: let the socket thread read (and ack) the next
         return item
-
-    async def aget(self, timeout: float | None = None) -> Trajectory | None:
-        """``get`` for an event loop (it waits in a worker thread; pass a timeout)."""
-        return await asyncio.to_thread(self.get, timeout)
 
     def close(self) -> None:
         """Stop receiving and unbind; what is buffered stays available to ``get``."""
