@@ -27,6 +27,7 @@ from aiohttp import web
 
 from areal.core.bind import remote_bind_refusal
 from areal.core.episode_journal import EpisodeJournal
+from areal.core.gc_tuning import tune_for_serving
 from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
@@ -303,8 +304,10 @@ def serve(
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
         log.info("listening on %s://%s:%d", "https" if tls else "http", host, port)
         _more_file_descriptors()
+        app = build_app(state, limits)
+        tune_for_serving()  # after start-up: what it built is frozen (areal.core.gc_tuning)
         web.run_app(
-            build_app(state, limits),
+            app,
             host=host,
             port=port,
             ssl_context=tls,
