@@ -163,14 +163,19 @@ def sustained_rss(url: str, pid: int, waves: int) -> list[float]:
 
 
 def start_variant(
-    config: EmbeddedServerConfig, tmp: Path, name: str, **changes: Any
+    config: EmbeddedServerConfig,
+    tmp: Path,
+    name: str,
+    src: str | None = None,
+    **changes: Any,
 ) -> tuple[ServerProcess, str]:
     """Another engine with ``changes`` (``compile_decode=True``: its compile takes a while) on
-    its own port."""
+    its own port; run from another checkout's ``src`` when given (``--baseline-src``)."""
     port = pick_free_port()
     variant = dataclasses.replace(config, port=port, **changes)
+    env = {**os.environ, **({"PYTHONPATH": str(Path(src).resolve())} if src else {})}
     server = ServerProcess(
-        build_command(variant), log_path=tmp / f"engine-{name}.log", env={**os.environ}
+        build_command(variant), log_path=tmp / f"engine-{name}.log", env=env
     ).start()
     url = f"http://127.0.0.1:{port}"
     server.wait_healthy(url, timeout=900)
@@ -197,6 +202,12 @@ def main() -> int:
         "--unpacked",
         action="store_true",
         help="also run the engine(s) with --no-pack-weights, in the same alternating rounds",
+    )
+    parser.add_argument(
+        "--baseline-src",
+        metavar="DIR",
+        help="also run the engine(s) of another checkout's src/ (e.g. `git archive REV src`), in "
+        "the same alternating rounds: before and after a change",
     )
     args = parser.parse_args()
     if not args.no_vllm and not Path(default_python()).is_relative_to(Path(sys.prefix) / "vllm"):
@@ -230,6 +241,13 @@ def main() -> int:
         if args.compile_decode:
             extra["compiled_unpacked"] = start_variant(
                 config, Path(tmp.name), "compiled-unpacked", compile_decode=True, pack_weights=False
+            )
+    if args.baseline_src:
+        src = args.baseline_src
+        extra["baseline"] = start_variant(config, Path(tmp.name), "baseline", src)
+        if args.compile_decode:
+            extra["compiled_baseline"] = start_variant(
+                config, Path(tmp.name), "compiled-baseline", src, compile_decode=True
             )
     with ServerProcess(build_command(config), log_path=log_path, env={**os.environ}) as server:
         url = f"http://127.0.0.1:{port}"
