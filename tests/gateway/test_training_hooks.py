@@ -280,6 +280,30 @@ def test_idle_sessions_are_reaped_and_give_their_slot_back(start_gateway: Any) -
         assert listing["budget"]["rejected"] == 1 and listing["budget"]["running"] == 1
 
 
+def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gateway: Any) -> None:
+    """A gateway whose loop stood still past the idle timeout (a stopped process, a paused
+    machine) could not hear its clients: its reaper waits one more round, and a call that comes
+    right after keeps the session. A client silent after that is still reaped."""
+    timeout = 1.0
+    with start_gateway(
+        budget=StalenessBudget(max_concurrent=1), session_idle_timeout=timeout
+    ) as gw:
+        alive = create(gw).json()
+
+        async def stand_still() -> None:
+            time.sleep(2.5 * timeout)  # blocks the gateway's event loop, reaper included
+
+        gw.run(stand_still())
+        assert get(gw, "/v1/models", alive["api_key"]).status_code == 200
+        deadline = time.monotonic() + 10 * timeout
+        while time.monotonic() < deadline:
+            status = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()["status"]
+            if status == "ended":
+                break
+            time.sleep(0.1)
+        assert status == "ended"
+
+
 def test_a_session_with_a_call_running_is_not_idle() -> None:
     sessions = SessionManager("admin", idle_timeout=10.0)
 
