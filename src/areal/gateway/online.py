@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.gateway.errors import GatewayError
+from areal.gateway.reaper_rounds import reap_in_rounds
 from areal.gateway.sessions import Session, SessionManager
 
 log = logging.getLogger("areal.gateway.online")
@@ -271,9 +272,4 @@ class OnlineConversations:
             self._task = None
 
     async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            try:
-                await self.expire()
-            except Exception:  # keep going: one failure must not leave slots held for good
-                log.exception("the online-conversation reaper failed; it goes on")
+        await reap_in_rounds(lambda: self.interval, self.expire, log, "online-conversation reaper")

@@ -35,6 +35,7 @@ from aiohttp import web
 
 from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import state_of
+from areal.gateway.reaper_rounds import reap_in_rounds
 from areal.gateway.request_body import read_json
 from areal.gateway.session_api import require_admin
 from areal.gateway.sessions import SessionManager
@@ -130,18 +131,6 @@ class IdleReaper:
             self._task = None
 
     async def _run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            due = loop.time() + self.interval
-            await asyncio.sleep(self.interval)
-            late = loop.time() - due
-            if late > self.interval:
-                # The gateway itself stood still (a stopped or starved process, a paused
-                # machine): no client could reach it, so their silence is not theirs. Look
-                # again after an interval in which they can show they are alive.
-                log.info("the session reaper woke %.1f s late; it waits one more round", late)
-                continue
-            try:
-                await self.sessions.expire_idle()
-            except Exception:  # keep reaping: one failure must not leave slots held for good
-                log.exception("the idle-session reaper failed; it goes on")
+        await reap_in_rounds(
+            lambda: self.interval, self.sessions.expire_idle, log, "idle-session reaper"
+        )
