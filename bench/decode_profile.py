@@ -13,28 +13,16 @@ import statistics
 import sys
 import time
 
-import torch
-from decode_step import NEW_TOKENS, PROMPT_LEN, _keep, build, one_round
+from decode_step import NEW_TOKENS, build, one_round, prefilled
 from torch.profiler import ProfilerActivity, profile
 
 from areal.core.heap import keep_freed_memory
 from areal.plugins.inference.embedded.engine import Engine
-from areal.plugins.inference.embedded.requests import SequenceRequest
-from areal.plugins.inference.embedded.schema import SamplingParams
 
 
 def profiled_round(engine: Engine, rows: int) -> tuple[float, profile]:
     """One round with the profiler on around the decode steps only: the median step (s)."""
-    g = torch.Generator().manual_seed(1)
-    out: dict[int, list[int]] = {}
-    for i in range(rows):
-        prompt = torch.randint(10, 4000, (PROMPT_LEN,), generator=g).tolist()
-        params = SamplingParams.model_validate(
-            {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
-        )
-        engine._enqueue(SequenceRequest(rid=str(i), input_ids=prompt, params=params), _keep(out, i))
-    engine._admit()
-    engine._timed("prefill", list(engine.running))
+    prefilled(engine, rows, seed=1)
     steps = []
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         while engine.running:

@@ -51,9 +51,9 @@ def _keep(out: dict[int, list[int]], i: int) -> Emit:
     return emit
 
 
-def one_round(engine: Engine, rows: int) -> tuple[float, list[list[int]]]:
-    """Prefill ``rows`` prompts, decode them to the end: the median step (s) and the tokens."""
-    g = torch.Generator().manual_seed(0)
+def prefilled(engine: Engine, rows: int, seed: int = 0) -> dict[int, list[int]]:
+    """``rows`` seeded prompts admitted and prefilled; where each one's tokens will be kept."""
+    g = torch.Generator().manual_seed(seed)
     out: dict[int, list[int]] = {}
     for i in range(rows):
         prompt = torch.randint(10, 4000, (PROMPT_LEN,), generator=g).tolist()
@@ -63,6 +63,12 @@ def one_round(engine: Engine, rows: int) -> tuple[float, list[list[int]]]:
         engine._enqueue(SequenceRequest(rid=str(i), input_ids=prompt, params=params), _keep(out, i))
     engine._admit()
     engine._timed("prefill", list(engine.running))
+    return out
+
+
+def one_round(engine: Engine, rows: int) -> tuple[float, list[list[int]]]:
+    """Prefill ``rows`` prompts, decode them to the end: the median step (s) and the tokens."""
+    out = prefilled(engine, rows)
     steps = []
     while engine.running:
         start = time.perf_counter()
