@@ -23,7 +23,6 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from areal.core import fast_json
 from areal.core.tool_calls import new_call_id
 from areal.gateway.anthropic_request import ChatRequest, parse_request, sampling_options
 from areal.gateway.chat_messages import ForcedCallReader, OutputStream, split_output
@@ -33,7 +32,7 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
-from areal.gateway.sse import EventStreamResponse
+from areal.gateway.sse import EventStreamResponse, sse_event
 
 # --- the prompt ------------------------------------------------------------------------------
 
@@ -200,8 +199,7 @@ class EventStream:
         self.tool_calls = 0
 
     async def send(self, event: str, data: dict[str, Any]) -> None:
-        payload = fast_json.dumps_bytes({"type": event, **data})
-        await self.response.write(b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n")
+        await self.response.write(sse_event({"type": event, **data}, event))
 
     async def text(self, delta: str) -> None:
         if not delta:

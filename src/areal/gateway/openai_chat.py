@@ -47,7 +47,7 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
-from areal.gateway.sse import EventStreamResponse
+from areal.gateway.sse import EventStreamResponse, sse_event
 
 MAX_CHOICES = 64
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object
@@ -367,10 +367,6 @@ class ChoiceStream:
         return self.entry({"content": text})
 
 
-def _event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + fast_json.dumps_bytes(payload) + b"\n\n"
-
-
 class _ChunkEvents:
     """SSE events of ``chat.completion.chunk`` objects: the fields every chunk of a stream
     shares are serialized once, and each chunk adds its one ``choices`` entry."""
@@ -482,7 +478,7 @@ async def _write_stream(
     await response.prepare(request)
 
     async def send(payload: dict[str, Any]) -> None:
-        await response.write(_event(payload))
+        await response.write(sse_event(payload))
 
     chunk = _ChunkEvents(envelope)
     pending = [chunk.event(choice.role()) for choice in choices]
@@ -502,7 +498,7 @@ async def _write_stream(
         if chat.include_usage:
             done = [g for g in finals if g is not None]
             usage = {**envelope, "choices": [], "usage": usage_json(prompt_ids, done)}
-            pending.append(_event(usage))
+            pending.append(sse_event(usage))
         await response.write_eof(b"".join([*pending, b"data: [DONE]\n\n"]))  # one send
     except GatewayError as err:  # headers are gone: the error travels as an SSE event
         with contextlib.suppress(ConnectionResetError):

@@ -24,7 +24,6 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from areal.core import fast_json
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, ToolCallStream
 from areal.gateway.chat_messages import (
     ROLE_ALIASES,
@@ -45,7 +44,7 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation, TextDeltas
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
-from areal.gateway.sse import EventStreamResponse
+from areal.gateway.sse import EventStreamResponse, sse_event
 
 ROUTE = "/responses"
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema value for "any JSON value" (text.format json_object)
@@ -490,8 +489,7 @@ class _EventWriter:
     async def send(self, kind: str, **data: Any) -> None:
         payload = {"type": kind, "sequence_number": self.sequence, **data}
         self.sequence += 1
-        data_json = fast_json.dumps_bytes(payload)
-        await self.response.write(b"event: " + kind.encode() + b"\ndata: " + data_json + b"\n\n")
+        await self.response.write(sse_event(payload, kind))
 
 
 class _OutputStream:

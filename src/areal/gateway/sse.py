@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from aiohttp import web
+
+from areal.core import fast_json
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
@@ -22,3 +26,10 @@ class EventStreamResponse(web.StreamResponse):
 
     def __init__(self) -> None:
         super().__init__(headers=SSE_HEADERS)
+
+
+def sse_event(data: Any, name: str | None = None) -> bytes:
+    """One server-sent event carrying ``data`` as JSON, named ``name`` when given (the
+    Anthropic and Responses streams name theirs; OpenAI chat's are unnamed)."""
+    event = b"data: " + fast_json.dumps_bytes(data) + b"\n\n"
+    return event if name is None else b"event: " + name.encode() + b"\n" + event
