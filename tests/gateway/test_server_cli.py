@@ -110,6 +110,13 @@ def test_seed_command_with_an_unreachable_engine_is_one_line() -> None:
     assert line.startswith(f"error: the engine at {url} cannot be attached"), line
 
 
+@pytest.mark.usefixtures("clean_env")
+def test_a_bad_event_loop_choice_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AREAL_EVENT_LOOP", "trio")
+    line = one_line_error([*SERVER, "--port", str(pick_free_port())])
+    assert line.startswith("error: AREAL_EVENT_LOOP='trio' is not one of auto, uvloop, asyncio")
+
+
 def seed_model_ids() -> list[str]:
     routing = yaml.safe_load(Path(SEED_ROUTER).read_text())["model_routing"]
     return [entry["model_id"] for entry in routing.values()]
@@ -151,6 +158,7 @@ def test_seed_command_starts_with_no_engine(
         assert after.status_code == 200, after.text
         assert after.json()["usage"]["completion_tokens"] >= 1
         assert "no engine yet" in proc.log_tail(200)
+        assert "event loop: uvloop" in proc.log_tail(200)  # areal.core.event_loop's default
 
 
 @pytest.mark.usefixtures("clean_env")

@@ -12,6 +12,8 @@ import threading
 
 from aiohttp import web
 
+from areal.core.event_loop import new_event_loop
+
 
 class ServerThread:
     """An aiohttp app on its own event loop and thread. ``start`` raises if the port cannot be bound."""
@@ -66,7 +68,7 @@ class ServerThread:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
+        loop = new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(

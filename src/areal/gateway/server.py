@@ -27,6 +27,7 @@ from aiohttp import web
 
 from areal.core.bind import remote_bind_refusal
 from areal.core.episode_journal import EpisodeJournal
+from areal.core.event_loop import loop_choice, loop_name, new_event_loop
 from areal.core.gc_tuning import tune_for_serving
 from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
@@ -225,6 +226,7 @@ def serve(
     limits: HttpLimits | None = None,
 ) -> None:
     training = (training or TrainingFlags()).check()
+    loop_choice()  # a bad AREAL_EVENT_LOOP fails here, before an engine starts
     tls = listen_settings(
         host, allow_remote=allow_remote, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile
     )
@@ -305,6 +307,8 @@ def serve(
         log.info("listening on %s://%s:%d", "https" if tls else "http", host, port)
         _more_file_descriptors()
         app = build_app(state, limits)
+        loop = new_event_loop()
+        log.info("event loop: %s", loop_name(loop))
         tune_for_serving()  # after start-up: what it built is frozen (areal.core.gc_tuning)
         web.run_app(
             app,
@@ -313,6 +317,7 @@ def serve(
             ssl_context=tls,
             print=None,
             access_log=None,
+            loop=loop,
         )
 
 

@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal.core import event_loop
 from areal.core.agent_choice import agent_fn_of, choose_adapter, is_harness
 from areal.core.episode import session_fields
 from areal.core.rewards import build_reward
@@ -183,8 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     spec = WorkerSpec.load(args.spec)
     try:
-        asyncio.run(run_worker(spec, admin))
-    except RolloutError as err:
+        event_loop.run(run_worker(spec, admin))
+    except (RolloutError, event_loop.EventLoopChoiceError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

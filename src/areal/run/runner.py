@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from areal.core.event_loop import EventLoopChoiceError, loop_choice
 from areal.core.launcher import launcher_for
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.model_source import ModelSourceError, resolve_models
@@ -116,8 +117,9 @@ def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) ->
     A Hub id in ``model.path`` becomes its local snapshot first (a no-op when the entry point
     resolved it already), so the trainer and every engine start from one directory."""
     try:
+        loop_choice()  # the gateway and the workers read it: a bad value fails the run here
         config = resolve_models(config)
-    except ModelSourceError as err:
+    except (ModelSourceError, EventLoopChoiceError) as err:
         raise RunError(str(err)) from err
     return asyncio.run(_Run(config, Path(output_dir), resume).main())
 
