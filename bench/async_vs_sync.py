@@ -8,8 +8,9 @@ The workload is ``bench/longtail_agent.py``: one chat call per episode of exactl
 tasks file so every phase sees the same episodes. The inference engine is pinned to core 0 and the
 trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
 rollout worker share the trainer's core, as they do in ``areal train`` when ``agent.cpu_affinity``
-is unset (``--agent-core engine``: beside the engine, ``agent.cpu_affinity: [0]``; in every
-phase alike, so the bound is measured with the same placement). The phases, in this order:
+is unset (``--agent-core engine``: beside the engine, ``agent.cpu_affinity: [0]``; ``all``: either
+core, where the scheduler finds one idle; in every phase alike, so the bound is measured with the
+same placement). The phases, in this order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -87,6 +88,11 @@ from areal.run.runner import train  # noqa: E402
 from areal.run.supervisor import Supervisor  # noqa: E402
 
 ENGINE_CORE, TRAINER_CORE = 0, 1
+AGENT_CORES = {
+    "engine": (ENGINE_CORE,),
+    "trainer": (TRAINER_CORE,),
+    "all": (ENGINE_CORE, TRAINER_CORE),  # the scheduler places them where a core is idle
+}
 GROUP_SIZE = 4  # samples per task (a GRPO group); each sample has a length of its own
 
 
@@ -102,7 +108,7 @@ class Settings:
     skip: int = 2  # steady state: the steps after the first `skip`
     gen_warmup: int = 32  # trajectories before the generation-only clock starts
     gen_seconds: float = 30.0
-    agent_core: int = TRAINER_CORE  # agent.cpu_affinity: where the gateway and the worker run
+    agent_cores: tuple[int, ...] = (TRAINER_CORE,)  # agent.cpu_affinity: the gateway's and worker's
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
@@ -151,7 +157,7 @@ def run_config(
             "max_turns": 1,
             "concurrency": s.concurrency,
             "episode_timeout_s": 300,
-            "cpu_affinity": [s.agent_core],
+            "cpu_affinity": list(s.agent_cores),
         },
         "logging": {
             "log_dir": str(root / name / "logs"),
@@ -442,8 +448,8 @@ def report(results: dict[str, Any]) -> str:
     lines = [
         f"model {results['settings']['size']}, batch {results['settings']['batch']}, "
         f"concurrency {results['settings']['concurrency']}, staleness "
-        f"{results['settings']['staleness']}, gateway and worker on core "
-        f"{results['settings'].get('agent_core', TRAINER_CORE)}",
+        f"{results['settings']['staleness']}, gateway and worker on cores "
+        f"{_cores(results['settings'])}",
         f"{'':<17}{'samples/s':>10}{'other load':>12}",
     ]
     for name, value, load, note in rows:
@@ -466,6 +472,12 @@ def report(results: dict[str, Any]) -> str:
             "they take cores from the async run more than from the others: run again when quiet"
         )
     return "\n".join(lines)
+
+
+def _cores(settings: dict[str, Any]) -> str:
+    """The agent's cores as the results name them (older results files hold one ``agent_core``)."""
+    cores = settings.get("agent_cores", [settings.get("agent_core", TRAINER_CORE)])
+    return ", ".join(str(core) for core in cores)
 
 
 def _run_note(run: dict[str, Any]) -> str:
@@ -579,8 +591,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--agent-core",
-        choices=["engine", "trainer"],
-        help="the core of the gateway and the rollout worker (default: the trainer's)",
+        choices=list(AGENT_CORES),
+        help="the cores of the gateway and the rollout worker (default: the trainer's, as areal "
+        "train inherits it; all: both, where the scheduler finds one idle)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")
@@ -590,7 +603,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency, "staleness": args.staleness,
         "gen_seconds": args.gen_seconds, "pause_mode": args.pause_mode,
         "both_modes": False if args.one_mode else None,
-        "agent_core": {"engine": ENGINE_CORE, "trainer": TRAINER_CORE}.get(args.agent_core or ""),
+        "agent_cores": AGENT_CORES.get(args.agent_core or ""),
     }  # fmt: skip
     s = QUICK if args.quick else Settings()
     s = dataclasses.replace(s, **{k: v for k, v in overrides.items() if v is not None})
