@@ -64,12 +64,14 @@ def inference_command(
         help="Compile the decode step with torch.compile (inductor): faster steps at every "
         "batch size, after a compile of tens of seconds at start (cached on disk for the next).",
     ),
-    pack_weights: bool = typer.Option(
-        True,
+    pack_weights: bool | None = typer.Option(
+        None,
         "--pack-weights/--no-pack-weights",
         help="Run linear layers on oneDNN-packed copies of their weights, re-packed after every "
-        "weight update (faster GEMMs, a second copy of the linear weights in memory); "
-        "--no-pack-weights uses torch's own linear on the parameters.",
+        "weight update (a second copy of the linear weights in memory), or on torch's own "
+        "linear. Default: whichever this CPU runs a decode step's layers faster, measured at "
+        "start-up (/server_info says which, as linear_weights).",
+        show_default=False,
     ),
     attach: str | None = typer.Option(
         None,

@@ -1,5 +1,5 @@
 """The compiled decode step (``--compile-decode``) and the linear layers on pre-packed weights
-(``EngineConfig.pack_weights``, the default) compute what the eager step on the parameters
+(``EngineConfig.pack_weights=True``) compute what the eager step on the parameters
 computes: the same greedy tokens and log-probs for batches of one and of several rows as their keys
 grow, the same after weights are loaded or written in place (a stale pack would be a silent wrong
 answer), and steps the compiled step does not cover (rows in several buckets) run eagerly. One

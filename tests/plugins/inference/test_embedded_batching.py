@@ -66,6 +66,11 @@ def test_kv_budget_queues_instead_of_growing(start_server: Any) -> None:
         stats = srv.http.get("/server_info").json()
         assert stats["kv_used_tokens"] == 0 and stats["running"] == 0
         assert 40 <= stats["kv_peak_used_tokens"] <= 64  # one request's 40 at a time, in budget
+        # the default: packed or not, as this CPU measured at start-up (packed_linear.py)
+        weights = stats["linear_weights"]
+        assert weights["chosen_by"] == "measured"
+        assert weights["packed"] == (weights["packed_ms"] < weights["plain_ms"])
+        assert weights["packed"] == (engine._prepacked is not None)
         assert engine.pool.nbytes() == pool_bytes
         too_big = srv.http.post(
             "/generate", json={"input_ids": [1] * 40, "sampling_params": {"max_new_tokens": 30}}

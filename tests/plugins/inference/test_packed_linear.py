@@ -11,7 +11,14 @@ import dataclasses
 import pytest
 import torch
 
-from areal.plugins.inference.embedded.packed_linear import PackedLinear, PackedWeights, can_pack
+from areal.plugins.inference.embedded import packed_linear
+from areal.plugins.inference.embedded.engine import Engine, EngineConfig
+from areal.plugins.inference.embedded.packed_linear import (
+    PackedLinear,
+    PackedWeights,
+    can_pack,
+    measure_packing,
+)
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
@@ -106,3 +113,55 @@ def test_only_fp32_cpu_models_are_packed() -> None:
     model = Qwen3ForCausalLM(tiny_config("nano"))
     assert can_pack(model)
     assert not can_pack(model.to(torch.bfloat16))
+
+
+def test_measuring_packing_times_both_ways_and_changes_nothing() -> None:
+    """The start-up measurement times the forward both ways, and leaves the model as it was:
+    the same modules, no fused layers set, the same weights and logits."""
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    modules = [type(m) for m in model.modules()]
+    choice = measure_packing(model, repeats=1, calls=1)
+    assert choice.packed_ms > 0 and choice.plain_ms > 0
+    assert choice.pays == (choice.packed_ms < choice.plain_ms)
+    assert [type(m) for m in model.modules()] == modules
+    assert not any(hasattr(m, "qkv_proj") or hasattr(m, "gate_up_proj") for m in model.modules())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+    reference = Qwen3ForCausalLM(tiny_config("nano"))
+    reference.init_weights(generator=torch.Generator().manual_seed(0))
+    _assert_same_logits(reference.eval(), model.eval())
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_a_chosen_packing_is_not_measured(pack: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``pack_weights`` True or False is taken as it is; only the default (None) measures."""
+
+    def must_not_run(*_: object, **__: object) -> None:
+        raise AssertionError("measured although the config chose")
+
+    monkeypatch.setattr("areal.plugins.inference.embedded.engine.measure_packing", must_not_run)
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    engine = Engine(
+        model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=256, pack_weights=pack)
+    )
+    assert engine.packing == {"packed": pack, "chosen_by": "config"}
+    assert (engine._prepacked is not None) == pack
+
+
+def test_the_default_packs_as_measured(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the default, the engine packs exactly when the measurement says packing pays,
+    whichever way it came out on this CPU (both outcomes forced through the real measurement's
+    result type)."""
+    for packed_ms, plain_ms in ((1.0, 2.0), (2.0, 1.0)):
+        choice = packed_linear.PackingChoice(packed_ms, plain_ms)
+        monkeypatch.setattr(
+            "areal.plugins.inference.embedded.engine.measure_packing", lambda *_a, c=choice: c
+        )
+        model = Qwen3ForCausalLM(tiny_config("nano"))
+        model.init_weights(generator=torch.Generator().manual_seed(0))
+        engine = Engine(model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=256))
+        assert engine.packing == {**choice.to_json(), "chosen_by": "measured"}
+        assert (engine._prepacked is not None) == (packed_ms < plain_ms)

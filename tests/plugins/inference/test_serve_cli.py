@@ -147,12 +147,16 @@ def test_an_engine_off_loopback_is_started_with_the_remote_bind_allowed() -> Non
     assert remote[remote.index("--host") + 1] == "10.0.0.7" and "--allow-remote" in remote
 
 
-def test_weights_are_packed_unless_the_command_says_no_pack_weights() -> None:
-    """Packed weights are the default; ``pack_weights=False`` is the CLI's ``--no-pack-weights``,
+def test_packing_is_measured_unless_the_command_chooses() -> None:
+    """By default neither flag is passed (the engine measures which is faster);
+    ``pack_weights`` True / False are the CLI's ``--pack-weights`` / ``--no-pack-weights``,
     which the CLI itself accepts (its help lists both spellings)."""
-    assert "--no-pack-weights" not in build_command(_config("/m", 9))
+    default = build_command(_config("/m", 9))
+    assert "--no-pack-weights" not in default and "--pack-weights" not in default
     unpacked = build_command(EmbeddedServerConfig(model_path="/m", port=9, pack_weights=False))
-    assert "--no-pack-weights" in unpacked
+    assert "--no-pack-weights" in unpacked and "--pack-weights" not in unpacked
+    packed = build_command(EmbeddedServerConfig(model_path="/m", port=9, pack_weights=True))
+    assert "--pack-weights" in packed and "--no-pack-weights" not in packed
     from typer.testing import CliRunner
 
     from areal.cli.main import app

@@ -31,7 +31,11 @@ from areal.plugins.inference.embedded.grammar import (
     grammar_spec_from_sampling_params,
 )
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
-from areal.plugins.inference.embedded.packed_linear import PackedWeights, can_pack
+from areal.plugins.inference.embedded.packed_linear import (
+    PackedWeights,
+    can_pack,
+    measure_packing,
+)
 from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
 from areal.plugins.inference.embedded.requests import Emit, RequestError, SequenceRequest
 from areal.plugins.inference.embedded.sampling import (
@@ -64,8 +68,9 @@ class EngineConfig:
     # compile the decode step (compiled_decode.py): faster steps, tens of seconds at start
     compile_decode: bool = False
     # linear layers on oneDNN-packed copies of their weights (packed_linear.py), re-packed after
-    # every weight update; False: torch's own linear on the parameters
-    pack_weights: bool = True
+    # every weight update; False: torch's own linear on the parameters; None: whichever this
+    # CPU runs faster, measured at start-up (packed_linear.measure_packing)
+    pack_weights: bool | None = None
 
 
 class Engine:
@@ -104,8 +109,20 @@ class Engine:
         self._alive = threading.Event()
         self._masker = grammar.new_masker() if grammar is not None else None
         self._prepacked: PackedWeights | None = None
-        if config.pack_weights and can_pack(self.model):
-            self._prepacked = PackedWeights(self.model)
+        self.packing: dict[str, Any] = {"packed": False, "chosen_by": "config"}
+        if config.pack_weights is not False and can_pack(self.model):
+            if config.pack_weights is None:
+                measured = measure_packing(self.model)
+                self.packing = {**measured.to_json(), "chosen_by": "measured"}
+                log.info(
+                    "linear layers: %s (a decode step's, measured: packed %.2f ms, plain %.2f ms)",
+                    "packed for oneDNN" if measured.pays else "torch's own",
+                    measured.packed_ms,
+                    measured.plain_ms,
+                )
+            if config.pack_weights or self.packing["packed"]:
+                self._prepacked = PackedWeights(self.model)
+                self.packing["packed"] = True
         self._compiled: CompiledDecode | None = None
         if config.compile_decode:
             # Imported only when asked: it registers a torch op and pulls in the compiler stack,
@@ -243,6 +260,7 @@ class Engine:
                 )
             },
             "weight_version": self.weight_version,
+            "linear_weights": self.packing,
         }
 
     # --- the loop ---------------------------------------------------------------------------

@@ -22,7 +22,8 @@ class EmbeddedServerConfig:
     seed: int = 0
     log_level: str = "info"
     compile_decode: bool = False  # --compile-decode: a compiled decode step (slower start)
-    pack_weights: bool = True  # False: --no-pack-weights, torch's own linear on the parameters
+    # True: --pack-weights, False: --no-pack-weights; None: the engine measures which is faster
+    pack_weights: bool | None = None
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -48,8 +49,8 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
         cmd += ["--weight-version", config.weight_version]
     if config.compile_decode:
         cmd.append("--compile-decode")
-    if not config.pack_weights:
-        cmd.append("--no-pack-weights")
+    if config.pack_weights is not None:
+        cmd.append("--pack-weights" if config.pack_weights else "--no-pack-weights")
     if not is_loopback(config.host):  # the run asked for it (launcher.listen: node)
         cmd.append("--allow-remote")
     return cmd + list(config.extra_args)

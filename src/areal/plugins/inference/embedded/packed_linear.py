@@ -18,9 +18,21 @@ GEMM: with MKL's plain layout the wider GEMM was slower (benchmarks.md, "fused p
 the packed layout it saved ~1.9 ms of an eager and ~1.1 ms of a compiled decode step at 16 rows.
 The model's layers use such a fused layer when the engine has set one (``qkv_proj``,
 ``gate_up_proj``); the separate layers keep the parameters, which updates write as before.
+
+Whether packing pays depends on the CPU: on an AVX2 AMD host it did (above); on an AVX-512
+Intel host the plain layers were faster at every decode size (the small model's forward over
+one token a row: 3.21 against 4.34 ms at 1 row, 6.08 against 6.38 at 16; the engine decoded a
+lone request 25 % faster unpacked). So by default the engine measures both on its own CPU at
+start-up (:func:`measure_packing`, ~0.35 s for the small model) and packs only when it is
+faster; ``EngineConfig.pack_weights`` True or False skips the measurement.
 """
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
 
 import torch
 from torch import nn
@@ -120,21 +132,21 @@ class PackedWeights:
 
     def __init__(self, model: nn.Module) -> None:
         self.layers: list[PackedLinear] = []
-        fused: set[nn.Module] = set()
-        for module in list(model.modules()):
-            if isinstance(module, Attention):
-                group = [module.q_proj, module.k_proj, module.v_proj]
-                module.qkv_proj = self._add(*group)
-            elif isinstance(module, MLP):
-                group = [module.gate_proj, module.up_proj]
-                module.gate_up_proj = self._add(*group)
+        # (owner, name, what was there: the linear a single layer replaced, None for a fused one)
+        self._placed: list[tuple[nn.Module, str, nn.Module | None]] = []
+        for owner, name, group in _groups(model):
+            self._placed.append((owner, name, None if len(group) > 1 else group[0]))
+            setattr(owner, name, self._add(*group))
+
+    def remove(self) -> None:
+        """Put the model back as it was: its own linear layers, no fused ones."""
+        for owner, name, linear in reversed(self._placed):
+            if linear is None:
+                delattr(owner, name)
             else:
-                continue
-            fused.update(group)
-        for parent in list(model.modules()):
-            for name, child in list(parent.named_children()):
-                if type(child) is nn.Linear and child not in fused:
-                    setattr(parent, name, self._add(child))
+                setattr(owner, name, linear)
+        self._placed.clear()
+        self.layers.clear()
 
     def _add(self, *linears: nn.Linear) -> PackedLinear:
         layer = PackedLinear(*linears)
@@ -145,3 +157,75 @@ class PackedWeights:
         """Re-pack every layer whose weights were written since its last pack (a few µs when
         none was); returns how many were. Call before every forward that uses them."""
         return sum(layer.refresh() for layer in self.layers)
+
+
+def _groups(model: nn.Module) -> Iterator[tuple[nn.Module, str, list[nn.Linear]]]:
+    """Each packed layer to be: (the module that will hold it, under what name, its linears).
+    q/k/v and gate/up are one each (``qkv_proj``, ``gate_up_proj``); every other ``nn.Linear``
+    is one, in its own place."""
+    fused: set[nn.Module] = set()
+    for module in list(model.modules()):
+        if isinstance(module, Attention):
+            group = [module.q_proj, module.k_proj, module.v_proj]
+            yield module, "qkv_proj", group
+        elif isinstance(module, MLP):
+            group = [module.gate_proj, module.up_proj]
+            yield module, "gate_up_proj", group
+        else:
+            continue
+        fused.update(group)
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and child not in fused:
+                yield parent, name, [child]
+
+
+@dataclass(frozen=True)
+class PackingChoice:
+    """What :func:`measure_packing` found: the model's forward over one new token per row, both
+    ways, in ms (the sum over the measured row counts), and which was faster."""
+
+    packed_ms: float
+    plain_ms: float
+
+    @property
+    def pays(self) -> bool:
+        return self.packed_ms < self.plain_ms
+
+    def to_json(self) -> dict[str, float | bool]:
+        return {"packed_ms": self.packed_ms, "plain_ms": self.plain_ms, "packed": self.pays}
+
+
+MEASURED_ROWS = (1, ROWS_HINT)  # a lone request's decode step and a batch's
+
+
+def measure_packing(
+    model: nn.Module, rows: tuple[int, ...] = MEASURED_ROWS, repeats: int = 3, calls: int = 5
+) -> PackingChoice:
+    """Time the model's forward on this CPU over one token per row (a decode step's shapes,
+    without the KV cache), on its own linear layers and on packed ones, at ``rows`` rows; the
+    best of ``repeats`` rounds of ``calls`` calls each, so another process's burst does not
+    decide. The whole forward, not the linear layers alone: timed alone, packed and plain
+    layers measured the same on an AVX-512 host where the packed forward was 35 % slower at
+    one row. The model is left as it was."""
+    ids = {n: torch.zeros(n, 1, dtype=torch.long) for n in rows}
+    with torch.inference_mode():
+        plain_s = sum(_best(partial(model, ids[n]), repeats, calls) for n in rows)
+        packed = PackedWeights(model)
+        try:
+            packed_s = sum(_best(partial(model, ids[n]), repeats, calls) for n in rows)
+        finally:
+            packed.remove()
+    return PackingChoice(round(1000 * packed_s, 3), round(1000 * plain_s, 3))
+
+
+def _best(call: Callable[[], object], repeats: int, calls: int) -> float:
+    """Seconds per call: the fastest of ``repeats`` rounds (after one warm-up call)."""
+    call()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        best = min(best, (time.perf_counter() - start) / calls)
+    return best

@@ -430,7 +430,7 @@ def build_server(
     start_engine: bool = True,
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
-    pack_weights: bool = True,
+    pack_weights: bool | None = None,
 ) -> InferenceServer:
     """Load the model and tokenizer; start the engine on a background thread unless told not to
     (``serve`` runs it on the main thread). The HTTP app is not bound here."""
@@ -509,7 +509,7 @@ def serve(
     hooks: ServeHooks | None = None,
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
-    pack_weights: bool = True,
+    pack_weights: bool | None = None,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
