@@ -7,10 +7,10 @@ The workload is ``bench/longtail_agent.py``: one chat call per episode of exactl
 ``L`` long-tailed (75 % in 8-24 tokens, 25 % Pareto-tailed up to 256), written per sample into a
 tasks file so every phase sees the same episodes. The inference engine is pinned to core 0 and the
 trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
-rollout worker share the trainer's core, as they do in ``areal train`` when ``agent.cpu_affinity``
-is unset (``--agent-core engine``: beside the engine, ``agent.cpu_affinity: [0]``; ``all``: either
-core, where the scheduler finds one idle; in every phase alike, so the bound is measured with the
-same placement). The phases, in this order:
+rollout worker run on either core at nice 5, where one has idle time, as ``areal train`` places
+them when ``agent.cpu_affinity`` is unset (``--agent-core trainer``: pinned to the trainer's core;
+``engine``: beside the engine; ``all``: either core at nice 0; in every phase alike, so the bound
+is measured with the same placement). The phases, in this order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -79,6 +79,7 @@ from areal.plugins.models.hf_io import load_model  # noqa: E402
 from areal.plugins.models.tiny import init_tiny  # noqa: E402
 from areal.plugins.trainer.step import train_step  # noqa: E402
 from areal.run.processes import (  # noqa: E402
+    AGENT_NICE,
     engine_child,
     gateway_child,
     router_config,
@@ -108,7 +109,8 @@ class Settings:
     skip: int = 2  # steady state: the steps after the first `skip`
     gen_warmup: int = 32  # trajectories before the generation-only clock starts
     gen_seconds: float = 30.0
-    agent_cores: tuple[int, ...] = (TRAINER_CORE,)  # agent.cpu_affinity: the gateway's and worker's
+    # agent.cpu_affinity (the gateway's and the worker's cores); None: unset, as areal train's default
+    agent_cores: tuple[int, ...] | None = None
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
@@ -157,7 +159,7 @@ def run_config(
             "max_turns": 1,
             "concurrency": s.concurrency,
             "episode_timeout_s": 300,
-            "cpu_affinity": list(s.agent_cores),
+            "cpu_affinity": None if s.agent_cores is None else list(s.agent_cores),
         },
         "logging": {
             "log_dir": str(root / name / "logs"),
@@ -477,6 +479,8 @@ def report(results: dict[str, Any]) -> str:
 def _cores(settings: dict[str, Any]) -> str:
     """The agent's cores as the results name them (older results files hold one ``agent_core``)."""
     cores = settings.get("agent_cores", [settings.get("agent_core", TRAINER_CORE)])
+    if cores is None:  # unset: both pinned sides' cores at nice 5 (areal.run.processes.agent_cpus)
+        return f"{ENGINE_CORE}, {TRAINER_CORE}, nice {AGENT_NICE} (agent.cpu_affinity unset)"
     return ", ".join(str(core) for core in cores)
 
 
@@ -592,8 +596,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--agent-core",
         choices=list(AGENT_CORES),
-        help="the cores of the gateway and the rollout worker (default: the trainer's, as areal "
-        "train inherits it; all: both, where the scheduler finds one idle)",
+        help="pin the gateway and the rollout worker (default: unset, as areal train's default: "
+        "either core at nice 5; trainer: the trainer's; all: either core at nice 0)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")

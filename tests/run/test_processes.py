@@ -117,6 +117,7 @@ def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path:
         log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
     )  # fmt: skip
     assert gateway.cpus == worker.cpus == {0}
+    assert gateway.nice == worker.nice == 0  # placed by the user: their priority is left alone
     default = run_config_from_dict(
         {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
     )
@@ -125,3 +126,34 @@ def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path:
         log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
     )  # fmt: skip
     assert worker.cpus is None  # the runner's mask, inherited
+
+    unset = run_config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "model")},
+            "dataset": {"name": "tool_then_answer"},
+            "train": {"cpu_affinity": [1]},
+            "inference": {"cpu_affinity": [0]},
+        }
+    )
+    gateway, _ = gateway_child(
+        unset, router=tmp_path / "router.yaml", engine_urls=lambda: [], queue_address=QUEUE,
+        version=lambda: 0, log_dir=tmp_path, admin_token="a" * 24, gateway_key="k" * 24,
+    )  # fmt: skip
+    worker = worker_child(
+        unset, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
+        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
+    )  # fmt: skip
+    # both pinned, the agent unset: either side's cores, below them in priority
+    assert gateway.cpus == worker.cpus == {0, 1}
+    assert gateway.nice == worker.nice == 5
+    chosen = unset.model_copy(update={"agent": unset.agent.model_copy(update={"nice": 2})})
+    assert worker_child(
+        chosen, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
+        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
+    ).nice == 2  # fmt: skip
+    only_trainer = unset.model_copy(update={"inference": default.inference})
+    worker = worker_child(
+        only_trainer, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
+        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
+    )  # fmt: skip
+    assert worker.cpus is None and worker.nice == 0  # the runner's mask and niceness

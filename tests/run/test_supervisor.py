@@ -102,6 +102,20 @@ def test_start_all_starts_stages_in_order_and_reports_unhealthy(tmp_path: Path) 
     assert order == ["engine0", "gateway"]
 
 
+def test_a_child_with_nice_runs_at_that_niceness(tmp_path: Path) -> None:
+    """``agent.nice`` (default 5 beside pinned engines and trainer) is added to the real
+    process's niceness as it starts."""
+    child = Child(name="gateway", command=lambda: SLEEPER, log_path=tmp_path / "g", nice=5)
+    supervisor = Supervisor([child], poll_interval=0.05)
+    try:
+        asyncio.run(supervisor.start_all())
+        assert child.process is not None and child.process.pid is not None
+        ours = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, child.process.pid) == min(19, ours + 5)
+    finally:
+        supervisor.stop_all(timeout=2)
+
+
 def test_a_child_with_cpus_runs_on_those_cores(tmp_path: Path) -> None:
     """The placement the run config asks for (``inference.cpu_affinity``, ``agent.cpu_affinity``)
     is the real process's CPU mask, set as it starts."""

@@ -12,6 +12,7 @@ from pathlib import Path
 from areal.core.launcher import Placement
 from areal.core.run_config import RunConfig
 from areal.run.machine import backend_uses_gpu, gpu_count
+from areal.run.processes import agent_cpus, agent_nice
 
 LOOPBACK_PORT = "127.0.0.1:<free port at start>"
 NODE_PORT = "<its node's address>:<free port at start>"
@@ -35,12 +36,14 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         if run.enabled
         else "sync (staleness 0)"
     )
-    lines.append(f"gateway    {free_port}, {sink}, {mode}{_cores(agent.cpu_affinity)}")
+    agent_cores = _cores(sorted(agent_cpus(config) or ()))
+    if agent_nice(config):
+        agent_cores += f" (nice {agent_nice(config)})"
+    lines.append(f"gateway    {free_port}, {sink}, {mode}{agent_cores}")
     framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
     source = config.dataset.path or f"task set {config.dataset.name}"
     lines += [
-        f"rollout{i}   {framework} on {source}, {agent.concurrency} episodes at once"
-        f"{_cores(agent.cpu_affinity)}"
+        f"rollout{i}   {framework} on {source}, {agent.concurrency} episodes at once{agent_cores}"
         for i in range(run.rollout_workers)
     ]
     device = train.device if train.device != "auto" else ("cuda" if gpus else "cpu")

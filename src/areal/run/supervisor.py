@@ -53,6 +53,7 @@ class Child:
     max_restarts: int = 3
     stage: int = 0  # start_all starts stage 0 first (all at once), then 1, ...
     cpus: set[int] | None = None  # CPU affinity, set right after the process starts
+    nice: int = 0  # added to its niceness right after the process starts (0: left as it is)
     placement: Placement | None = None  # what the launcher needs to place it (None: here)
     before_restart: Hook | None = None
     after_start: Hook | None = None  # after every start that became healthy, first one included
@@ -139,9 +140,16 @@ class Supervisor:
             command, log_path=child.log_path, env=env, name=child.name, stop_signal=stop
         )
         child.process.start()
-        if child.cpus and not placed and child.process.pid is not None:
-            # Before the interpreter starts its thread pools, which inherit the mask.
-            os.sched_setaffinity(child.process.pid, child.cpus)
+        if not placed and child.process.pid is not None:
+            # Before the interpreter starts its threads, which inherit the mask and niceness
+            # (both are per thread on Linux: set now, they hold for the whole process).
+            if child.cpus:
+                os.sched_setaffinity(child.process.pid, child.cpus)
+            if child.nice:  # relative to what it inherited: lowering it needs privileges
+                pid = child.process.pid
+                os.setpriority(
+                    os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, pid) + child.nice)
+                )
         if self.on_spawn is not None:
             self.on_spawn(child)
 
