@@ -15,6 +15,7 @@ from areal.gateway import server
 from areal.gateway.training_flags import TrainingFlags
 from areal.run.gateway_client import GatewayAdmin
 from areal.run.processes import gateway_child, worker_child
+from areal.run.supervisor import Child
 
 QUEUE = "tcp://127.0.0.1:5555"
 
@@ -98,15 +99,11 @@ def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     assert admin.url == child.url  # the admin client follows once the supervisor learns the url
 
 
-def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path: Path) -> None:
+def _agent_pair(tmp_path: Path, **sections: Any) -> tuple[Child, Child]:
+    """The gateway and the first rollout worker a run of this config would start."""
     config = run_config_from_dict(
-        {
-            "model": {"path": str(tmp_path / "model")},
-            "dataset": {"name": "tool_then_answer"},
-            "train": {"cpu_affinity": [1]},
-            "inference": {"cpu_affinity": [0]},
-            "agent": {"cpu_affinity": [0]},
-        }
+        {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
+        | sections
     )
     gateway, _ = gateway_child(
         config, router=tmp_path / "router.yaml", engine_urls=lambda: [], queue_address=QUEUE,
@@ -116,44 +113,22 @@ def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path:
         config, 0, gateway_url=lambda: gateway.url or "", model_id="policy", run_dir=tmp_path,
         log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
     )  # fmt: skip
+    return gateway, worker
+
+
+def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path: Path) -> None:
+    pinned = {"train": {"cpu_affinity": [1]}, "inference": {"cpu_affinity": [0]}}
+    gateway, worker = _agent_pair(tmp_path, **pinned, agent={"cpu_affinity": [0]})
     assert gateway.cpus == worker.cpus == {0}
     assert gateway.nice == worker.nice == 0  # placed by the user: their priority is left alone
-    default = run_config_from_dict(
-        {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
-    )
-    worker = worker_child(
-        default, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
-        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
-    )  # fmt: skip
-    assert worker.cpus is None  # the runner's mask, inherited
-
-    unset = run_config_from_dict(
-        {
-            "model": {"path": str(tmp_path / "model")},
-            "dataset": {"name": "tool_then_answer"},
-            "train": {"cpu_affinity": [1]},
-            "inference": {"cpu_affinity": [0]},
-        }
-    )
-    gateway, _ = gateway_child(
-        unset, router=tmp_path / "router.yaml", engine_urls=lambda: [], queue_address=QUEUE,
-        version=lambda: 0, log_dir=tmp_path, admin_token="a" * 24, gateway_key="k" * 24,
-    )  # fmt: skip
-    worker = worker_child(
-        unset, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
-        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
-    )  # fmt: skip
-    # both pinned, the agent unset: either side's cores, below them in priority
+    gateway, worker = _agent_pair(tmp_path)
+    assert gateway.cpus is worker.cpus is None  # the runner's mask, inherited
+    assert gateway.nice == worker.nice == 0
+    # both sides pinned, the agent unset: either side's cores, below them in priority
+    gateway, worker = _agent_pair(tmp_path, **pinned)
     assert gateway.cpus == worker.cpus == {0, 1}
     assert gateway.nice == worker.nice == 5
-    chosen = unset.model_copy(update={"agent": unset.agent.model_copy(update={"nice": 2})})
-    assert worker_child(
-        chosen, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
-        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
-    ).nice == 2  # fmt: skip
-    only_trainer = unset.model_copy(update={"inference": default.inference})
-    worker = worker_child(
-        only_trainer, 0, gateway_url=lambda: "", model_id="policy", run_dir=tmp_path,
-        log_dir=tmp_path, admin_token="a" * 24, start=0, skip=[],
-    )  # fmt: skip
+    _, worker = _agent_pair(tmp_path, **pinned, agent={"nice": 2})
+    assert worker.nice == 2
+    gateway, worker = _agent_pair(tmp_path, train={"cpu_affinity": [1]})  # engines unpinned
     assert worker.cpus is None and worker.nice == 0  # the runner's mask and niceness
