@@ -282,8 +282,8 @@ def test_idle_sessions_are_reaped_and_give_their_slot_back(start_gateway: Any) -
 
 def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gateway: Any) -> None:
     """A gateway whose loop stood still past the idle timeout (a stopped process, a paused
-    machine) could not hear its clients: its reaper gives them the idle timeout again, and a
-    call in that time keeps the session. A client silent after that is still reaped."""
+    machine) could not hear its clients: its reaper waits one more round, and a call that comes
+    right after keeps the session. A client silent after that is still reaped."""
     timeout = 1.0
     with start_gateway(
         budget=StalenessBudget(max_concurrent=1), session_idle_timeout=timeout

@@ -272,10 +272,4 @@ class OnlineConversations:
             self._task = None
 
     async def _run(self) -> None:
-        await reap_in_rounds(
-            lambda: self.interval,
-            self.expire,
-            log,
-            "online-conversation reaper",
-            grace=lambda: self.idle_timeout,
-        )
+        await reap_in_rounds(lambda: self.interval, self.expire, log, "online-conversation reaper")

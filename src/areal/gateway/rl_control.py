@@ -132,9 +132,5 @@ class IdleReaper:
 
     async def _run(self) -> None:
         await reap_in_rounds(
-            lambda: self.interval,
-            self.sessions.expire_idle,
-            log,
-            "idle-session reaper",
-            grace=lambda: self.sessions.idle_timeout or self.interval,
+            lambda: self.interval, self.sessions.expire_idle, log, "idle-session reaper"
         )
