@@ -12,8 +12,6 @@ import threading
 
 from aiohttp import web
 
-from areal.core.event_loop import new_event_loop
-
 
 class ServerThread:
     """An aiohttp app on its own event loop and thread. ``start`` raises if the port cannot be bound."""
@@ -68,7 +66,7 @@ class ServerThread:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        loop = new_event_loop()
+        loop = asyncio.new_event_loop()  # asyncio: uvloop made the reaper tests flaky here
         self._loop = loop
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(
