@@ -1,6 +1,6 @@
 """The event loop areal's long-running processes run on: uvloop where it is installed.
 
-Why: the gateway, the rollout workers and the embedded engine's HTTP side spend most of their
+Why: the gateway and the rollout workers spend most of their
 CPU in the event loop and its transports (accepting, reading and writing sockets, scheduling
 callbacks), not in areal's own code. uvloop implements the same ``asyncio`` loop on libuv in C;
 the numbers it bought are in docs/benchmarks.md ("Gateway overhead"). In a training run the
