@@ -14,6 +14,7 @@ import functools
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -315,20 +316,38 @@ def test_a_stop_string_is_reported_as_matched(vllm_url: str) -> None:
     assert stop not in (stopped.text or "")
 
 
+# How often a test whose premise is timing (the engine still running when the test acts) tries
+# it: a loaded machine starves vLLM's API server, which then relays tokens long after its engine
+# made them. The premise is checked on each try, so a change that broke it fails every try.
+PREMISE_TRIES = 6
+
+
 def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
     async def go(client: VLLMClient) -> Any:
         long = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
-        last = None
+        last, aborted = None, False
         # Aborted once it is running: an abort that reaches vLLM before the request finds nothing.
+        # At 20 tokens or more, once: vLLM's API server sends a reader that falls behind several
+        # tokens in one chunk, so a chunk of exactly 20 may never come.
         async for chunk in client.generate_stream(
             input_ids=PROMPT, rid="to-abort", sampling_params=long
         ):
             last = chunk
-            if len(chunk.output_ids) == 20:
+            if len(chunk.output_ids) >= 20 and not aborted:
+                aborted = True
                 await client.abort_request("to-abort")
         return last
 
-    out = run(_with_client(vllm_url, go))
+    # The premise, that the abort lands while the request runs, fails on a loaded machine:
+    # vLLM's API server, starved, relayed the 20th token after its engine had made all 3,000
+    # (measured under 3 busy loops on 2 cores: the rest arrived 0.1 s after the abort). Tried
+    # again, as the mid-request tests below are; what is asserted holds for the first run where
+    # the abort found the request running.
+    for _attempt in range(PREMISE_TRIES):
+        out = run(_with_client(vllm_url, go))
+        if out.aborted:
+            break
+        time.sleep(1.0)  # a burst of load may pass
     ended = (out.finish_reason, len(out.output_ids))  # how it ended, if not by the abort
     assert out.aborted and 20 <= len(out.output_ids) < 3000, ended
     assert len(out.output_logprobs) == len(out.output_ids)
@@ -408,10 +427,11 @@ def test_in_place_keeps_the_request_and_labels_the_switch(
     # of the old version (or, the other way round, one of the new). That premise is tried again
     # (a pause that never froze anything would show the same every time); what is asserted holds
     # for the first run where it held.
-    for _attempt in range(3):
+    for _attempt in range(PREMISE_TRIES):
         out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
         if len(out.weight_versions) != 1:  # one span: the update landed before or after it
             break
+        time.sleep(1.0)  # a burst of load may pass
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
@@ -431,10 +451,11 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     # API server relays, and on a loaded machine the relay fell so far behind that the engine
     # finished all of N before the pause reached it, in every try.
     n = N if stream else N_WHOLE
-    for _attempt in range(6):  # 3 all missed once, in a full run on a loaded machine
+    for _attempt in range(PREMISE_TRIES):  # 3 all missed once, in a full run on a loaded machine
         out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream, n))
         if len(out.weight_versions) != 1:
             break
+        time.sleep(1.0)
     assert len(out.output_ids) == len(out.output_logprobs) == n
     assert out.finish_reason is not None and out.finish_reason.type == "length"
     assert len(out.weight_versions) == 2, out.weight_versions
