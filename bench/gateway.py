@@ -304,8 +304,15 @@ def server(
 
 
 def gateway_command(
-    stub_url: str, port: int, work: Path, profile_to: Path | None, name: str = "router"
+    stub_url: str,
+    port: int,
+    work: Path,
+    profile_to: Path | None,
+    name: str = "router",
+    extra: list[str] | None = None,
 ) -> list[str]:
+    """``python -m areal.gateway.server`` in front of ``stub_url`` (``extra``: more flags), or
+    the same gateway under cProfile when ``profile_to`` is set (see ``serve_profiled``)."""
     router = work / f"{name}.yaml"
     router.write_text(
         f"model_routing:\n  policy_model:\n    model_id: {MODEL}\n"
@@ -322,6 +329,7 @@ def gateway_command(
         str(work / f"{name}-logs"),
         "--log-level",
         "warning",
+        *(extra or []),
     ]
     if profile_to is None:
         return [sys.executable, "-m", "areal.gateway.server", *args]

@@ -7,7 +7,8 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
 
 - **queue**: areal's ZeroMQ queue plugin as the run uses it: ``ZmqTrajectorySink.put`` (the
   codec's encode, a sequence number, waiting for the consumer's acknowledgement) with
-  ``--in-flight`` puts at once, as a gateway finishing many episodes does;
+  ``--in-flight`` puts at once, as a gateway finishing many episodes does, on the event loop
+  the gateway and the rollout workers run (``areal.core.event_loop``: uvloop where installed);
   ``ZmqTrajectorySource`` (decode, digest check, duplicate filter, the bounded buffer, the ack)
   drained by ``get``;
 - **raw**: pyzmq PUSH -> PULL of the very frames the codec makes, encoded once before timing:
@@ -35,6 +36,7 @@ from typing import Any
 
 import zmq
 
+from areal.core import event_loop
 from areal.core.types import Sample, Trajectory
 from areal.plugins.queues import codec
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
@@ -99,7 +101,7 @@ def producer_main(mode: str, address: str, tokens: int, count: int, in_flight: i
     frames = codec.encode(episodes[0])
     started, cpu = time.perf_counter(), cpu_seconds()
     if mode == "queue":
-        messages = asyncio.run(produce_queue(address, episodes, count, in_flight))
+        messages = event_loop.run(produce_queue(address, episodes, count, in_flight))
     else:
         produce_raw(address, frames, count)
         messages = count
