@@ -7,8 +7,9 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
 
 - **queue**: areal's ZeroMQ queue plugin as the run uses it: ``ZmqTrajectorySink.put`` (the
   codec's encode, a sequence number, waiting for the consumer's acknowledgement) with
-  ``--in-flight`` puts at once, as a gateway finishing many episodes does, on the event loop
-  the gateway and the rollout workers run (``areal.core.event_loop``: uvloop where installed);
+  ``--in-flight`` puts at once, as a gateway finishing many episodes does, in a process set up
+  as the gateway's (its event loop, ``areal.core.event_loop``: uvloop where installed; glibc
+  keeping freed memory, ``areal.core.heap``);
   ``ZmqTrajectorySource`` (decode, digest check, duplicate filter, the bounded buffer, the ack)
   drained by ``get``;
 - **raw**: pyzmq PUSH -> PULL of the very frames the codec makes, encoded once before timing:
@@ -37,6 +38,7 @@ from typing import Any
 import zmq
 
 from areal.core import event_loop
+from areal.core.heap import keep_freed_memory
 from areal.core.types import Sample, Trajectory
 from areal.plugins.queues import codec
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
@@ -97,6 +99,7 @@ def produce_raw(address: str, frames: list[bytes], count: int) -> None:
 
 
 def producer_main(mode: str, address: str, tokens: int, count: int, in_flight: int) -> None:
+    keep_freed_memory()  # as the gateway's process does (areal.gateway.server)
     episodes = [trajectory(tokens, seed) for seed in range(8)]  # built, as a gateway has them
     frames = codec.encode(episodes[0])
     started, cpu = time.perf_counter(), cpu_seconds()

@@ -29,6 +29,7 @@ from areal.core.bind import remote_bind_refusal
 from areal.core.episode_journal import EpisodeJournal
 from areal.core.event_loop import loop_choice, loop_name, new_event_loop
 from areal.core.gc_tuning import tune_for_serving
+from areal.core.heap import keep_freed_memory
 from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
@@ -306,6 +307,9 @@ def serve(
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
         log.info("listening on %s://%s:%d", "https" if tls else "http", host, port)
         _more_file_descriptors()
+        # Trajectories leave as one payload buffer per queue message (up to ~1 MB): glibc would
+        # map each fresh and fault its pages in on every message (areal.core.heap).
+        keep_freed_memory()
         app = build_app(state, limits)
         loop = new_event_loop()
         log.info("event loop: %s", loop_name(loop))

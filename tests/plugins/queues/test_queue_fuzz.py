@@ -3,14 +3,15 @@ every valid trajectory exactly once, and keeps going.
 
 Hypothesis sends at least 1,000 bad messages, on real ZeroMQ sockets, to one
 ``ZmqTrajectorySource``, interleaved with valid trajectories and with resends of them: random
-bytes in place of a trajectory's frames, truncated headers and arrays, a frame dropped, added or
-swapped, a flipped bit, headers with a field of the wrong type or missing, a wrong format, a
-wrong tag, too few frames, envelopes of the wrong size, and bad messages that claim a high
-``low`` (which must not make the consumer forget what it acknowledged). A put message carries
-several trajectories, so a bad one often travels between valid ones: a trajectory that does not
-decode is answered with a NACK for its sequence number alone and its neighbours are delivered;
-a message whose envelope does not match its frames is refused whole (a NACK naming each of its
-sequence numbers). Every refusal is counted in ``rejected``; a message that is not a put at all
+bytes in place of a trajectory's header and payload, truncated headers and arrays, an emptied
+header or payload, bytes added to one, the two swapped, a flipped bit, headers with a field of
+the wrong type or missing, a wrong format, a wrong tag, too few frames, envelopes of the wrong
+size, sizes in the envelope that do not add up to the frames, a frame too many or too few after
+the envelope, and bad messages that claim a high ``low`` (which must not make the consumer forget
+what it acknowledged). A put message carries several trajectories, so a bad one often travels
+between valid ones: a trajectory that does not decode is answered with a NACK for its sequence
+number alone and its neighbours are delivered; a message whose envelope does not match its
+frames is refused whole (a NACK naming each of its sequence numbers). Every refusal is counted in ``rejected``; a message that is not a put at all
 gets no answer and is counted too; a valid trajectory is acknowledged and handed out by ``get``,
 equal to what was sent, once; a resend is acknowledged and counted in ``duplicates``.
 Afterwards a real sink still delivers.
@@ -104,21 +105,20 @@ TRAJECTORIES = st.builds(
 
 @dataclass
 class Bad:
-    """A damaged trajectory (the frames that stand for it in a put message) or, when
+    """A damaged trajectory (its header and payload, as a put message carries them) or, when
     ``whole``, a whole message; and how the consumer answers: ``level`` is "trajectory" (a
-    NACK for its seq only), "message" (its frames do not match the envelope: a NACK for every
-    seq), "envelope" (unreadable: a NACK without a seq) or "none" (not a put: no answer)."""
+    NACK for its seq only), "message" (the message's frames do not match its envelope: a NACK
+    for every seq), "envelope" (unreadable: a NACK without a seq) or "none" (not a put: no
+    answer)."""
 
     why: str
-    frames: list[bytes]
+    frames: list[bytes]  # [header, payload]; or the whole message, when ``whole``
     level: str = "trajectory"
     whole: bool = False  # ``frames`` is the whole message: no PUT or envelope added
     envelope: bytes | None = None  # in place of the one the producer would write
     low: int | None = None  # the low the message claims (default: its lowest seq)
-
-    def __post_init__(self) -> None:
-        if self.level == "trajectory" and not self.whole and len(self.frames) != 2:
-            self.level = "message"  # not two frames: the envelope no longer matches
+    claim: tuple[int, int] | None = None  # the header and payload sizes its envelope claims
+    frames_after: int = 2  # frames after the envelope: the headers, the payloads (and junk)
 
     def __repr__(self) -> str:
         shown = [f[:40] for f in self.frames[:5]]
@@ -192,8 +192,8 @@ KINDS = st.sampled_from(
         "random frames",
         "truncated header",
         "truncated array",
-        "dropped frame",
-        "extra frame",
+        "emptied frame",
+        "bytes added",
         "swapped frames",
         "flipped bit",
         "wrong header type",
@@ -204,7 +204,8 @@ KINDS = st.sampled_from(
         "wrong format",
         "wrong tag",
         "too few frames",
-        "no trajectory frames",
+        "frames after the envelope",
+        "sizes that do not add up",
         "envelope of the wrong size",
     ]
 )
@@ -222,42 +223,31 @@ def bad_messages(draw: st.DrawFn) -> Bad:
 
 
 def _damage(draw: st.DrawFn, kind: str, frames: list[bytes]) -> Bad:
-    arrays = list(range(1, len(frames)))
-    filled = [i for i in arrays if frames[i]]
+    header, payload = frames
+    filled = [1] if payload else []  # the payload, when the trajectory has tokens
     if kind == "random frames":
-        junk = draw(st.lists(st.binary(max_size=64), min_size=1, max_size=3))
+        junk = draw(st.lists(st.binary(max_size=64), min_size=2, max_size=2))
         return Bad(kind, junk)
     if kind == "truncated header":
-        return Bad(kind, [frames[0][: draw(st.integers(0, len(frames[0]) - 1))], *frames[1:]])
+        return Bad(kind, [header[: draw(st.integers(0, len(header) - 1))], payload])
     if kind == "truncated array" and filled:
-        i = draw(st.sampled_from(filled))
-        kept = draw(st.integers(0, len(frames[i]) - 1))
-        return Bad(f"{kind} {i}", [*frames[:i], frames[i][:kept], *frames[i + 1 :]])
-    if kind == "dropped frame":
-        i = draw(st.integers(0, len(frames) - 1))
-        if len(frames) == 1:
-            return Bad("the header dropped", [])
-        return Bad(f"{kind} {i}", frames[:i] + frames[i + 1 :])
-    if kind == "extra frame":
-        at = draw(st.integers(1, len(frames)))
-        return Bad(kind, [*frames[:at], draw(st.binary(max_size=16)), *frames[at:]])
-    if kind == "swapped frames":
-        pairs = [(i, j) for i in range(len(frames)) for j in range(i + 1, len(frames))]
-        pairs = [(i, j) for i, j in pairs if frames[i] != frames[j]]
-        if pairs:
-            i, j = draw(st.sampled_from(pairs))
-            swapped = list(frames)
-            swapped[i], swapped[j] = swapped[j], swapped[i]
-            return Bad(f"frames {i} and {j} swapped", swapped)
+        return Bad(kind, [header, payload[: draw(st.integers(0, len(payload) - 1))]])
+    if kind == "emptied frame":  # an empty payload is what a trajectory without tokens has
+        if payload and draw(st.booleans()):
+            return Bad("the payload emptied", [header, b""])
+        return Bad("the header emptied", [b"", payload])
+    if kind == "bytes added":
+        extra = draw(st.binary(min_size=1, max_size=16))
+        if draw(st.booleans()):
+            return Bad("bytes after the header", [header + extra, payload])
+        return Bad("bytes after the payload", [header, payload + extra])
+    if kind == "swapped frames" and header != payload:
+        return Bad("header and payload swapped", [payload, header])
     if kind == "flipped bit" and filled:
-        i = draw(st.sampled_from(filled))
-        at = draw(st.integers(0, len(frames[i]) - 1))
+        at = draw(st.integers(0, len(payload) - 1))
         bit = 1 << draw(st.integers(0, 7))
-        flipped = frames[i][:at] + bytes([frames[i][at] ^ bit]) + frames[i][at + 1 :]
-        return Bad(
-            f"a bit flipped in array frame {i}",
-            [frames[0], *frames[1:i], flipped, *frames[i + 1 :]],
-        )
+        flipped = payload[:at] + bytes([payload[at] ^ bit]) + payload[at + 1 :]
+        return Bad("a bit flipped in the payload", [header, flipped])
     if kind in ("wrong header type", "truncated array", "flipped bit", "swapped frames"):
         return _wrong_type(draw, frames)
     if kind == "missing header key":
@@ -280,10 +270,19 @@ def _damage(draw: st.DrawFn, kind: str, frames: list[bytes]) -> Bad:
         return Bad("wrong tag", [tag, envelope, *frames], level="none", whole=True)
     if kind == "too few frames":
         return Bad(kind, [PUT], level="none", whole=True)
-    if kind == "no trajectory frames":
-        return Bad(kind, [])
-    # "envelope of the wrong size": not whole 8-byte numbers, or no seq after low
-    size = draw(st.integers(0, 40).filter(lambda n: n < 16 or n % 8))
+    if kind == "frames after the envelope":  # not the two (headers, payloads)
+        count = draw(st.sampled_from([0, 1, 3]))
+        return Bad(
+            f"{count} frames after the envelope", frames, level="message", frames_after=count
+        )
+    if kind == "sizes that do not add up":
+        off = st.integers(-len(header), 64), st.integers(-len(payload), 64)
+        more_header, more_payload = draw(st.tuples(*off).filter(lambda d: d != (0, 0)))
+        claim = (len(header) + more_header, len(payload) + more_payload)
+        return Bad(f"sizes {claim} claimed", frames, level="message", claim=claim)
+    # "envelope of the wrong size": not low then whole (seq, header, payload) triples of 8-byte
+    # numbers, or no triple at all
+    size = draw(st.integers(0, 80).filter(lambda n: n < 32 or (n - 8) % 24))
     envelope = draw(st.binary(min_size=size, max_size=size))
     return Bad(kind, frames, level="envelope", envelope=envelope)
 
@@ -313,6 +312,27 @@ def _wrong_type(draw: st.DrawFn, frames: list[bytes]) -> Bad:
 
 def u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
+
+
+def put_message(
+    low: bytes,
+    items: list[tuple[bytes, list[bytes]]],
+    bad: Bad | None = None,
+    bad_seq: bytes | None = None,
+) -> list[bytes]:
+    """A put message as ``ZmqTrajectorySink`` writes one, built here from the wire format
+    (docs/training.md): ``[PUT, envelope, headers, payloads]``; the envelope is ``low`` then
+    (seq, header bytes, payload bytes) per trajectory. ``bad`` (the trajectory ``bad_seq``) may
+    claim other sizes for itself, or put another number of frames after the envelope."""
+    entries = [low]
+    for seq, (header, payload) in items:
+        claimed = (len(header), len(payload))
+        if bad is not None and bad.claim is not None and seq == bad_seq:
+            claimed = bad.claim
+        entries += [seq, u64(claimed[0]), u64(claimed[1])]
+    after = [b"".join(h for _, (h, _) in items), b"".join(p for _, (_, p) in items), b"junk"]
+    frames_after = bad.frames_after if bad is not None else 2
+    return [PUT, b"".join(entries), *after[:frames_after]]
 
 
 @dataclass
@@ -356,10 +376,10 @@ class Producer:
         items += [(seq, [bytes(f) for f in codec.encode(t)]) for seq, t in valid[len(before) :]]
         seqs = [seq for seq, _ in items]
         low = u64(bad.low) if bad is not None and bad.low is not None else min(seqs)
-        envelope = (
-            bad.envelope if bad is not None and bad.envelope is not None else low + b"".join(seqs)
-        )
-        self.sock.send_multipart([PUT, envelope, *(f for _, frames in items for f in frames)])
+        message = put_message(low, items, bad, bad_seq)
+        if bad is not None and bad.envelope is not None:
+            message[1] = bad.envelope
+        self.sock.send_multipart(message)
         level = bad.level if bad is not None else "none"
         if level == "envelope":
             assert self.replies(0) == ([], [])
@@ -396,8 +416,7 @@ class Producer:
             return
         before = self.source.counters()
         seqs = [seq for seq, _ in self.last_valid]
-        frames = [f for _, item in self.last_valid for f in item]
-        self.sock.send_multipart([PUT, min(seqs) + b"".join(seqs), *frames])
+        self.sock.send_multipart(put_message(min(seqs), self.last_valid))
         assert self.replies(len(seqs)) == (seqs, [])
         after = self.source.counters()
         assert after["duplicates"] == before["duplicates"] + len(seqs), "a resend got through"

@@ -377,7 +377,10 @@ def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None
     with ZmqTrajectorySource(LOOPBACK) as source, zmq.Context() as ctx:
         with ctx.socket(zmq.DEALER) as raw:
             raw.connect(source.address)
-            raw.send_multipart([PUT, (7).to_bytes(8, "big") * 2, *frames])  # low 7, seq 7
+            # low 7; seq 7 with its header's and payload's sizes; the headers; the payloads
+            sizes = [7, 7, len(frames[0]), len(frames[1])]
+            envelope = b"".join(n.to_bytes(8, "big") for n in sizes)
+            raw.send_multipart([PUT, envelope, *frames])
             assert raw.poll(5000)
             kind, reason, seq = raw.recv_multipart()
         assert (kind, int.from_bytes(seq, "big")) == (NACK, 7)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -66,13 +67,39 @@ def _padded(nbytes: int) -> int:
     return nbytes + -nbytes % ALIGN
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """One trajectory, encoded but not yet joined: the header frame and the payload's pieces
+    (each array's memory, then its padding), which a sender copies once into whatever frame
+    carries them (one trajectory's, or a whole message's)."""
+
+    header: bytes
+    parts: list[Any]
+    size: int  # the payload's bytes
+
+    def payload(self) -> bytes:
+        return b"".join(self.parts)
+
+    def frames(self) -> list[bytes]:
+        return [self.header, self.payload()]
+
+
 def encode(trajectory: Trajectory) -> list[bytes]:
     """The two frames of one trajectory: a msgpack header and the payload of its arrays (4 per
     sample, then 4 per turn)."""
-    arrays: list[Any] = []  # the payload's parts: each array's bytes, then its padding
+    return encode_parts(trajectory).frames()
+
+
+def encode_parts(trajectory: Trajectory) -> Encoded:
+    """``encode`` without joining the payload: its digest is streamed over the arrays' memory,
+    so the only copy of the tokens is the sender's, into the frame that goes out."""
+    parts: list[Any] = []  # the payload's parts: each array's bytes, then its padding
     layout: list[list[Any]] = []  # [dtype, length] per array
+    hasher = xxhash.xxh3_64()
+    size = 0
 
     def add(record: Any, fields: tuple[tuple[str, str], ...], where: str) -> None:
+        nonlocal size
         for name, dtype in fields:
             values = getattr(record, name)
             if not isinstance(values, np.ndarray):  # a completion's list (a sample has arrays)
@@ -80,8 +107,14 @@ def encode(trajectory: Trajectory) -> list[bytes]:
                     values = as_token_array(values, _DTYPES[dtype], f"{where}.{name}")
                 except ValueError as err:
                     raise CodecError(str(err)) from err
-            data = values.data  # its bytes (1-D, contiguous, the wire dtype), no copy yet
-            arrays.extend((data, _PADDING[: -data.nbytes % ALIGN]))
+            data = values.data  # its bytes (1-D, contiguous, the wire dtype), no copy
+            padding = _PADDING[: -data.nbytes % ALIGN]
+            hasher.update(data)
+            parts.append(data)
+            if padding:
+                hasher.update(padding)
+                parts.append(padding)
+            size += data.nbytes + len(padding)
             layout.append([dtype, len(values)])
 
     samples = []
@@ -120,15 +153,14 @@ def encode(trajectory: Trajectory) -> list[bytes]:
         "turns": turns,
         "arrays": layout,
     }
-    payload = b"".join(arrays)
-    header["digest"] = digest(payload)
+    header["digest"] = hasher.intdigest()
     try:
         packed = msgpack.packb(header, use_bin_type=True)
     except (TypeError, ValueError, OverflowError) as err:
         raise CodecError(
             f"trajectory {trajectory.session_id!r} has metadata msgpack cannot carry: {err}"
         ) from err
-    return [packed, payload]
+    return Encoded(packed, parts, size)
 
 
 def _unpack_header(frame: bytes) -> dict[str, Any]:

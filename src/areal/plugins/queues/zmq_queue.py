@@ -21,20 +21,23 @@ What is guaranteed (docs/training.md, "Trajectory queue"):
   returns the buffer, so a checkpoint can save it); a producer that crashes loses what it had
   sent but not yet seen acknowledged.
 
-Wire format, producer -> consumer: ``[b"areal.put/3", envelope, header, payload, header,
-payload, ...]``, one message for every trajectory put while the previous message was going out
-(up to ``batch_max``): the envelope is ``low`` then each trajectory's sequence number, 8 bytes
-big-endian each, and each trajectory is the codec's two frames. ``low`` is the producer's lowest
-unacknowledged sequence number (the consumer forgets the ids below it). Consumer -> producer:
-``[b"A", seq, seq, ...]`` (every put of that producer the consumer took since its last reply:
-one ack message per put message, not per trajectory) or ``[b"N", reason, seq, ...]`` for the
-trajectories of a message it cannot decode (no seq when even the envelope is unreadable).
+Wire format, producer -> consumer: ``[b"areal.put/4", envelope, headers, payloads]``, one
+message for every trajectory put while the previous message was going out (up to ``batch_max``
+and about ``batch_bytes``). The envelope is 8-byte big-endian numbers: ``low``, then for each
+trajectory its sequence number, its header's size and its payload's size; ``headers`` is the
+codec's header frames end to end, ``payloads`` its payload frames end to end (each a multiple of
+8 bytes, so every array stays aligned in it). ``low`` is the producer's lowest unacknowledged
+sequence number (the consumer forgets the ids below it). Consumer -> producer: ``[b"A", seq,
+seq, ...]`` (every put of that producer the consumer took since its last reply: one ack message
+per put message, not per trajectory) or ``[b"N", reason, seq, ...]`` for the trajectories of a
+message it cannot decode (no seq when even the envelope is unreadable).
 
-Why it is cheap: the token arrays go out and come in without a copy or a per-token Python object
-(:mod:`areal.plugins.queues.codec`); puts that queue up travel together, so a burst of
-trajectories pays one message's fixed cost on each side (most of a small trajectory's cost), and
-acks are batched. ``bench/trajectory_queue.py`` measures
-it against raw PUSH/PULL of the same bytes.
+Why it is cheap: the token arrays go out and come in without a per-token Python object
+(:mod:`areal.plugins.queues.codec`), copied once, into the message's payload frame, and read
+where they arrived; puts that queue up travel together, so a burst of trajectories pays one
+message's fixed cost on each side (most of a small trajectory's cost): 4 frames, one of them
+lent to ZeroMQ, whatever the number of trajectories; acks are batched.
+``bench/trajectory_queue.py`` measures it against raw PUSH/PULL of the same bytes.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import struct
 import threading
 import uuid
 from collections import deque
@@ -60,7 +64,7 @@ from areal.plugins.queues.codec import CodecError
 
 log = logging.getLogger(__name__)
 
-PUT = b"areal.put/3"
+PUT = b"areal.put/4"
 # Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
 _NOBLOCK, _EVENTS = int(zmq.NOBLOCK), int(zmq.EVENTS)
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
@@ -72,17 +76,15 @@ ACK_BATCH = 64  # the most puts one ack message covers (each message is acked wh
 # default: the most trajectories one put message carries. Small enough that a burst of puts
 # spans messages, so one side encodes the next while the other decodes (docs/training.md).
 BATCH_MAX = 8
-BATCH_BYTES = 8 << 20  # ... and the most bytes, past its first trajectory
+BATCH_BYTES = 1 << 20  # ... and the most bytes past its first: a decoded trajectory keeps its
+# message's payload buffer alive (its arrays are views of it), so this bounds what one pins
 ACK = b"A"
 NACK = b"N"
+_PER_PUT = 24  # envelope bytes per trajectory: seq, header bytes, payload bytes
 
 
 class QueueError(RuntimeError):
     """The queue could not deliver: closed, rejected by the consumer, or acks that never came."""
-
-
-def _u64(value: int) -> bytes:
-    return value.to_bytes(8, "big")
 
 
 def _fd(sock: zmq.Socket[bytes]) -> int:
@@ -106,8 +108,8 @@ def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
 @dataclass
 class _Pending:
     future: asyncio.Future[None]
-    frames: list[bytes]
-    size: int
+    encoded: codec.Encoded
+    size: int  # header and payload bytes
 
 
 class ZmqTrajectorySink:
@@ -228,10 +230,16 @@ class ZmqTrajectorySink:
         tells the consumer to forget it."""
         assert self._sock is not None and self._loop is not None
         low = next(iter(self._pending))  # seqs enter in order: the first is the lowest
-        envelope = b"".join(_u64(s) for s in (low, *seqs))
-        message = [PUT, envelope]
-        for seq in seqs:
-            message += self._pending[seq].frames
+        encoded = [self._pending[seq].encoded for seq in seqs]
+        numbers = [low]
+        for seq, one in zip(seqs, encoded, strict=True):
+            numbers += (seq, len(one.header), one.size)
+        message = [
+            PUT,
+            struct.pack(f">{len(numbers)}Q", *numbers),
+            b"".join(one.header for one in encoded),
+            b"".join(part for one in encoded for part in one.parts),  # the one copy of tokens
+        ]
         while True:
             try:
                 _send_frames(self._sock, message)
@@ -261,12 +269,12 @@ class ZmqTrajectorySink:
             raise QueueError(f"the trajectory sink to {self.address} is closed")
         if not self.send_turns and trajectory.turns:
             trajectory = dataclasses.replace(trajectory, turns=[])
-        frames = codec.encode(trajectory)  # a CodecError reaches the caller before any send
+        encoded = codec.encode_parts(trajectory)  # a CodecError reaches the caller first
         self._connect()
         seq = self._next_seq
         self._next_seq += 1
-        size = sum(len(frame) for frame in frames)
-        entry = _Pending(asyncio.get_running_loop().create_future(), frames, size)
+        size = len(encoded.header) + encoded.size
+        entry = _Pending(asyncio.get_running_loop().create_future(), encoded, size)
         self._pending[seq] = entry
         assert self._settled is not None
         self._settled.clear()
@@ -591,30 +599,45 @@ class ZmqTrajectorySource:
         sock.send_multipart([producer, NACK, reason.encode(), *seqs])
 
     def _unpack(self, sock: zmq.Socket, frames: list[zmq.Frame], held: deque[_Item]) -> None:
-        """A put message's trajectories, each still as its frames, onto ``held``; a message that
-        is not a put is counted and dropped, one whose envelope does not match its frames is
-        answered with a NACK for every sequence number it names."""
+        """A put message's trajectories, each still as its header and its slice of the payload,
+        onto ``held``; a message that is not a put is counted and dropped, one whose envelope
+        does not match its frames is answered with a NACK for every sequence number it names."""
         if len(frames) < 3 or frames[1].bytes != PUT:
             self.rejected += 1
             log.warning("dropped a message that is not an %s put", PUT.decode())
             return
         producer, envelope = frames[0].bytes, frames[2].bytes
-        if len(envelope) < 16 or len(envelope) % 8:
+        if len(envelope) < 8 + _PER_PUT or (len(envelope) - 8) % _PER_PUT:
             reason = (
-                f"the envelope must be 8-byte numbers, low and 1 seq or more: {len(envelope)} bytes"
+                "the envelope must be 8-byte numbers, low then (seq, header bytes, payload "
+                f"bytes) for 1 trajectory or more: {len(envelope)} bytes"
             )
             self._reject(sock, producer, [], reason)
             return
-        seqs = [envelope[i : i + 8] for i in range(8, len(envelope), 8)]
-        parts = len(frames) - 3
-        if parts != 2 * len(seqs):
-            reason = f"{len(seqs)} sequence numbers but {parts} frames (2 per trajectory)"
+        count = (len(envelope) - 8) // _PER_PUT
+        numbers = struct.unpack(f">{1 + 3 * count}Q", envelope)
+        seqs = [envelope[8 + _PER_PUT * i : 16 + _PER_PUT * i] for i in range(count)]
+        if len(frames) != 5:
+            reason = f"{len(frames) - 3} frames after the envelope, not 2 (headers and payload)"
             self._reject(sock, producer, seqs, reason)
             return
-        message = _Message(producer, int.from_bytes(envelope[:8], "big"), len(seqs))
-        for i, seq in enumerate(seqs):  # the header as bytes; the payload stays ZeroMQ's (no copy)
-            header, payload = frames[3 + 2 * i], frames[4 + 2 * i]
-            held.append(_Item(message, seq, header.bytes, payload.buffer))
+        headers, payload = frames[3].bytes, frames[4].buffer
+        header_sizes, payload_sizes = numbers[2::3], numbers[3::3]
+        if sum(header_sizes) != len(headers) or sum(payload_sizes) != payload.nbytes:
+            reason = (
+                f"the envelope's sizes ({sum(header_sizes)} header and {sum(payload_sizes)} "
+                f"payload bytes) do not match the frames' ({len(headers)} and {payload.nbytes})"
+            )
+            self._reject(sock, producer, seqs, reason)
+            return
+        message = _Message(producer, numbers[0], count)
+        at_header = at_payload = 0
+        for seq, header_size, payload_size in zip(seqs, header_sizes, payload_sizes, strict=True):
+            header = headers[at_header : at_header + header_size]
+            part = payload[at_payload : at_payload + payload_size]  # a view: no copy
+            held.append(_Item(message, seq, header, part))
+            at_header += header_size
+            at_payload += payload_size
 
     def _take(
         self,
