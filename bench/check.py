@@ -19,9 +19,11 @@ keeps the others.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
+import platform
 import shlex
 import subprocess
 import sys
@@ -36,7 +38,14 @@ BENCH = Path(__file__).resolve().parent
 if str(BENCH) not in sys.path:
     sys.path.insert(0, str(BENCH))
 
-from gate import baseline_entries, compare, median_of_rounds, table  # noqa: E402
+from gate import (  # noqa: E402
+    baseline_entries,
+    baseline_for,
+    compare,
+    hosts_of,
+    median_of_rounds,
+    table,
+)
 
 BASELINE = BENCH / "baseline.json"
 
@@ -203,6 +212,30 @@ def measure(
     return results
 
 
+def host() -> tuple[str, str]:
+    """This machine as the baseline file keys it, and its CPU's name (for people). The key is
+    what moves the ratios between machines: the instruction set that picks the engine's kernels
+    (oneDNN's packed weights paid on an AVX2 host and not on an AVX-512 one) and the cores."""
+    flags: set[str] = set()
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            name, _, value = line.partition(":")
+            if name.strip() == "flags" and not flags:
+                flags = set(value.split())
+            elif name.strip() == "model name":
+                cpu = value.strip()
+    if "amx_tile" in flags:
+        isa = "avx512+amx"
+    elif "avx512f" in flags:
+        isa = "avx512"
+    elif "avx2" in flags:
+        isa = "avx2"
+    else:
+        isa = platform.machine() or "unknown"
+    return f"{isa}, {os.cpu_count()} cpus", cpu
+
+
 def baseline_history(old: str | None, kept: set[str], command: str, today: str) -> str:
     """The file's top-level ``command``: this run's alone when it re-measured every entry, else
     appended to the commands behind the entries it kept, so the file still says how each of its
@@ -218,8 +251,13 @@ def write_baseline(
     rounds: list[dict[str, float]],
     load: tuple[float, ...],
     command: str,
+    machine: tuple[str, str],
 ) -> None:
-    old = json.loads(path.read_text()) if path.exists() else {}
+    """This host's baseline, from ``rounds``: its entries for ``benches`` replaced, its others and
+    every other host's kept."""
+    key, cpu = machine
+    hosts = hosts_of(json.loads(path.read_text())) if path.exists() else {}
+    old = hosts.get(key, {})
     entries = dict(old.get("ratios", {}))
     what = {k: v for b in benches for k, v in b.what.items()}
     today = datetime.date.today().isoformat()
@@ -234,13 +272,8 @@ def write_baseline(
             }
     kept = set(old.get("ratios", {})) - set(what)
     command = baseline_history(old.get("command"), kept, command, today)
-    doc = {
-        "about": (
-            "Ratios of bench/check.py's fast benchmarks, each ours / a baseline measured in the "
-            "same run (higher is better). value: the median over the rounds; band: the rounds' "
-            "spread, (max - min) / median, at least 5 %; a later check flags a ratio below "
-            "value * (1 - band)."
-        ),
+    hosts[key] = {
+        "cpu": cpu,
         "command": command,
         "measured": today,
         "machine": {
@@ -248,6 +281,16 @@ def write_baseline(
             "load_average_1min": list(load),  # before and after each measuring run
         },
         "ratios": entries,
+    }
+    doc = {
+        "about": (
+            "Ratios of bench/check.py's fast benchmarks, each ours / a baseline measured in the "
+            "same run (higher is better), one baseline per host (its instruction set and cores: "
+            "bench/check.py's host()). value: the median over the rounds; band: the rounds' "
+            "spread, (max - min) / median, at least 5 %; a later check flags a ratio below "
+            "value * (1 - band)."
+        ),
+        "hosts": hosts,
     }
     path.write_text(json.dumps(doc, indent=2) + "\n")
 
@@ -278,12 +321,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     benches = [b for b in BENCHES if b.name in args.only]
+    machine = host()
     load_before = round(os.getloadavg()[0], 2)
     this_command = "python bench/check.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.reuse:  # the measurements and the loads they were taken under, all files together
         kept = [json.loads(path.read_text()) for path in args.reuse]
         rounds = [r for k in kept for r in k["rounds"]]
         load = tuple(x for k in kept for x in k.get("load", (load_before, load_before)))
+        elsewhere = sorted({k["host"] for k in kept if k.get("host", machine[0]) != machine[0]})
+        if elsewhere:
+            print(f"note: some of these runs were measured on {', '.join(elsewhere)}, not here")
     else:
         extra = {name: shlex.split(text) for name, text in args.extra}
         rounds = measure(benches, max(1, args.rounds), args.timeout, extra)
@@ -300,9 +347,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.reuse:  # the runs that measured, then the update that combined them
             runs = "; ".join(str(k.get("command", "?")) for k in kept)
             command = f"{runs}; then {this_command}"
-        write_baseline(args.baseline, benches, rounds, load, command)
-        print(f"wrote {args.baseline}")
-    baseline = json.loads(args.baseline.read_text())["ratios"] if args.baseline.exists() else {}
+        write_baseline(args.baseline, benches, rounds, load, command, machine)
+        print(f"wrote {args.baseline} ({machine[0]})")
+    doc = json.loads(args.baseline.read_text()) if args.baseline.exists() else {}
+    whose, entry = baseline_for(doc, machine[0])
+    baseline = entry.get("ratios", {})
+    if whose is not None and whose != machine[0]:
+        print(
+            f"note: no baseline for this host ({machine[0]}, {machine[1]}); compared with "
+            f"{whose}'s, whose ratios are that CPU's as well as that code's: measure this "
+            "host's with --update --rounds 7"
+        )
     expected = {k for b in benches for k in b.what}
     now = {k: v for k, v in median_of_rounds(rounds).items() if k in expected}
     verdicts = compare({k: v for k, v in baseline.items() if k in expected}, now)
@@ -316,7 +371,14 @@ def main(argv: list[str] | None = None) -> int:
         verdicts_out = [{**v.__dict__, "change": v.change} for v in verdicts]
         args.json.write_text(
             json.dumps(
-                {"command": this_command, "rounds": rounds, "load": load, "verdicts": verdicts_out},
+                {
+                    "command": this_command,
+                    "host": machine[0],
+                    "baseline_host": whose,
+                    "rounds": rounds,
+                    "load": load,
+                    "verdicts": verdicts_out,
+                },
                 indent=2,
             )
         )

@@ -3,7 +3,8 @@ the baseline. Pure functions, kept apart from ``bench/check.py`` (which runs the
 the verdicts can be tested on hand-made numbers.
 
 Every gated figure is a ratio measured within one run (ours / a baseline run beside it), and
-higher is better. A ratio *fell* when ``now < baseline * (1 - band)``; the band of a ratio is the
+higher is better. The file keeps one baseline per host (its instruction set and core count):
+the engine's ratios depend on the CPU as well as on the code. A ratio *fell* when ``now < baseline * (1 - band)``; the band of a ratio is the
 spread of its repeated measurements, ``(max - min) / median``, never below ``MIN_BAND``.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 MIN_BAND = 0.05  # a spread measured from a few runs can be tiny by luck: never trust it below 5 %
 
@@ -120,3 +122,34 @@ def table(verdicts: Sequence[Verdict]) -> str:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+# --- one baseline per host -----------------------------------------------------------------------
+
+# A file written before baselines were kept per host: its one baseline, under this name.
+UNNAMED_HOST = "unnamed host"
+
+
+def hosts_of(doc: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """The baseline file's baselines by host (the file from before hosts: one, ``UNNAMED_HOST``)."""
+    if "hosts" in doc:
+        return {key: dict(entry) for key, entry in doc["hosts"].items()}
+    if "ratios" in doc:
+        return {UNNAMED_HOST: {k: v for k, v in doc.items() if k != "about"}}
+    return {}
+
+
+def baseline_for(doc: Mapping[str, Any], host: str) -> tuple[str | None, dict[str, Any]]:
+    """The baseline to compare ``host``'s ratios with, and whose it is: its own; else, the
+    nearest, one of a host with the same instruction set (what a key starts with, up to its
+    comma), else the first; ``(None, {})`` when the file has none."""
+    hosts = hosts_of(doc)
+    if host in hosts:
+        return host, hosts[host]
+    isa = host.split(",")[0]
+    for key, entry in hosts.items():
+        if key.split(",")[0] == isa:
+            return key, entry
+    for key, entry in hosts.items():
+        return key, entry
+    return None, {}

@@ -25,6 +25,8 @@ def _load(name: str) -> ModuleType:
 
 
 gate = _load("gate")
+check = _load("check")
+HERE = check.host()[0]  # this machine's key in a baseline file
 
 
 def test_band_is_the_relative_spread_with_a_floor() -> None:
@@ -68,6 +70,28 @@ def test_baseline_entries_take_the_median_and_spread() -> None:
     assert gate.median_of_rounds(rounds) == {"a": 1.0, "b": 5.0}
 
 
+def test_each_host_is_compared_with_its_own_baseline_or_the_nearest() -> None:
+    amx = {"ratios": {"a": {"value": 1.0, "band": 0.1}}}
+    avx2 = {"ratios": {"a": {"value": 2.0, "band": 0.1}}}
+    avx2_big = {"ratios": {"a": {"value": 3.0, "band": 0.1}}}
+    doc = {"hosts": {"avx512+amx, 2 cpus": amx, "avx2, 8 cpus": avx2_big, "avx2, 2 cpus": avx2}}
+    assert gate.baseline_for(doc, "avx2, 2 cpus") == ("avx2, 2 cpus", avx2)  # its own
+    assert gate.baseline_for(doc, "avx2, 4 cpus") == ("avx2, 8 cpus", avx2_big)  # same ISA
+    assert gate.baseline_for(doc, "avx512, 2 cpus") == ("avx512+amx, 2 cpus", amx)  # the first
+    assert gate.baseline_for({}, "avx2, 2 cpus") == (None, {})
+    # a file from before hosts were kept: one baseline, the nearest for every host
+    old = {"about": "...", "command": "c", "ratios": amx["ratios"]}
+    assert gate.hosts_of(old) == {gate.UNNAMED_HOST: {"command": "c", "ratios": amx["ratios"]}}
+    assert gate.baseline_for(old, "avx2, 2 cpus")[1]["ratios"] == amx["ratios"]
+
+
+def test_this_host_has_a_key_naming_its_instruction_set_and_cores() -> None:
+    key, cpu = check.host()
+    isa, cores = key.split(", ")
+    assert isa in ("avx512+amx", "avx512", "avx2") or isa == check.platform.machine()
+    assert cores == f"{check.os.cpu_count()} cpus" and cpu
+
+
 def _check(*args: str) -> subprocess.CompletedProcess[str]:
     small = ("--extra", "queue", "--rounds 1 --megabytes 20")  # a test, not a measurement
     command = [sys.executable, str(BENCH / "check.py"), "--only", "queue", *small, *args]
@@ -82,9 +106,11 @@ def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
     done = _check("--baseline", str(path), "--update", "--json", str(measured))
     assert done.returncode == 0, done.stderr
     doc = json.loads(path.read_text())
-    assert set(doc["ratios"]) == {"queue_vs_raw_1k", "queue_vs_raw_8k"}
-    assert "--update" in doc["command"] and doc["ratios"]["queue_vs_raw_8k"]["value"] > 0
-    for entry in doc["ratios"].values():
+    assert list(doc["hosts"]) == [HERE]
+    mine = doc["hosts"][HERE]
+    assert set(mine["ratios"]) == {"queue_vs_raw_1k", "queue_vs_raw_8k"}
+    assert "--update" in mine["command"] and mine["ratios"]["queue_vs_raw_8k"]["value"] > 0
+    for entry in mine["ratios"].values():
         entry["value"], entry["band"] = 1000.0, 0.05  # no queue is 1000x raw ZeroMQ
     path.write_text(json.dumps(doc))
     again = ("--baseline", str(path), "--reuse", str(measured))
@@ -95,17 +121,36 @@ def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
 
 
 def test_an_update_of_some_entries_keeps_how_the_others_were_made(tmp_path: Path) -> None:
-    """``--update --only queue`` on a file with other entries keeps those entries and appends its
-    command to the file's, and each entry it wrote names that command."""
+    """``--update --only queue`` on a file with other entries for this host keeps those entries
+    and appends its command to the host's, each entry it wrote names that command, and another
+    host's baseline stays as it was."""
     path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
     done = _check("--baseline", str(tmp_path / "first.json"), "--update", "--json", str(measured))
     assert done.returncode == 0, done.stderr
     other = {"value": 2.0, "band": 0.1, "samples": [2.0], "command": "an earlier run"}
-    path.write_text(json.dumps({"command": "an earlier run", "ratios": {"engine_x": other}}))
+    elsewhere = {"cpu": "a CPU", "command": "a run there", "ratios": {"queue_vs_raw_8k": other}}
+    hosts = {HERE: {"command": "an earlier run", "ratios": {"engine_x": other}}, "x": elsewhere}
+    path.write_text(json.dumps({"hosts": hosts}))
     done = _check("--baseline", str(path), "--update", "--reuse", str(measured))
     assert done.returncode == 0, done.stderr
     doc = json.loads(path.read_text())
-    assert doc["ratios"]["engine_x"] == other
-    assert doc["command"].startswith("an earlier run; later (")
-    assert doc["command"].endswith(doc["ratios"]["queue_vs_raw_8k"]["command"])
-    assert "--reuse" in doc["ratios"]["queue_vs_raw_8k"]["command"]
+    mine = doc["hosts"][HERE]
+    assert mine["ratios"]["engine_x"] == other
+    assert mine["command"].startswith("an earlier run; later (")
+    assert mine["command"].endswith(mine["ratios"]["queue_vs_raw_8k"]["command"])
+    assert "--reuse" in mine["ratios"]["queue_vs_raw_8k"]["command"]
+    assert doc["hosts"]["x"] == elsewhere
+
+
+def test_a_host_without_a_baseline_is_compared_with_another_hosts_and_told(
+    tmp_path: Path,
+) -> None:
+    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
+    done = _check("--baseline", str(tmp_path / "first.json"), "--update", "--json", str(measured))
+    assert done.returncode == 0, done.stderr
+    fell = {"value": 1000.0, "band": 0.05}
+    path.write_text(json.dumps({"hosts": {"z80, 1 cpus": {"ratios": {"queue_vs_raw_8k": fell}}}}))
+    done = _check("--baseline", str(path), "--reuse", str(measured), "--strict")
+    assert done.returncode == 1 and "FELL: queue_vs_raw_8k" in done.stdout
+    assert f"no baseline for this host ({HERE}" in done.stdout
+    assert "compared with z80, 1 cpus's" in done.stdout
