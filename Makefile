@@ -100,7 +100,8 @@ bench-async: $(STAMP)
 
 # The regression gate: the fast benchmarks' in-run ratios against bench/baseline.json, each with
 # its measured noise band (a few minutes). Exits 0 whatever it finds unless BENCH_ARGS has
-# --strict; `BENCH_ARGS="--update --rounds 5"` measures a new baseline. Not part of `make test`.
+# --strict; `BENCH_ARGS="--update --rounds 7"` measures this host's baseline (one per instruction
+# set and core count). Not part of `make test`.
 .PHONY: bench-check
 bench-check: $(STAMP)
 	$(PY) bench/check.py $(BENCH_ARGS)
