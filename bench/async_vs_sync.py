@@ -338,7 +338,9 @@ class Run:
     admission_seconds: float | None  # sync: step end -> the batch's last episode admitted
     max_staleness: float
     dropped: int
-    pause_mode: str  # what the weight sync did to in-flight generations
+    pause_mode: str
+    dropped_waiting: int = 0  # of the dropped: went stale in the trainer's buffer, not on arrival
+    dropped_tokens: int = 0  # the stale samples' generated tokens: engine work thrown away  # what the weight sync did to in-flight generations
 
     @property
     def waiting_seconds(self) -> float:
@@ -371,6 +373,8 @@ def real_run(
         max_staleness=max(e["max_staleness"] for e in events),
         dropped=int(summary.counters.get("dropped", 0)),
         pause_mode=config.inference.pause_mode,
+        dropped_waiting=int(summary.counters.get("dropped_stale_waiting", 0)),
+        dropped_tokens=int(summary.counters.get("dropped_stale_tokens", 0)),
     )
 
 
@@ -493,7 +497,13 @@ def _run_note(run: dict[str, Any]) -> str:
     )
     if run["admission_seconds"] is not None:
         note += f" (last of the batch admitted {run['admission_seconds']:.2f} s after the step)"
-    return note + f"; max staleness {run['max_staleness']:.0f}, dropped {run['dropped']}"
+    note += f"; max staleness {run['max_staleness']:.0f}, dropped {run['dropped']}"
+    if run.get("dropped_tokens"):  # results files from before these were counted lack them
+        note += (
+            f" ({run['dropped_waiting']} went stale waiting in the buffer; "
+            f"{run['dropped_tokens']} generated tokens)"
+        )
+    return note
 
 
 def measure(root: Path, s: Settings) -> dict[str, Any]:

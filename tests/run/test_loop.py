@@ -151,6 +151,7 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
     assert counters["received"] == 9
     assert counters["trained"] == 8
     assert counters["dropped_stale"] == 1
+    assert (counters["dropped_stale_waiting"], counters["dropped_stale_tokens"]) == (0, 6)
     assert counters["buffered"] == 0
     assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]
 
@@ -252,6 +253,8 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "trained": 5,
         "dropped": 1,
         "dropped_stale": 1,
+        "dropped_stale_waiting": 0,  # it arrived stale
+        "dropped_stale_tokens": 1,  # the engine work lost with it
         "dropped_empty": 0,
         "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone
         "discarded": 0,
@@ -260,6 +263,34 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "buffered_trajectories": 0,
     }
     assert (tmp_path / "v2" / "model.safetensors").is_file()
+
+
+def test_stale_samples_are_told_apart_by_where_they_went_stale(
+    model_dir: str, tmp_path: Path
+) -> None:
+    """A sample that arrives stale and one that goes stale waiting in the buffer (its group
+    incomplete while the version moved) are both dropped; the second is also counted as
+    ``dropped_stale_waiting``, and both their generated tokens as ``dropped_stale_tokens``."""
+    model = load_model(model_dir)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    group = {"task_id": "g", "group_size": 3}
+    with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+        loop = TrainerLoop(
+            Policy.of(model, optimizer, mini_batch_size=2),
+            source,
+            DiskWeightSync([], tmp_path),
+            trigger_batch_size=1,
+            staleness_threshold=1,
+        )
+        loop.add(Trajectory("early", [token_sample([30, 31, 32], 0)], 1.0, 1, metadata=group))
+        assert loop.counters()["dropped_stale"] == 0  # fresh at version 0: it waits for its group
+        loop.version = 2  # two steps of other groups later
+        loop.add(Trajectory("late", [token_sample([33, 34], 0)], 0.0, 1, metadata=group))
+        assert loop._take_batch() is None  # the buffer ages: "early" is 2 versions old now
+    counters = loop.counters()
+    assert (counters["dropped_stale"], counters["dropped_stale_waiting"]) == (2, 1)
+    assert counters["dropped_stale_tokens"] == 3 + 2
+    assert counters["received"] == counters["trained"] + counters["dropped"] + counters["buffered"]
 
 
 def test_weight_sync_pause_mode_is_checked(tmp_path: Path) -> None:

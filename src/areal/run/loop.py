@@ -155,6 +155,9 @@ class TrainerLoop:
         self._groups: dict[Hashable, _Group] = {}  # in order of their first member's arrival
         self._received = self._trained = self._dropped_stale = self._dropped_empty = 0
         self._trajectories = 0
+        # Of the stale: those that went stale waiting in the buffer (for their group, or a step)
+        # rather than arriving stale, and the generated tokens of all of them (engine work lost).
+        self._dropped_stale_waiting = self._dropped_stale_tokens = 0
         self._dropped_trajectories = 0  # episodes none of whose samples survived
         self._discarded = 0  # tombstones: episodes the gateway discarded
         self._groups_split = 0  # incomplete groups released after group_wait_s
@@ -224,14 +227,19 @@ class TrainerLoop:
         fresh = self._groups[name] = _Group(name, expected)
         return fresh
 
-    def _fresh(self, samples: list[Sample]) -> list[Sample]:
-        """The samples within the staleness bound at the current version; the rest are counted."""
+    def _fresh(self, samples: list[Sample], waited: bool = False) -> list[Sample]:
+        """The samples within the staleness bound at the current version; the rest are counted
+        (``waited``: they are the buffer's, which arrived fresh)."""
         kept = []
         for s in samples:
             if not len(s.input_ids):
                 self._dropped_empty += 1
-            elif staleness(self.version, s.generated_versions.tolist()) > self.staleness_threshold:
+                continue
+            generated = s.generated_versions.tolist()
+            if staleness(self.version, generated) > self.staleness_threshold:
                 self._dropped_stale += 1
+                self._dropped_stale_waiting += waited
+                self._dropped_stale_tokens += len(generated)
             else:
                 kept.append(s)
         return kept
@@ -240,7 +248,7 @@ class TrainerLoop:
         """Age the buffer: stale samples out, emptied trajectories and groups gone."""
         for name, group in list(self._groups.items()):
             for entry in list(group.entries):
-                entry.samples = self._fresh(entry.samples)
+                entry.samples = self._fresh(entry.samples, waited=True)
                 if not entry.samples:
                     group.entries.remove(entry)
                     self._dropped_trajectories += 1
@@ -319,6 +327,8 @@ class TrainerLoop:
             "received": self._received,
             "trained": self._trained,
             "dropped_stale": self._dropped_stale,
+            "dropped_stale_waiting": self._dropped_stale_waiting,
+            "dropped_stale_tokens": self._dropped_stale_tokens,
             "dropped_empty": self._dropped_empty,
             "dropped_trajectories": self._dropped_trajectories,
             "discarded": self._discarded,
@@ -340,6 +350,8 @@ class TrainerLoop:
         self._trained = int(state["trained"])
         self._dropped_stale = int(state["dropped_stale"])
         self._dropped_empty = int(state["dropped_empty"])
+        self._dropped_stale_waiting = int(state.get("dropped_stale_waiting", 0))
+        self._dropped_stale_tokens = int(state.get("dropped_stale_tokens", 0))
         self._dropped_trajectories = int(state.get("dropped_trajectories", 0))
         self._discarded = int(state.get("discarded", 0))
         self._groups_split = int(state.get("groups_split", 0))
