@@ -36,9 +36,9 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         if run.enabled
         else "sync (staleness 0)"
     )
-    agent_cores = _cores(sorted(agent_cpus(config) or ()))
-    if agent_nice(config):
-        agent_cores += f" (nice {agent_nice(config)})"
+    agent_cores, nice = _cores(sorted(agent_cpus(config) or ())), agent_nice(config)
+    if nice:
+        agent_cores += f" (nice {nice})"
     lines.append(f"gateway    {free_port}, {sink}, {mode}{agent_cores}")
     framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
     source = config.dataset.path or f"task set {config.dataset.name}"

@@ -77,11 +77,13 @@ class Encoded:
     parts: list[Any]
     size: int  # the payload's bytes
 
-    def payload(self) -> bytes:
-        return b"".join(self.parts)
+    @property
+    def wire_bytes(self) -> int:
+        """The header's and the payload's bytes: what the trajectory takes on the wire."""
+        return len(self.header) + self.size
 
     def frames(self) -> list[bytes]:
-        return [self.header, self.payload()]
+        return [self.header, b"".join(self.parts)]
 
 
 def encode(trajectory: Trajectory) -> list[bytes]:

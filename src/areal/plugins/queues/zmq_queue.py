@@ -109,7 +109,6 @@ def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
 class _Pending:
     future: asyncio.Future[None]
     encoded: codec.Encoded
-    size: int  # header and payload bytes
 
 
 class ZmqTrajectorySink:
@@ -220,7 +219,7 @@ class ZmqTrajectorySink:
                 entry = self._pending.get(seq)
                 if entry is not None:
                     batch.append(seq)
-                    size += entry.size
+                    size += entry.encoded.wire_bytes
             if batch:
                 yield batch
 
@@ -273,8 +272,7 @@ class ZmqTrajectorySink:
         self._connect()
         seq = self._next_seq
         self._next_seq += 1
-        size = len(encoded.header) + encoded.size
-        entry = _Pending(asyncio.get_running_loop().create_future(), encoded, size)
+        entry = _Pending(asyncio.get_running_loop().create_future(), encoded)
         self._pending[seq] = entry
         assert self._settled is not None
         self._settled.clear()
