@@ -43,7 +43,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -355,6 +355,19 @@ def serve_profiled(out: str, server_args: list[str]) -> int:
     signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
     signal.signal(signal.SIGUSR2, stop)
     return gateway_main(server_args)
+
+
+def profile_while(pid: int, out: Path, drive: Callable[[], Any]) -> Any:
+    """``drive()`` with the profiled gateway ``pid`` (``serve_profiled``) recording, then its
+    profile saved to ``out`` (waited for, up to 30 s); what ``drive`` returned."""
+    os.kill(pid, signal.SIGUSR1)
+    try:
+        return drive()
+    finally:
+        os.kill(pid, signal.SIGUSR2)
+        deadline = time.monotonic() + 30
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def find_litellm(explicit: str | None) -> str | None:
@@ -701,19 +714,17 @@ def profile_gateway(stub_url: str, work: Path, args: argparse.Namespace) -> dict
         assert proc.pid is not None
         pid = proc.pid
 
-        async def drive() -> None:
+        async def warm() -> None:
             for case in cases:  # warm up, then profile only the requests
                 await under_load(case, 16, 200, 30.0)
-            os.kill(pid, signal.SIGUSR1)
+
+        async def drive() -> None:
             await asyncio.sleep(0.2)
             for case in cases:
                 await under_load(case, 16, n_stream if case.stream else n_plain, 120.0)
-            os.kill(pid, signal.SIGUSR2)
 
-        asyncio.run(drive())
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        asyncio.run(warm())
+        profile_while(pid, out, lambda: asyncio.run(drive()))
     if not out.exists():
         return {"error": "the profiled gateway wrote no profile"}
     if any(c.errors for c in cases):

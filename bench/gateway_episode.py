@@ -26,9 +26,7 @@ import argparse
 import asyncio
 import contextlib
 import json
-import os
 import pstats
-import signal
 import statistics
 import sys
 import tempfile
@@ -49,6 +47,7 @@ from gateway import (
     MODEL,
     cpu_seconds,
     gateway_command,
+    profile_while,
     server,
     stub_command,
 )
@@ -158,12 +157,8 @@ def profile(stub_url: str, sink: list[str], work: Path, args: argparse.Namespace
     with server("gateway-profiled", command, f"{url}/health", work, env) as proc:
         assert proc.pid is not None
         asyncio.run(window(url, "episode", args.clients, 1.0))  # warm
-        os.kill(proc.pid, signal.SIGUSR1)
-        done, _ = asyncio.run(window(url, "episode", args.clients, args.seconds))
-        os.kill(proc.pid, signal.SIGUSR2)
-        deadline = time.monotonic() + 30
-        while not out.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
+        episodes = lambda: asyncio.run(window(url, "episode", args.clients, args.seconds))  # noqa: E731
+        done, _ = profile_while(proc.pid, out, episodes)
     raw: dict[Any, Any] = pstats.Stats(str(out)).stats  # type: ignore[attr-defined]
     busy = sum(v[2] for k, v in raw.items() if "poll" not in k[2] and "select" not in k[2])
     print(f"\nunder cProfile: {1000 * busy / done:.3f} ms of CPU per episode ({done} episodes)")
