@@ -159,6 +159,7 @@ def test_seed_command_starts_with_no_engine(
         assert after.json()["usage"]["completion_tokens"] >= 1
         assert "no engine yet" in proc.log_tail(200)
         assert "event loop: uvloop" in proc.log_tail(200)  # areal.core.event_loop's default
+        assert "heap: freed memory kept (glibc)" in proc.log_tail(200)  # areal.core.heap
 
 
 @pytest.mark.usefixtures("clean_env")

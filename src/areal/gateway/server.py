@@ -309,7 +309,8 @@ def serve(
         _more_file_descriptors()
         # Trajectories leave as one payload buffer per queue message (up to ~1 MB): glibc would
         # map each fresh and fault its pages in on every message (areal.core.heap).
-        keep_freed_memory()
+        kept = keep_freed_memory()
+        log.info("heap: %s", "freed memory kept (glibc)" if kept else "the allocator's defaults")
         app = build_app(state, limits)
         loop = new_event_loop()
         log.info("event loop: %s", loop_name(loop))
