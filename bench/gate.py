@@ -150,6 +150,4 @@ def baseline_for(doc: Mapping[str, Any], host: str) -> tuple[str | None, dict[st
     for key, entry in hosts.items():
         if key.split(",")[0] == isa:
             return key, entry
-    for key, entry in hosts.items():
-        return key, entry
-    return None, {}
+    return next(iter(hosts.items()), (None, {}))
