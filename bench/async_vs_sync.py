@@ -340,7 +340,9 @@ class Run:
     dropped: int
     pause_mode: str
     dropped_waiting: int = 0  # of the dropped: went stale in the trainer's buffer, not on arrival
-    dropped_tokens: int = 0  # the stale samples' generated tokens: engine work thrown away  # what the weight sync did to in-flight generations
+    dropped_late: int = 0  # of the dropped: came after their group was trained without them
+    dropped_tokens: int = 0  # the dropped samples' generated tokens: engine work thrown away
+    groups_split_at_bound: int = 0  # incomplete groups trained before a member went stale
 
     @property
     def waiting_seconds(self) -> float:
@@ -374,7 +376,10 @@ def real_run(
         dropped=int(summary.counters.get("dropped", 0)),
         pause_mode=config.inference.pause_mode,
         dropped_waiting=int(summary.counters.get("dropped_stale_waiting", 0)),
-        dropped_tokens=int(summary.counters.get("dropped_stale_tokens", 0)),
+        dropped_late=int(summary.counters.get("dropped_late", 0)),
+        dropped_tokens=int(summary.counters.get("dropped_stale_tokens", 0))
+        + int(summary.counters.get("dropped_late_tokens", 0)),
+        groups_split_at_bound=int(summary.counters.get("groups_split_at_bound", 0)),
     )
 
 
@@ -500,9 +505,12 @@ def _run_note(run: dict[str, Any]) -> str:
     note += f"; max staleness {run['max_staleness']:.0f}, dropped {run['dropped']}"
     if run.get("dropped_tokens"):  # results files from before these were counted lack them
         note += (
-            f" ({run['dropped_waiting']} went stale waiting in the buffer; "
+            f" ({run['dropped_waiting']} went stale waiting in the buffer, "
+            f"{run.get('dropped_late', 0)} came after their group was trained; "
             f"{run['dropped_tokens']} generated tokens)"
         )
+    if run.get("groups_split_at_bound"):
+        note += f"; {run['groups_split_at_bound']} groups trained short before a member spoiled"
     return note
 
 

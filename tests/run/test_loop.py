@@ -259,6 +259,9 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone
         "discarded": 0,
         "groups_split": 0,
+        "groups_split_at_bound": 0,
+        "dropped_late": 0,
+        "dropped_late_tokens": 0,
         "buffered": 0,
         "buffered_trajectories": 0,
     }

@@ -129,9 +129,59 @@ def test_incomplete_groups_go_only_after_group_wait_s(model_dir: str) -> None:
     assert loop._take_batch(now=100.0) is None  # blocked from here
     assert loop._take_batch(now=129.0) is None
     assert sessions(loop._take_batch(now=130.5)) == [["a-0", "a-1", "a-2"], ["b-0"]]
-    assert loop.counters()["groups_split"] == 2
-    loop.add(member("a", 3))  # a late member of a released group starts one of its own
-    assert loop.buffered_trajectories == 1
+    assert (loop.counters()["groups_split"], loop.counters()["groups_split_at_bound"]) == (2, 0)
+    loop.add(member("a", 3))  # a late member of a released group: its group is gone
+    assert loop.buffered_trajectories == 0
+    assert (loop.counters()["dropped_late"], loop.counters()["dropped_late_tokens"]) == (1, 1)
+
+
+def test_an_incomplete_group_at_the_bound_is_trained_before_it_spoils(model_dir: str) -> None:
+    """Three of a's four members came from version 0; at version 2 with a bound of 2 they are as
+    old as the bound allows (after this step they would be 3 behind): a goes into this step as it
+    is, first, while c (one version younger) keeps waiting for its last member."""
+    engine = Recording(model_dir)
+    loop = make_loop(engine, staleness_threshold=2, trigger_batch_size=4)
+    loop.version = 2
+    for i in range(3):
+        loop.add(member("a", i, version=0))
+    for i in range(3):
+        loop.add(member("c", i, version=1))
+    for i in range(4):
+        loop.add(member("b", i, version=2))
+    batch = loop._take_batch(now=0.0)
+    assert sessions(batch) == [["a-0", "a-1", "a-2"], ["b-0", "b-1", "b-2", "b-3"]]
+    assert batch is not None
+    asyncio.run(loop.step(batch))
+    assert [g for g, _ in engine.steps[0]] == [0, 0, 0, 1, 1, 1, 1]  # a is a group of 3
+    counters = loop.counters()
+    assert (counters["groups_split"], counters["groups_split_at_bound"]) == (1, 1)
+    assert (counters["trained"], counters["dropped_stale"]) == (7, 0)
+    # a's fourth member comes after its group was trained: dropped, and the books still add up.
+    loop.add(member("a", 3, version=1))
+    loop.add(tombstone("c", 3))  # c is whole now: no longer waiting
+    counters = loop.counters()
+    assert (counters["dropped_late"], counters["discarded"]) == (1, 1)
+    assert counters["dropped_trajectories"] == 1  # the gateway's budget frees its slot
+    assert counters["dropped"] == 1  # stale, empty and late together
+    assert counters["received"] == 11 == 7 + counters["dropped"] + counters["buffered"]
+    assert loop._take_batch(now=0.0) is None  # c's three, still fresh, wait for a batch
+    assert loop.buffered_trajectories == 3
+
+
+def test_a_late_members_tombstone_is_counted_once(model_dir: str) -> None:
+    loop = make_loop(Recording(model_dir), staleness_threshold=0, trigger_batch_size=2)
+    loop.add(member("a", 0, version=0))  # at the bound at once: the bound is 0
+    loop.add(member("b", 0, version=0, size=1))
+    assert sessions(loop._take_batch(now=0.0)) == [["a-0"], ["b-0"]]
+    for i in (1, 2):
+        loop.add(tombstone("a", i))
+    loop.add(member("a", 3))
+    counters = loop.counters()
+    assert (counters["discarded"], counters["dropped_late"], counters["trajectories"]) == (2, 1, 3)
+    # The group's record is gone with its last member: a later round of "a" is a group again.
+    for i in range(4):
+        loop.add(member("a", i, version=0))
+    assert loop.buffered_trajectories == 4
 
 
 def test_groups_of_unknown_size_take_what_arrives_before_the_step(model_dir: str) -> None:

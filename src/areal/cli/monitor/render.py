@@ -221,6 +221,7 @@ def problems_panel(state: MonitorState) -> Panel:
     rows: Sequence[tuple[str, Mapping[str, Any], str]] = (
         ("stale samples dropped", train, "dropped_stale"),
         ("empty samples dropped", train, "dropped_empty"),
+        ("late samples dropped", train, "dropped_late"),
         ("episodes dropped whole", train, "dropped_trajectories"),
         ("episodes discarded", acc, "episodes_discarded"),
         ("sessions expired", acc, "sessions_expired"),
