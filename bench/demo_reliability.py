@@ -37,6 +37,10 @@ def busy() -> None:
         x = (x * 1103515245 + 12345) % 2**31
 
 
+# The loop's counters that say what was trained and what thrown away (a run's summary.json).
+COUNTERS = ("trained", "dropped_stale", "dropped_late", "groups_split", "groups_split_at_bound")
+
+
 def one_run(out: Path, overrides: list[str]) -> dict[str, Any]:
     """One fresh demo in ``out``: passed, rise, wall seconds, and the demo's last lines."""
     shutil.rmtree(out, ignore_errors=True)
@@ -56,6 +60,8 @@ def one_run(out: Path, overrides: list[str]) -> dict[str, Any]:
         first, last = first_and_last([h["reward"] for h in history])
         record["reward"] = [round(first, 3), round(last, 3)]
         record["flat_groups"] = [int(h.get("flat_groups", 0)) for h in history]
+        counters = json.loads(summary.read_text()).get("counters", {})
+        record["counters"] = {k: counters[k] for k in COUNTERS if k in counters}
     tail = [line for line in done.stdout.splitlines() if line.strip()][-3:]
     record["tail"] = tail
     return record
@@ -86,7 +92,8 @@ def main() -> int:
                 f"run {i + 1}/{args.runs}: {verdict} success rise "
                 f"{record.get('rise', float('nan')):+.2f} ({record.get('first', 0):.2f} -> "
                 f"{record.get('last', 0):.2f}), reward {record.get('reward', [0, 0])[0]:.2f} -> "
-                f"{record.get('reward', [0, 0])[1]:.2f}, {record['seconds']:.0f} s",
+                f"{record.get('reward', [0, 0])[1]:.2f}, {record['seconds']:.0f} s; "
+                + ", ".join(f"{k} {v}" for k, v in record.get("counters", {}).items()),
                 flush=True,
             )
             if not record["passed"]:
