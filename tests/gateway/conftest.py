@@ -63,7 +63,7 @@ def gateway_model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 def engine(gateway_model_dir: str) -> Iterator[tuple[str, InferenceServer]]:
     """The real embedded engine on 127.0.0.1, shared by every gateway test."""
     server = build_server(gateway_model_dir, max_total_tokens=16384)
-    http = ServerThread(server.app(), "127.0.0.1", 0).start()
+    http = server.http().start()
     try:
         yield http.url, server
     finally:

@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+import openai
 import pytest
+from tests.gateway.conftest import POLICY
 
 from areal.core.episode import Episode
 from areal.core.staleness import StalenessBudget
@@ -200,3 +203,58 @@ def test_a_budget_that_stays_full_stops_the_run(start_gateway: Any) -> None:
         rollout = worker(gw, lambda episode: 1.0, max_wait_s=1.5)
         with pytest.raises(RolloutError, match="staleness budget stayed full"):
             asyncio.run(rollout.run([{}]))
+
+
+def test_episodes_the_gateway_ended_first_are_cut_not_failed(start_gateway: Any) -> None:
+    """The trainer trained a group without some members and had the gateway end their sessions
+    (``POST /rl/sessions/discard``): one was generating (its call is cut, the agent raises), one
+    had made its calls and then ended with its reward (the end answers ``409 session_ended``).
+    Both count as ``cut``; neither is a failure, and the worker goes on."""
+
+    async def discard_own_group(gw: Any, episode: Episode, delay: float) -> None:
+        await asyncio.sleep(delay)
+        async with httpx.AsyncClient() as http:
+            resp = await http.post(
+                f"{gw.url}/rl/sessions/discard",
+                json={"metadata": {"group": episode.group}},
+                headers=gw.headers(gw.admin),
+            )
+            assert resp.json()["discarded"] == 1
+
+    async def agent(episode: Episode) -> float:
+        client = episode.openai_client()
+        messages = [{"role": "user", "content": "count"}]
+        kind = episode.task["kind"]
+        if kind == "mid-call":
+            cutter = asyncio.create_task(discard_own_group(gw, episode, 0.3))
+            try:
+                await client.chat.completions.create(
+                    model=episode.model,
+                    messages=messages,
+                    max_tokens=3000,
+                    extra_body={"ignore_eos": True},
+                )
+            except openai.ConflictError:
+                outcomes.append("cut mid-call")
+                raise
+            finally:
+                await cutter
+        else:
+            await client.chat.completions.create(
+                model=episode.model, messages=messages, max_tokens=4
+            )
+            if kind == "after-calls":
+                await discard_own_group(gw, episode, 0.0)
+        return 1.0
+
+    outcomes: list[str] = []
+    tasks = [{"kind": k} for k in ("mid-call", "after-calls", "ok")]
+    routing = {"model_routing": {"policy_model": {"model_id": POLICY, "max_tokens": 3000}}}
+    with start_gateway(config=routing, sink="jsonl") as gw:
+        stats = asyncio.run(worker(gw, agent, concurrency=1).run(tasks))
+        assert outcomes == ["cut mid-call"]
+        assert (stats.started, stats.finished, stats.cut, stats.failed) == (3, 1, 2, 0)
+        assert stats.sent == 1 and not stats.errors
+        assert stats.to_json()["cut"] == 2
+        assert gw.state.sessions.budget.snapshot().running == 0
+        assert [t.metadata["task_id"] for t in trajectories(gw.log_dir)] == [2]

@@ -105,7 +105,7 @@ def greedy(url: str) -> list[float]:
 def reference(published_dir: Path) -> Iterator[str]:
     """The published weights served in this process, to compare the attached engine with."""
     server: InferenceServer = build_server(str(published_dir), max_total_tokens=4096)
-    http = ServerThread(server.app(), "127.0.0.1", 0).start()
+    http = server.http().start()
     try:
         yield http.url
     finally:

@@ -156,6 +156,9 @@ def test_an_incomplete_group_at_the_bound_is_trained_before_it_spoils(model_dir:
     counters = loop.counters()
     assert (counters["groups_split"], counters["groups_split_at_bound"]) == (1, 1)
     assert (counters["trained"], counters["dropped_stale"]) == (7, 0)
+    # What the runner asks the gateway to end: the sessions of a's member still to come.
+    assert loop.take_abandoned() == [{"group": "a"}]
+    assert loop.take_abandoned() == []
     # a's fourth member comes after its group was trained: dropped, and the books still add up.
     loop.add(member("a", 3, version=1))
     loop.add(tombstone("c", 3))  # c is whole now: no longer waiting

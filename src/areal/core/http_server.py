@@ -22,8 +22,12 @@ class ServerThread:
         host: str = "127.0.0.1",
         port: int = 0,
         shutdown_timeout: float = 5.0,
+        handler_cancellation: bool = False,
     ) -> None:
         self.app = app
+        # True: a handler is cancelled when its client disconnects (aiohttp's default is to let
+        # it run on); for a server whose handlers hold up costly work for the client alone.
+        self.handler_cancellation = handler_cancellation
         self.host = host
         self.port = port
         self.shutdown_timeout = shutdown_timeout
@@ -70,7 +74,11 @@ class ServerThread:
         self._loop = loop
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(
-            self.app, handle_signals=False, access_log=None, shutdown_timeout=self.shutdown_timeout
+            self.app,
+            handle_signals=False,
+            access_log=None,
+            shutdown_timeout=self.shutdown_timeout,
+            handler_cancellation=self.handler_cancellation,
         )
         try:
             loop.run_until_complete(runner.setup())

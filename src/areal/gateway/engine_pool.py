@@ -16,6 +16,12 @@ A cancelled call raises :class:`EngineLost` (a 503 with ``Retry-After``). The po
 lost call that produced nothing yet on another live engine; a call lost half-way is noted in the
 request's :data:`LOST_CALLS` box, and the middleware marks the episode it belonged to, which then
 ends discarded: a trajectory with a hole in it is never trained on.
+
+The calls a session's key makes are also tracked in its :class:`CallGroup` (the request's
+:data:`CALL_GROUP`): when the session ends, those still running are cut (``409
+session_ended``). Cancelling the engine call closes its connection, and the engine aborts the
+generation (SGLang, vLLM and the embedded engine all do on a client that goes away): an episode
+nobody will train (its group was trained without it, it grew too stale) stops costing tokens.
 """
 
 from __future__ import annotations
@@ -47,6 +53,37 @@ DOWN_AFTER = 3  # failed health checks in a row before an engine takes no traffi
 # A list, not a value, so the tasks a handler starts (n > 1 choices) add to the same box.
 LOST_CALLS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
     "areal_lost_calls", default=None
+)
+
+
+class CallGroup:
+    """The engine calls of one session still running, cut together when it ends."""
+
+    def __init__(self) -> None:
+        self.calls: set[asyncio.Future[Any]] = set()
+        self.cut_why: str | None = None  # set once cut: why its calls were cancelled
+
+    def cut(self, why: str) -> int:
+        """Cancel the running calls (and any made later): each raises ``409 session_ended``."""
+        self.cut_why = why
+        running = [c for c in self.calls if not c.done()]
+        for call in running:
+            call.cancel()
+        return len(running)
+
+    def error(self) -> GatewayError:
+        # The SDKs retry a 409 unless told not to; the session's key is dead, so say so.
+        return GatewayError(
+            409,
+            self.cut_why or "the session ended",
+            code="session_ended",
+            headers={"x-should-retry": "false"},
+        )
+
+
+# The call group of the session whose key made the request (the middleware sets it), if any.
+CALL_GROUP: contextvars.ContextVar[CallGroup | None] = contextvars.ContextVar(
+    "areal_call_group", default=None
 )
 
 
@@ -256,17 +293,26 @@ class EnginePool:
 
     async def call(self, engine: Engine, work: Awaitable[T]) -> T:
         """Run ``work`` on ``engine``, tracked: if the engine leaves meanwhile, :class:`EngineLost`."""
+        group = CALL_GROUP.get()
+        if group is not None and group.cut_why is not None:
+            if asyncio.iscoroutine(work):
+                work.close()  # never to be awaited
+            raise group.error()
         future = asyncio.ensure_future(work)
         engine.calls.add(future)
+        if group is not None:
+            group.calls.add(future)
         try:
             result = await future
         except asyncio.CancelledError:
             current = asyncio.current_task()
             if future.cancelled() and not (current and current.cancelling()):
-                raise EngineLost(engine.url, engine.lost_why or "went away") from None
+                raise self._lost(engine, group) from None
             raise
         finally:
             engine.calls.discard(future)
+            if group is not None:
+                group.calls.discard(future)
         engine.served += 1
         return result
 
@@ -281,10 +327,13 @@ class EnginePool:
         iterator = aiter(items)
         reader = _StreamReader(asyncio.get_running_loop().create_future())
         engine.calls.add(reader.call)
+        group = CALL_GROUP.get()
+        if group is not None:
+            group.calls.add(reader.call)
         try:
             while True:
                 if reader.call.cancelled():
-                    raise EngineLost(engine.url, engine.lost_why or "went away")
+                    raise self._lost(engine, group)
                 reader.task = asyncio.current_task()  # the consumer may read each in a new task
                 reader.reading = True
                 try:
@@ -293,13 +342,15 @@ class EnginePool:
                     return
                 except asyncio.CancelledError:
                     if reader.lost():
-                        raise EngineLost(engine.url, engine.lost_why or "went away") from None
+                        raise self._lost(engine, group) from None
                     raise
                 finally:
                     reader.reading = False
                 yield item
         finally:
             engine.calls.discard(reader.call)
+            if group is not None:
+                group.calls.discard(reader.call)
             if not reader.call.done():
                 reader.call.set_result(None)
                 engine.served += 1
@@ -307,6 +358,13 @@ class EnginePool:
             if closer is not None:
                 with contextlib.suppress(Exception):
                     await closer()
+
+    @staticmethod
+    def _lost(engine: Engine, group: CallGroup | None) -> GatewayError:
+        """Why a call was cancelled: its session ended (cut), else its engine left."""
+        if group is not None and group.cut_why is not None:
+            return group.error()
+        return EngineLost(engine.url, engine.lost_why or "went away")
 
     def mark_down(self, engine: Engine, why: str) -> None:
         """No traffic to ``engine`` until it answers a health check again; its calls are lost."""

@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from areal.gateway.callers import CALLER, Caller
-from areal.gateway.engine_pool import LOST_CALLS
+from areal.gateway.engine_pool import CALL_GROUP, LOST_CALLS
 from areal.gateway.errors import GatewayError, error_response
 from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.recording import RECORDING
@@ -109,6 +109,8 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         caller.session.busy += 1
     lost_calls: list[str] = []
     box = LOST_CALLS.set(lost_calls)
+    calls = caller.session.engine_calls if caller.session is not None else None
+    group = CALL_GROUP.set(None if is_rl_path(request.path) else calls)
     try:
         limits = request.app.get(LIMITS) or HttpLimits()
         _check_headers(request, limits)
@@ -158,6 +160,7 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         )
     finally:
         LOST_CALLS.reset(box)
+        CALL_GROUP.reset(group)
         recording = request.get(RECORDING)
         if recording is not None and recording.conversation is not None and state.online:
             await state.online.call_done(

@@ -52,6 +52,7 @@ from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
 from areal.core.trajectory import build_trajectory
 from areal.core.types import Completion, Trajectory
+from areal.gateway.engine_pool import CallGroup
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
 
@@ -84,6 +85,8 @@ class Session:
         0  # calls whose engine left half-way (engine_pool): the episode is not trained
     )
     calls: list[dict[str, Any]] = field(default_factory=list, repr=False)  # see note_call
+    # The engine calls its key's requests are running: cut when it ends (engine_pool.CallGroup).
+    engine_calls: CallGroup = field(default_factory=CallGroup, repr=False)
     # Who ends it when idle instead of the session reaper: "online" conversations (areal.gateway.
     # online) wait for their reward after the agent goes quiet, which the reaper would cut short.
     owner: str | None = None
@@ -341,6 +344,13 @@ class SessionManager:
         if not session.is_open:
             raise GatewayError(409, f"session {session.session_id} has ended", code="session_ended")
         self._retire(session)  # from here on, late records and rewards are refused
+        cut = session.engine_calls.cut(
+            f"session {session.session_id} ended while this call was generating: nothing more "
+            "of its episode is trained (its group was trained without it, it grew too stale, or "
+            "its driver discarded it)"
+        )
+        if cut:
+            log.info("session %s ended: %d running engine call(s) cut", session.session_id, cut)
         if session.lost_calls and not discard:
             log.info(
                 "session %s lost %d call(s) with an engine that left: discarded, not trained",

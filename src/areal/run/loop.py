@@ -178,6 +178,8 @@ class TrainerLoop:
         self._dropped_late = self._dropped_late_tokens = 0
         # Trained-incomplete groups still missing members: key -> members still to come.
         self._split: dict[Hashable, int] = {}
+        # ... and, until taken (take_abandoned), the metadata their members' sessions share.
+        self._abandoned: list[dict[str, Any]] = []
         self._generation = 0  # tells apart successive groups under one key
         self._blocked_since: float | None = None  # when a step became possible but for groups
         self._steps = 0
@@ -330,12 +332,12 @@ class TrainerLoop:
         for group in ready:
             if taken >= self.batch_size:
                 break
+            if not group.complete:
+                self._split_off(group, at_bound=id(group) in at_bound)
             batch.append(group.entries)
             taken += group.trajectories
             group.entries = []
             del self._groups[next(k for k, g in self._groups.items() if g is group)]
-            if not group.complete:
-                self._split_off(group, at_bound=id(group) in at_bound)
         return batch
 
     def _at_bound(self, group: _Group) -> bool:
@@ -355,6 +357,17 @@ class TrainerLoop:
             self._split[group.key] = group.expected - group.accounted
             while len(self._split) > SPLIT_GROUPS_KEPT:
                 del self._split[next(iter(self._split))]
+            meta = group.entries[0].metadata
+            field = "group" if "group" in meta else "task_id"
+            self._abandoned.append({field: meta[field]})
+
+    def take_abandoned(self) -> list[dict[str, Any]]:
+        """The groups trained without members still to come, since the last call: for each, the
+        metadata its members' sessions share (``{"group": ...}``), so that the gateway can end
+        those sessions now (``POST /rl/sessions/discard``) rather than let them generate what
+        will be dropped as late."""
+        taken, self._abandoned = self._abandoned, []
+        return taken
 
     # --- checkpoints -----------------------------------------------------------------------------
 

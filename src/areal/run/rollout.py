@@ -80,13 +80,17 @@ def _wire_error(err: BaseException) -> bool:
 
 @dataclass
 class RolloutStats:
-    """Counts of one :meth:`RolloutWorker.run`; ``finished + failed + timed_out == started``."""
+    """Counts of one :meth:`RolloutWorker.run`;
+    ``finished + failed + timed_out + cut == started``."""
 
     started: int = 0
     finished: int = 0  # the agent returned and its session was ended with its reward
     sent: int = 0  # of those, trajectories the gateway handed to the trainer (non-empty)
     failed: int = 0  # the agent (or the reward function) raised
     timed_out: int = 0
+    # The gateway ended the session before the worker did: the trainer trained its group without
+    # it, it grew too stale to train, or it sat idle. Nothing of it is trained; not a failure.
+    cut: int = 0
     broken: int = 0  # of the failures, those that were not an HTTP or network error
     rewards: list[float] = field(default_factory=list)
     errors: Counter[str] = field(default_factory=Counter)
@@ -104,6 +108,7 @@ class RolloutStats:
             "sent": self.sent,
             "failed": self.failed,
             "timed_out": self.timed_out,
+            "cut": self.cut,
             "broken": self.broken,
             "mean_reward": self.mean_reward,
             "errors": dict(self.errors),
@@ -275,11 +280,14 @@ class RolloutWorker:
             await self._discard(admin, sid)
             return
         except Exception as err:
+            await self._before_end(admin, episode)
+            if not await self._discard(admin, sid):  # its calls failed because it had ended
+                stats.cut += 1
+                log.info("episode %s (task %r) was ended by the gateway: %r", sid, task_id, err)
+                return
             stats.failed += 1
             stats.errors[type(err).__name__] += 1
             log.warning("episode %s (task %r) failed: %r", sid, task_id, err)
-            await self._before_end(admin, episode)
-            await self._discard(admin, sid)
             stats.broken += not _wire_error(err)
             if stats.finished == 0 and stats.broken >= GIVE_UP_AFTER:
                 raise AgentBroken(
@@ -290,7 +298,16 @@ class RolloutWorker:
             return
         await self._before_end(admin, episode)
         end = admin.end(sid, reward=reward) if self.train else admin.end(sid, discard=True)
-        ended = await self._session_api(end)
+        try:
+            ended = await end
+        except GatewayRefused as err:
+            if err.code != "session_ended":
+                raise self._failure(err) from err
+            stats.cut += 1
+            log.info("episode %s (task %r) was ended by the gateway first", sid, task_id)
+            return
+        except GatewayAdminError as err:
+            raise self._failure(err) from err
         stats.finished += 1
         stats.sent += bool(ended.get("sent"))
         if reward is not None:
@@ -356,16 +373,19 @@ class RolloutWorker:
             waited += wait
             stats.waited_s += wait
 
-    async def _discard(self, admin: GatewayAdmin, sid: str) -> None:
-        """End the episode as discarded, unless the gateway already did (a turn refused as
-        too stale ends the session there: ``409 session_ended`` here is that, not a failure)."""
+    async def _discard(self, admin: GatewayAdmin, sid: str) -> bool:
+        """End the episode as discarded; False if the gateway already had (a turn refused as
+        too stale, a group trained without it: ``409 session_ended`` here is that, not a
+        failure)."""
         try:
             await admin.end(sid, discard=True)
         except GatewayRefused as err:
             if err.code != "session_ended":
                 raise self._failure(err) from err
+            return False
         except GatewayAdminError as err:
             raise self._failure(err) from err
+        return True
 
     async def _session_api(self, call: Awaitable[T]) -> T:
         """A session API call whose failure stops the run (:class:`RolloutError`)."""

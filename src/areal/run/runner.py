@@ -355,11 +355,14 @@ class _Run:
         return training.result()
 
     async def after_step(self, run: _Parts, result: dict[str, float]) -> None:
-        """The new version to the gateway's clock, the audit trail, ``sync`` and ``accounting``
-        events, and every ``logging.save_interval`` steps a checkpoint."""
+        """The new version to the gateway's clock, the sessions of groups trained without them
+        ended, the audit trail, ``sync`` and ``accounting`` events, and every
+        ``logging.save_interval`` steps a checkpoint."""
         loop = run.loop
         self.version = loop.version
         await self.announce(run.gateway)
+        for members in loop.take_abandoned():  # their group trained without them: stop them
+            await best_effort(run.gateway.discard(metadata=members))
         self.audit(loop)
         step = int(result["step"])
         values = _sync_values(result, run.sync.last_phases, loop.version)

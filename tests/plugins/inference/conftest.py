@@ -11,7 +11,6 @@ from typing import Any
 import httpx
 import pytest
 
-from areal.core.http_server import ServerThread
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 
@@ -33,7 +32,7 @@ def running_server(model_dir: str, **options: Any) -> Iterator[RunningServer]:
     """The real app on 127.0.0.1 (aiohttp on a side thread), the engine on its own thread."""
     options.setdefault("max_total_tokens", 8192)
     server = build_server(model_dir, **options)
-    http_server = ServerThread(server.app(), "127.0.0.1", 0).start()
+    http_server = server.http().start()
     try:
         with httpx.Client(base_url=http_server.url, timeout=60) as http:
             yield RunningServer(http_server.url, server, http)

@@ -183,3 +183,31 @@ def test_version_bumps_keep_counting() -> None:
     from areal.plugins.inference.embedded.engine import _next_version
 
     assert [_next_version(v) for v in ("0", "7", "v9", "policy")] == ["1", "8", "v10", "policy-1"]
+
+
+def test_a_client_that_goes_away_aborts_its_generation(start_server: Any) -> None:
+    """A non-streaming ``/generate`` whose client disconnects (a gateway that gave up on the
+    call) stops decoding at once, as in SGLang and vLLM, instead of running to max_new_tokens;
+    a streaming one too. The other request keeps going."""
+    with start_server() as srv, ThreadPoolExecutor(1) as pool:
+        other = pool.submit(
+            _post, srv.url, "/generate", {"input_ids": [6], "sampling_params": LONG, "rid": "b"}
+        )
+        _wait_running(srv, 1)
+        for stream in (False, True):
+            body = {"input_ids": [5], "sampling_params": LONG, "stream": stream}
+            before = srv.server.engine.stats()["running"]
+            with httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
+                try:
+                    with client.stream("POST", f"{srv.url}/generate", json=body) as resp:
+                        for _ in resp.iter_bytes():
+                            break  # a streaming client reads a chunk and leaves
+                except httpx.ReadTimeout:
+                    pass  # the other waits 0.3 s for the answer, gives up and closes
+            deadline = time.monotonic() + 5
+            while srv.server.engine.stats()["running"] >= before + 1:
+                assert time.monotonic() < deadline, f"stream={stream}: still decoding"
+                time.sleep(0.02)
+            assert srv.server.engine.stats()["running"] == 1 and not other.done()
+        _post(srv.url, "/abort_request", {"abort_all": True})
+        assert other.result(timeout=30).json()["meta_info"]["finish_reason"]["type"] == "abort"

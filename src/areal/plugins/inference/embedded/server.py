@@ -333,6 +333,12 @@ class InferenceServer:
         await self.on_engine(apply)
         return web.json_response({"success": True, "message": "ok", "new_version": req.new_version})
 
+    def http(self, host: str = "127.0.0.1", port: int = 0) -> ServerThread:
+        """The app on a server thread (not started). A client that goes away cancels its
+        handler, which aborts its generations (as SGLang and vLLM do): a gateway that gives up
+        on a call must not leave the engine decoding for nobody."""
+        return ServerThread(self.app(), host, port, handler_cancellation=True)
+
     def app(self) -> web.Application:
         app = web.Application(middlewares=[_errors], client_max_size=64 * 1024**2)
         routes: list[tuple[str, str, Callable[[Request], Awaitable[web.StreamResponse]]]] = [
@@ -534,7 +540,7 @@ def serve(
         compile_decode=compile_decode,
         pack_weights=pack_weights,
     )
-    http = ServerThread(server.app(), host, port)
+    http = server.http(host, port)
     try:
         http.start()
     except OSError as err:
