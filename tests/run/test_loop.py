@@ -216,7 +216,8 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
     trajectories = [
         Trajectory("t1", [token_sample([30, 31], 0)], 1.0, 1, metadata={"task_id": "x"}),
         Trajectory("t2", [token_sample([32, 33], 0)], 0.0, 1, metadata={"task_id": "x"}),
-        Trajectory("t3", [token_sample([34], 0)], 1.0, 1),  # version 0, arrives at version 1
+        # Version 0; taken in with the rest before the first batch, stale once it is trained.
+        Trajectory("t3", [token_sample([34], 0)], 1.0, 1),
         Trajectory("t4", [token_sample([35], 1), token_sample([36, 37], 1)], 0.5, 2),
         Trajectory("t5", [token_sample([38], 1)], 0.0, 1),
     ]
@@ -253,7 +254,7 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "trained": 5,
         "dropped": 1,
         "dropped_stale": 1,
-        "dropped_stale_waiting": 0,  # it arrived stale
+        "dropped_stale_waiting": 1,  # it arrived fresh and went stale waiting
         "dropped_stale_tokens": 1,  # the engine work lost with it
         "dropped_empty": 0,
         "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone

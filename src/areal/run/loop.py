@@ -2,7 +2,8 @@
 
 One iteration of :meth:`TrainerLoop.run`:
 
-1. **Pull** trajectories from the source (the trajectory queue) into a buffer of whole groups.
+1. **Pull** trajectories from the source (the trajectory queue) into a buffer of whole groups:
+   before each batch is formed, all that the source already holds.
    Each sample keeps the reward it arrived with: its discounted return, per-turn rewards and the
    episode reward combined by the gateway (:mod:`areal.core.trajectory`).
 2. **Drop stale samples**: a sample's staleness is ``version − min(versions of its generated
@@ -68,6 +69,9 @@ GROUP_WAIT_S = 30.0  # how long an incomplete group may hold back a step that co
 # How many trained-incomplete groups are remembered, so that their late members are dropped (a
 # member lost without a tombstone never comes; the oldest records go first).
 SPLIT_GROUPS_KEPT = 4096
+# The most trajectories taken from the source without waiting before a batch is formed (the
+# staleness budget bounds what can be there; this bounds one pass when producers outrun it).
+ARRIVED_MAX = 4096
 
 
 class Learner(Protocol):
@@ -471,6 +475,7 @@ class TrainerLoop:
         """
         history: list[dict[str, float]] = []
         while len(history) < max_steps and not (stop is not None and stop.is_set()):
+            await self._take_arrived()
             batch = self._take_batch()
             if batch is None:
                 trajectory = await self.source.aget(timeout=self.poll_timeout)
@@ -481,6 +486,16 @@ class TrainerLoop:
             if on_step is not None:
                 await on_step(history[-1])
         return history
+
+    async def _take_arrived(self) -> None:
+        """Everything the source holds already, into the buffer, without waiting: a batch is
+        formed knowing every member that has arrived (a group's last member may be waiting in
+        the queue while its group looks incomplete here)."""
+        for _ in range(ARRIVED_MAX):
+            trajectory = await self.source.aget(timeout=0)
+            if trajectory is None:
+                return
+            self.add(trajectory)
 
     async def step(self, batch: list[list[_Entry]]) -> dict[str, float]:
         """One RL step on ``batch`` (its groups' trajectories), then the version bump and the
