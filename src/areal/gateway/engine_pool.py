@@ -56,6 +56,14 @@ LOST_CALLS: contextvars.ContextVar[list[str] | None] = contextvars.ContextVar(
 )
 
 
+def cancel_running(calls: set[asyncio.Future[Any]]) -> int:
+    """Cancel the calls not done yet; returns how many."""
+    running = [c for c in calls if not c.done()]
+    for call in running:
+        call.cancel()
+    return len(running)
+
+
 class CallGroup:
     """The engine calls of one session still running, cut together when it ends."""
 
@@ -66,10 +74,7 @@ class CallGroup:
     def cut(self, why: str) -> int:
         """Cancel the running calls (and any made later): each raises ``409 session_ended``."""
         self.cut_why = why
-        running = [c for c in self.calls if not c.done()]
-        for call in running:
-            call.cancel()
-        return len(running)
+        return cancel_running(self.calls)
 
     def error(self) -> GatewayError:
         # The SDKs retry a 409 unless told not to; the session's key is dead, so say so.
@@ -137,10 +142,7 @@ class Engine:
 
     def cancel_calls(self, why: str) -> int:
         self.lost_why = why
-        running = [c for c in self.calls if not c.done()]
-        for call in running:
-            call.cancel()
-        return len(running)
+        return cancel_running(self.calls)
 
 
 class _StreamReader:
