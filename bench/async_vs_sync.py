@@ -7,10 +7,10 @@ The workload is ``bench/longtail_agent.py``: one chat call per episode of exactl
 ``L`` long-tailed (75 % in 8-24 tokens, 25 % Pareto-tailed up to 256), written per sample into a
 tasks file so every phase sees the same episodes. The inference engine is pinned to core 0 and the
 trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
-rollout worker run on either core at nice 5, where one has idle time, as ``areal train`` places
-them when ``agent.cpu_affinity`` is unset (``--agent-core trainer``: pinned to the trainer's core;
-``engine``: beside the engine; ``all``: either core at nice 0; in every phase alike, so the bound
-is measured with the same placement). The phases, in this order:
+rollout worker run beside the engine, as ``areal train`` places them when
+``agent.cpu_affinity`` is unset (``--agent-core trainer``: pinned to the trainer's core;
+``all``: either core; ``shared``: either core at nice 5, the default until 2026-12-05; in every
+phase alike, so the bound is measured with the same placement). The phases, in this order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -79,7 +79,6 @@ from areal.plugins.models.hf_io import load_model  # noqa: E402
 from areal.plugins.models.tiny import init_tiny  # noqa: E402
 from areal.plugins.trainer.step import train_step  # noqa: E402
 from areal.run.processes import (  # noqa: E402
-    AGENT_NICE,
     engine_child,
     gateway_child,
     router_config,
@@ -93,7 +92,9 @@ AGENT_CORES = {
     "engine": (ENGINE_CORE,),
     "trainer": (TRAINER_CORE,),
     "all": (ENGINE_CORE, TRAINER_CORE),  # the scheduler places them where a core is idle
+    "shared": (ENGINE_CORE, TRAINER_CORE),  # ... at nice 5 (the default until 2026-12-05)
 }
+AGENT_NICES = {"shared": 5}  # agent.nice per --agent-core; the others leave it unset (0)
 GROUP_SIZE = 4  # samples per task (a GRPO group); each sample has a length of its own
 
 
@@ -111,6 +112,7 @@ class Settings:
     gen_seconds: float = 30.0
     # agent.cpu_affinity (the gateway's and the worker's cores); None: unset, as areal train's default
     agent_cores: tuple[int, ...] | None = None
+    agent_nice: int | None = None  # agent.nice; None: unset
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
@@ -160,6 +162,7 @@ def run_config(
             "concurrency": s.concurrency,
             "episode_timeout_s": 300,
             "cpu_affinity": None if s.agent_cores is None else list(s.agent_cores),
+            "nice": s.agent_nice,
         },
         "logging": {
             "log_dir": str(root / name / "logs"),
@@ -504,9 +507,10 @@ def _token_share(results: dict[str, Any]) -> list[str]:
 def _cores(settings: dict[str, Any]) -> str:
     """The agent's cores as the results name them (older results files hold one ``agent_core``)."""
     cores = settings.get("agent_cores", [settings.get("agent_core", TRAINER_CORE)])
-    if cores is None:  # unset: both pinned sides' cores at nice 5 (areal.run.processes.agent_cpus)
-        return f"{ENGINE_CORE}, {TRAINER_CORE}, nice {AGENT_NICE} (agent.cpu_affinity unset)"
-    return ", ".join(str(core) for core in cores)
+    if cores is None:  # unset: the engine's core (areal.run.processes.agent_cpus)
+        return f"{ENGINE_CORE} (agent.cpu_affinity unset)"
+    nice = settings.get("agent_nice")
+    return ", ".join(str(core) for core in cores) + (f", nice {nice}" if nice else "")
 
 
 def _run_note(run: dict[str, Any]) -> str:
@@ -631,7 +635,8 @@ def main(argv: list[str] | None = None) -> int:
         "--agent-core",
         choices=list(AGENT_CORES),
         help="pin the gateway and the rollout worker (default: unset, as areal train's default: "
-        "either core at nice 5; trainer: the trainer's; all: either core at nice 0)",
+        "the engine's core; trainer: the trainer's; all: either core; shared: either core at "
+        "nice 5, the default until 2026-12-05)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")
@@ -642,6 +647,7 @@ def main(argv: list[str] | None = None) -> int:
         "gen_seconds": args.gen_seconds, "pause_mode": args.pause_mode,
         "both_modes": False if args.one_mode else None,
         "agent_cores": AGENT_CORES.get(args.agent_core or ""),
+        "agent_nice": AGENT_NICES.get(args.agent_core or ""),
     }  # fmt: skip
     s = QUICK if args.quick else Settings()
     s = dataclasses.replace(s, **{k: v for k, v in overrides.items() if v is not None})

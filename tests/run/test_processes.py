@@ -124,10 +124,11 @@ def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path:
     gateway, worker = _agent_pair(tmp_path)
     assert gateway.cpus is worker.cpus is None  # the runner's mask, inherited
     assert gateway.nice == worker.nice == 0
-    # both sides pinned, the agent unset: either side's cores, below them in priority
+    # both sides pinned, the agent unset: the engines' cores; the trainer's stays its own
+    pinned = {"train": {"cpu_affinity": [2]}, "inference": {"cpu_affinity": [0, 1]}}
     gateway, worker = _agent_pair(tmp_path, **pinned)
     assert gateway.cpus == worker.cpus == {0, 1}
-    assert gateway.nice == worker.nice == 5
+    assert gateway.nice == worker.nice == 0
     _, worker = _agent_pair(tmp_path, **pinned, agent={"nice": 2})
     assert worker.nice == 2
     gateway, worker = _agent_pair(tmp_path, train={"cpu_affinity": [1]})  # engines unpinned

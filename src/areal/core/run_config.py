@@ -180,16 +180,15 @@ class AgentConfig(_Section):
     cpu_affinity: list[int] | None = Field(
         default=None,
         description="CPU cores the gateway and the rollout workers run on. Default: with both "
-        "train.cpu_affinity and inference.cpu_affinity set, all of their cores (at a lower "
-        "priority, see nice); otherwise the runner's.",
+        "train.cpu_affinity and inference.cpu_affinity set, the engines' cores (the trainer's "
+        "core stays its own); otherwise the runner's.",
     )
     nice: int | None = Field(
         default=None,
         ge=0,
         le=19,
-        description="Added to the gateway's and the rollout workers' niceness. Default: 5 "
-        "when they share the pinned trainer's and engines' cores by default (cpu_affinity "
-        "unset), so those take a core first and these its idle time; otherwise 0.",
+        description="Added to the gateway's and the rollout workers' niceness (default 0), "
+        "e.g. 5 to let the processes they share cores with take a core first.",
     )
 
     @field_validator("gateway_url")

@@ -110,32 +110,26 @@ def cpu_set(affinity: list[int] | None) -> set[int] | None:
     return set(affinity) if affinity else None
 
 
-AGENT_NICE = 5  # added to the agent's niceness where it shares the pinned sides' cores
-
-
-def _agent_shares_pinned_cores(config: RunConfig) -> bool:
+def _agent_beside_pinned_engines(config: RunConfig) -> bool:
     agent, train, inference = config.agent, config.train, config.inference
     return not agent.cpu_affinity and bool(train.cpu_affinity) and bool(inference.cpu_affinity)
 
 
 def agent_cpus(config: RunConfig) -> set[int] | None:
     """Where the gateway and the rollout workers run: ``agent.cpu_affinity``; unset, with the
-    trainer and the engines pinned, every core of either, so they take whichever has idle time
-    (the trainer's alone cost each train step their CPU: docs/benchmarks.md, "Sync vs async RL");
+    trainer and the engines pinned, the engines' cores: the trainer's step is on the critical
+    path of every async step, and the agent beside it cost it ~15 % of its speed, while the
+    engines keep up with it beside the agent (docs/benchmarks.md, "Sync vs async RL");
     otherwise the runner's mask, inherited."""
-    if _agent_shares_pinned_cores(config):
-        return set(config.train.cpu_affinity or ()) | set(config.inference.cpu_affinity or ())
+    if _agent_beside_pinned_engines(config):
+        return set(config.inference.cpu_affinity or ())
     return cpu_set(config.agent.cpu_affinity)
 
 
 def agent_nice(config: RunConfig) -> int:
-    """What the gateway and the workers add to their niceness: ``agent.nice``; unset,
-    :data:`AGENT_NICE` where :func:`agent_cpus` puts them on the trainer's and the engines'
-    cores (those must win a core they both want: the engine re-prefilling after an update, the
-    trainer stepping), else 0."""
-    if config.agent.nice is not None:
-        return config.agent.nice
-    return AGENT_NICE if _agent_shares_pinned_cores(config) else 0
+    """What the gateway and the workers add to their niceness: ``agent.nice``, else 0 (beside
+    the engines they are as much on the generation path as the engines themselves)."""
+    return config.agent.nice if config.agent.nice is not None else 0
 
 
 def engine_placement(config: RunConfig, index: int) -> Placement:
