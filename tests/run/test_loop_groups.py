@@ -249,3 +249,34 @@ def test_the_step_reports_the_share_of_episodes_that_solved_their_task(model_dir
         plain.add(member("k", i))
     (stats,) = asyncio.run(plain.run(1))
     assert "success" not in stats
+
+
+class Listed:
+    """A source that hands out the given trajectories, then nothing."""
+
+    def __init__(self, trajectories: list[Trajectory]) -> None:
+        self.items = list(trajectories)
+
+    async def aget(self, timeout: float | None = None) -> Trajectory | None:
+        return self.items.pop(0) if self.items else None
+
+
+def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
+    model_dir: str,
+) -> None:
+    """``run`` takes all the source holds, forms the batch, and calls ``on_batch`` before the
+    step: that is when the runner has the gateway end the sessions still to come."""
+    engine = Recording(model_dir)
+    arrivals = [member("a", i, version=0) for i in range(3)] + [member("b", i) for i in range(4)]
+    loop = TrainerLoop(
+        engine, Listed(arrivals), NoPublish(), trigger_batch_size=4, staleness_threshold=2
+    )
+    loop.version = 2
+    heard: list[tuple[int, list[dict[str, Any]]]] = []
+
+    async def on_batch() -> None:
+        heard.append((len(engine.steps), loop.take_abandoned()))
+
+    history = asyncio.run(loop.run(1, on_batch=on_batch))
+    assert heard == [(0, [{"group": "a"}])]  # before the step trained
+    assert history[0]["groups"] == 2.0 and history[0]["updated"] == 7.0

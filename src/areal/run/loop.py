@@ -467,11 +467,14 @@ class TrainerLoop:
         *,
         stop: asyncio.Event | None = None,
         on_step: Callable[[dict[str, float]], Awaitable[None]] | None = None,
+        on_batch: Callable[[], Awaitable[None]] | None = None,
     ) -> list[dict[str, float]]:
         """Train ``max_steps`` steps; each returns ``train_step``'s stats plus the loop's own.
 
         Returns early, between steps, once ``stop`` is set. ``on_step`` runs after each step
         (and its weight sync), before the next batch is formed: checkpoints go there.
+        ``on_batch`` runs once a batch is formed, before it trains: what the batch decided
+        (:meth:`take_abandoned`) is acted on there, as early as it can be.
         """
         history: list[dict[str, float]] = []
         while len(history) < max_steps and not (stop is not None and stop.is_set()):
@@ -482,6 +485,8 @@ class TrainerLoop:
                 if trajectory is not None:
                     self.add(trajectory)
                 continue
+            if on_batch is not None:
+                await on_batch()
             history.append(await self.step(batch))
             if on_step is not None:
                 await on_step(history[-1])

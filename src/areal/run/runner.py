@@ -340,7 +340,12 @@ class _Run:
         async def on_step(result: dict[str, float]) -> None:
             await self.after_step(run, result)
 
-        training = asyncio.create_task(run.loop.run(remaining, stop=self.stop, on_step=on_step))
+        async def on_batch() -> None:
+            await self.end_abandoned(run)
+
+        training = asyncio.create_task(
+            run.loop.run(remaining, stop=self.stop, on_step=on_step, on_batch=on_batch)
+        )
         watching = asyncio.create_task(run.supervisor.watch())
         done, _ = await asyncio.wait({training, watching}, return_when=asyncio.FIRST_COMPLETED)
         if watching in done:
@@ -354,15 +359,19 @@ class _Run:
             await watching
         return training.result()
 
+    async def end_abandoned(self, run: _Parts) -> None:
+        """The sessions of the members still to come of groups the batch about to train takes
+        without them, ended at the gateway: their calls are cut, the engines stop generating
+        tokens the loop would drop as late."""
+        for members in run.loop.take_abandoned():
+            await best_effort(run.gateway.discard(metadata=members))
+
     async def after_step(self, run: _Parts, result: dict[str, float]) -> None:
-        """The new version to the gateway's clock, the sessions of groups trained without them
-        ended, the audit trail, ``sync`` and ``accounting`` events, and every
-        ``logging.save_interval`` steps a checkpoint."""
+        """The new version to the gateway's clock, the audit trail, ``sync`` and ``accounting``
+        events, and every ``logging.save_interval`` steps a checkpoint."""
         loop = run.loop
         self.version = loop.version
         await self.announce(run.gateway)
-        for members in loop.take_abandoned():  # their group trained without them: stop them
-            await best_effort(run.gateway.discard(metadata=members))
         self.audit(loop)
         step = int(result["step"])
         values = _sync_values(result, run.sync.last_phases, loop.version)
