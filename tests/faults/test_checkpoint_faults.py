@@ -552,9 +552,16 @@ def test_areal_train_stops_in_one_line_on_a_full_disk_and_resumes(
         assert summary["steps"] == 3 and summary["version"] == 3
         assert steps_on_disk(out) == ["step-000002", "step-000003"] and leftovers(out) == []
         # The audit trail: the first run trained steps 1 and 2 (step 2 lost with its save), the
-        # resumed one steps 2 and 3 from step 1's data position; no episode trained twice.
+        # resumed one steps 2 and 3 from step 1's checkpoint (its data position and the
+        # episodes it had buffered). The final model's lineage, step 1 of the first run and
+        # then the resumed run, trains no episode twice; an episode of the lost step 2 that
+        # step 1's checkpoint held is trained again, as it must be (its update was lost).
         records = trained(out)
         assert {r["step"] for r in records[:first]} == {1, 2}
         assert {r["step"] for r in records[first:]} == {2, 3}
-        ids = [r["session_id"] for r in records]
+        lineage = [r for r in records[:first] if r["step"] == 1] + records[first:]
+        ids = [r["session_id"] for r in lineage]
         assert len(ids) == len(set(ids))
+        lost = {r["session_id"] for r in records[:first] if r["step"] == 2}
+        first_step = {r["session_id"] for r in records[:first] if r["step"] == 1}
+        assert not lost & first_step
