@@ -34,7 +34,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterable, Awaitable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 import aiohttp
 
@@ -47,11 +47,11 @@ from areal.run.gateway_client import (
     GatewayRefused,
     GatewayUnreachable,
     OpenedSession,
+    SessionSummary,
 )
 
 log = logging.getLogger("areal.rollout")
 LONG_POLL_S = 10.0  # how long one session request may wait at the gateway for a free slot
-T = TypeVar("T")
 
 
 GIVE_UP_AFTER = 32  # a worker whose first this-many episodes all failed stops (AgentBroken)
@@ -298,16 +298,11 @@ class RolloutWorker:
             return
         await self._before_end(admin, episode)
         end = admin.end(sid, reward=reward) if self.train else admin.end(sid, discard=True)
-        try:
-            ended = await end
-        except GatewayRefused as err:
-            if err.code != "session_ended":
-                raise self._failure(err) from err
+        ended = await self._end(end)
+        if ended is None:
             stats.cut += 1
             log.info("episode %s (task %r) was ended by the gateway first", sid, task_id)
             return
-        except GatewayAdminError as err:
-            raise self._failure(err) from err
         stats.finished += 1
         stats.sent += bool(ended.get("sent"))
         if reward is not None:
@@ -374,23 +369,19 @@ class RolloutWorker:
             stats.waited_s += wait
 
     async def _discard(self, admin: GatewayAdmin, sid: str) -> bool:
-        """End the episode as discarded; False if the gateway already had (a turn refused as
-        too stale, a group trained without it: ``409 session_ended`` here is that, not a
-        failure)."""
+        """End the episode as discarded; False if the gateway already had."""
+        return await self._end(admin.end(sid, discard=True)) is not None
+
+    async def _end(self, call: Awaitable[SessionSummary]) -> SessionSummary | None:
+        """The answer of ending a session; ``None`` if the gateway had ended it first (a turn
+        refused as too stale, a group trained without it: ``409 session_ended`` is that, not a
+        failure). Any other failure stops the run (:class:`RolloutError`)."""
         try:
-            await admin.end(sid, discard=True)
+            return await call
         except GatewayRefused as err:
             if err.code != "session_ended":
                 raise self._failure(err) from err
-            return False
-        except GatewayAdminError as err:
-            raise self._failure(err) from err
-        return True
-
-    async def _session_api(self, call: Awaitable[T]) -> T:
-        """A session API call whose failure stops the run (:class:`RolloutError`)."""
-        try:
-            return await call
+            return None
         except GatewayAdminError as err:
             raise self._failure(err) from err
 
