@@ -280,3 +280,16 @@ def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
     history = asyncio.run(loop.run(1, on_batch=on_batch))
     assert heard == [(0, [{"group": "a"}])]  # before the step trained
     assert history[0]["groups"] == 2.0 and history[0]["updated"] == 7.0
+
+
+def test_the_buffer_takes_ahead_only_up_to_buffer_max(model_dir: str) -> None:
+    """Beyond ``buffer_max`` buffered trajectories the rest wait in the source (the queue),
+    whose back-pressure then holds the producers; memory stays bounded by the queue's size."""
+    arrivals = [member(f"g{i}", 0, size=2) for i in range(10)]  # 10 incomplete groups
+    source = Listed(arrivals)
+    loop = TrainerLoop(
+        Recording(model_dir), source, NoPublish(), trigger_batch_size=4, staleness_threshold=2,
+        buffer_max=4,
+    )  # fmt: skip
+    asyncio.run(loop._take_arrived())
+    assert loop.buffered_trajectories == 4 and len(source.items) == 6

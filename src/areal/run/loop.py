@@ -3,7 +3,7 @@
 One iteration of :meth:`TrainerLoop.run`:
 
 1. **Pull** trajectories from the source (the trajectory queue) into a buffer of whole groups:
-   before each batch is formed, all that the source already holds.
+   before each batch is formed, all that the source already holds (up to ``buffer_max``).
    Each sample keeps the reward it arrived with: its discounted return, per-turn rewards and the
    episode reward combined by the gateway (:mod:`areal.core.trajectory`).
 2. **Drop stale samples**: a sample's staleness is ``version − min(versions of its generated
@@ -70,9 +70,9 @@ GROUP_WAIT_S = 30.0  # how long an incomplete group may hold back a step that co
 # How many trained-incomplete groups are remembered, so that their late members are dropped (a
 # member lost without a tombstone never comes; the oldest records go first).
 SPLIT_GROUPS_KEPT = 4096
-# The most trajectories taken from the source without waiting before a batch is formed (the
-# staleness budget bounds what can be there; this bounds one pass when producers outrun it).
-ARRIVED_MAX = 4096
+# The most trajectories the buffer takes from the source without waiting (``buffer_max``'s
+# default): beyond it they wait in the queue, whose back-pressure then holds the producers.
+BUFFER_MAX = 4096
 
 
 class Learner(Protocol):
@@ -147,6 +147,7 @@ class TrainerLoop:
         kl_penalty: bool = False,
         group_wait_s: float = GROUP_WAIT_S,
         success_reward: float | None = None,
+        buffer_max: int = BUFFER_MAX,
     ) -> None:
         if trigger_batch_size < 1:
             raise ValueError(f"trigger_batch_size must be >= 1; got {trigger_batch_size}")
@@ -169,6 +170,7 @@ class TrainerLoop:
         self.version = start_version
         self.poll_timeout = poll_timeout
         self.group_wait_s = group_wait_s
+        self.buffer_max = buffer_max  # trajectories taken ahead of need (the queue's size)
         self._groups: dict[Hashable, _Group] = {}  # in order of their first member's arrival
         self._received = self._trained = self._dropped_stale = self._dropped_empty = 0
         self._trajectories = 0
@@ -495,10 +497,11 @@ class TrainerLoop:
         return history
 
     async def _take_arrived(self) -> None:
-        """Everything the source holds already, into the buffer, without waiting: a batch is
-        formed knowing every member that has arrived (a group's last member may be waiting in
-        the queue while its group looks incomplete here)."""
-        for _ in range(ARRIVED_MAX):
+        """What the source holds already, into the buffer, without waiting (up to
+        ``buffer_max`` buffered): a batch is formed knowing every member that has arrived (a
+        group's last member may be waiting in the queue while its group looks incomplete
+        here)."""
+        for _ in range(self.buffer_max - self.buffered_trajectories):
             trajectory = await self.source.aget(timeout=0)
             if trajectory is None:
                 return

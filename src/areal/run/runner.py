@@ -297,6 +297,7 @@ class _Run:
             kl_penalty=bool(config.algorithm.kl_coef),
             group_wait_s=config.async_.group_wait_s,
             success_reward=success_reward(config),
+            buffer_max=config.async_.queue_max_size,
         )
         if checkpoint:
             # This run's gateway is new: the earlier run's open sessions end with no tombstone.
