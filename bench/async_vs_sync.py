@@ -162,7 +162,7 @@ def run_config(
             "concurrency": s.concurrency,
             "episode_timeout_s": 300,
             "cpu_affinity": None if s.agent_cores is None else list(s.agent_cores),
-            "nice": s.agent_nice,
+            **({} if s.agent_nice is None else {"nice": s.agent_nice}),
         },
         "logging": {
             "log_dir": str(root / name / "logs"),

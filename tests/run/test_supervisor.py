@@ -103,8 +103,8 @@ def test_start_all_starts_stages_in_order_and_reports_unhealthy(tmp_path: Path) 
 
 
 def test_a_child_with_nice_runs_at_that_niceness(tmp_path: Path) -> None:
-    """``agent.nice`` (default 5 beside pinned engines and trainer) is added to the real
-    process's niceness as it starts."""
+    """``agent.nice`` (e.g. 5, to yield a shared core to the engine or the trainer) is added to
+    the real process's niceness as it starts."""
     child = Child(name="gateway", command=lambda: SLEEPER, log_path=tmp_path / "g", nice=5)
     supervisor = Supervisor([child], poll_interval=0.05)
     try:

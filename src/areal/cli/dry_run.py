@@ -12,7 +12,7 @@ from pathlib import Path
 from areal.core.launcher import Placement
 from areal.core.run_config import RunConfig
 from areal.run.machine import backend_uses_gpu, gpu_count
-from areal.run.processes import agent_cpus, agent_nice
+from areal.run.processes import agent_cpus
 
 LOOPBACK_PORT = "127.0.0.1:<free port at start>"
 NODE_PORT = "<its node's address>:<free port at start>"
@@ -36,9 +36,9 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
         if run.enabled
         else "sync (staleness 0)"
     )
-    agent_cores, nice = _cores(sorted(agent_cpus(config) or ())), agent_nice(config)
-    if nice:
-        agent_cores += f" (nice {nice})"
+    agent_cores = _cores(sorted(agent_cpus(config) or ()))
+    if config.agent.nice:
+        agent_cores += f" (nice {config.agent.nice})"
     lines.append(f"gateway    {free_port}, {sink}, {mode}{agent_cores}")
     framework = agent.framework + (f" {agent.entrypoint}" if agent.entrypoint else "")
     source = config.dataset.path or f"task set {config.dataset.name}"

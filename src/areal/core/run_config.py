@@ -183,11 +183,11 @@ class AgentConfig(_Section):
         "train.cpu_affinity and inference.cpu_affinity set, the engines' cores (the trainer's "
         "core stays its own); otherwise the runner's.",
     )
-    nice: int | None = Field(
-        default=None,
+    nice: int = Field(
+        default=0,
         ge=0,
         le=19,
-        description="Added to the gateway's and the rollout workers' niceness (default 0), "
+        description="Added to the gateway's and the rollout workers' niceness, "
         "e.g. 5 to let the processes they share cores with take a core first.",
     )
 

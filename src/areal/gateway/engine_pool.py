@@ -296,7 +296,7 @@ class EnginePool:
     async def call(self, engine: Engine, work: Awaitable[T]) -> T:
         """Run ``work`` on ``engine``, tracked: if the engine leaves meanwhile, :class:`EngineLost`."""
         group = CALL_GROUP.get()
-        if group is not None and group.cut_why is not None:
+        if group is not None and group.cut_why is not None:  # its session ended meanwhile
             if asyncio.iscoroutine(work):
                 work.close()  # never to be awaited
             raise group.error()
@@ -332,6 +332,8 @@ class EnginePool:
         group = CALL_GROUP.get()
         if group is not None:
             group.calls.add(reader.call)
+            if group.cut_why is not None:  # its session ended meanwhile: no generation starts
+                reader.call.cancel()
         try:
             while True:
                 if reader.call.cancelled():

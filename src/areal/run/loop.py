@@ -239,7 +239,7 @@ class TrainerLoop:
             return
         self._trajectories += 1
         self._received += len(trajectory.samples)
-        samples = self._fresh(list(trajectory.samples))
+        samples, _ = self._fresh(list(trajectory.samples))
         if samples:
             group.entries.append(_Entry(samples, trajectory.session_id, meta, trajectory.reward))
         elif trajectory.samples:
@@ -276,10 +276,11 @@ class TrainerLoop:
         fresh = self._groups[name] = _Group(name, expected)
         return fresh
 
-    def _fresh(self, samples: list[Sample], waited: bool = False) -> list[Sample]:
-        """The samples within the staleness bound at the current version; the rest are counted
-        (``waited``: they are the buffer's, which arrived fresh)."""
-        kept = []
+    def _fresh(self, samples: list[Sample], waited: bool = False) -> tuple[list[Sample], bool]:
+        """The samples within the staleness bound at the current version (the rest are counted;
+        ``waited``: they are the buffer's, which arrived fresh), and whether one of them is at
+        the bound: too stale for the next step's batch."""
+        kept, at_bound = [], False
         for s in samples:
             if not len(s.input_ids):
                 self._dropped_empty += 1
@@ -291,18 +292,25 @@ class TrainerLoop:
                 self._dropped_stale_tokens += len(generated)
             else:
                 kept.append(s)
-        return kept
+                limit = self.staleness_threshold
+                at_bound = at_bound or staleness(self.version + 1, generated) > limit
+        return kept, at_bound
 
-    def _refresh(self) -> None:
-        """Age the buffer: stale samples out, emptied trajectories and groups gone."""
+    def _refresh(self) -> set[int]:
+        """Age the buffer: stale samples out, emptied trajectories and groups gone. Returns the
+        ids of the groups holding a sample at the bound (trained in the next step or lost)."""
+        at_bound: set[int] = set()
         for name, group in list(self._groups.items()):
             for entry in list(group.entries):
-                entry.samples = self._fresh(entry.samples, waited=True)
+                entry.samples, last_chance = self._fresh(entry.samples, waited=True)
+                if last_chance:
+                    at_bound.add(id(group))
                 if not entry.samples:
                     group.entries.remove(entry)
                     self._dropped_trajectories += 1
             if group.complete and not group.entries:
                 del self._groups[name]
+        return at_bound
 
     def _take_batch(self, now: float | None = None) -> list[list[_Entry]] | None:
         """Whole groups totalling >= ``batch_size`` trajectories, or ``None`` (not yet).
@@ -311,12 +319,11 @@ class TrainerLoop:
         (trained now or lost); those at the bound go first. When only other incomplete groups
         stand in the way for ``group_wait_s``, those go too.
         """
-        self._refresh()
+        at_bound = self._refresh()
         if self.buffered_trajectories < self.batch_size:
             self._blocked_since = None
             return None
         groups = [g for g in self._groups.values() if g.entries]  # arrival order
-        at_bound = {id(g) for g in groups if self._at_bound(g)}
         ready = [g for g in groups if g.complete or id(g) in at_bound]
         if sum(g.trajectories for g in ready) < self.batch_size:
             now = time.monotonic() if now is None else now
@@ -346,14 +353,6 @@ class TrainerLoop:
             group.entries = []
             del self._groups[next(k for k, g in self._groups.items() if g is group)]
         return batch
-
-    def _at_bound(self, group: _Group) -> bool:
-        """Whether one of the group's samples would be too stale for the next step's batch."""
-        return any(
-            staleness(self.version + 1, s.generated_versions.tolist()) > self.staleness_threshold
-            for entry in group.entries
-            for s in entry.samples
-        )
 
     def _split_off(self, group: _Group, *, at_bound: bool) -> None:
         """Count an incomplete group trained as it is, and remember its members still to come,

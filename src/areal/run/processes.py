@@ -126,12 +126,6 @@ def agent_cpus(config: RunConfig) -> set[int] | None:
     return cpu_set(config.agent.cpu_affinity)
 
 
-def agent_nice(config: RunConfig) -> int:
-    """What the gateway and the workers add to their niceness: ``agent.nice``, else 0 (beside
-    the engines they are as much on the generation path as the engines themselves)."""
-    return config.agent.nice if config.agent.nice is not None else 0
-
-
 def engine_placement(config: RunConfig, index: int) -> Placement:
     """Engine ``index`` needs ``tp_size`` GPUs when its backend serves on GPUs and there are any."""
     from areal.run.machine import backend_uses_gpu, gpu_count
@@ -245,7 +239,7 @@ def gateway_child(
         stage=1,
         placement=Placement("gateway", "gateway"),
         cpus=agent_cpus(config),
-        nice=agent_nice(config),
+        nice=config.agent.nice,
     )
     return child, admin
 
@@ -336,7 +330,7 @@ def worker_child(
         stage=2,
         placement=Placement(f"rollout{index}", "rollout"),
         cpus=agent_cpus(config),
-        nice=agent_nice(config),
+        nice=config.agent.nice,
     )
 
 
