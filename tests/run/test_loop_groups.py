@@ -15,6 +15,7 @@ import torch
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
+from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 from areal.plugins.trainer.engine import Policy
 from areal.run.loop import TrainerLoop
 
@@ -251,16 +252,6 @@ def test_the_step_reports_the_share_of_episodes_that_solved_their_task(model_dir
     assert "success" not in stats
 
 
-class Listed:
-    """A source that hands out the given trajectories, then nothing."""
-
-    def __init__(self, trajectories: list[Trajectory]) -> None:
-        self.items = list(trajectories)
-
-    async def aget(self, timeout: float | None = None) -> Trajectory | None:
-        return self.items.pop(0) if self.items else None
-
-
 def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
     model_dir: str,
 ) -> None:
@@ -268,28 +259,45 @@ def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
     step: that is when the runner has the gateway end the sessions still to come."""
     engine = Recording(model_dir)
     arrivals = [member("a", i, version=0) for i in range(3)] + [member("b", i) for i in range(4)]
-    loop = TrainerLoop(
-        engine, Listed(arrivals), NoPublish(), trigger_batch_size=4, staleness_threshold=2
-    )
-    loop.version = 2
     heard: list[tuple[int, list[dict[str, Any]]]] = []
 
-    async def on_batch() -> None:
-        heard.append((len(engine.steps), loop.take_abandoned()))
+    async def scenario() -> list[dict[str, float]]:
+        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+            sink = ZmqTrajectorySink(source.address)
+            for trajectory in arrivals:
+                await sink.put(trajectory)
+            await sink.close()
+            loop = TrainerLoop(
+                engine, source, NoPublish(), trigger_batch_size=4, staleness_threshold=2
+            )
+            loop.version = 2
 
-    history = asyncio.run(loop.run(1, on_batch=on_batch))
+            async def on_batch() -> None:
+                heard.append((len(engine.steps), loop.take_abandoned()))
+
+            return await loop.run(1, on_batch=on_batch)
+
+    history = asyncio.run(scenario())
     assert heard == [(0, [{"group": "a"}])]  # before the step trained
     assert history[0]["groups"] == 2.0 and history[0]["updated"] == 7.0
 
 
 def test_the_buffer_takes_ahead_only_up_to_buffer_max(model_dir: str) -> None:
-    """Beyond ``buffer_max`` buffered trajectories the rest wait in the source (the queue),
+    """Beyond ``buffer_max`` buffered trajectories the rest wait in the real trajectory queue,
     whose back-pressure then holds the producers; memory stays bounded by the queue's size."""
     arrivals = [member(f"g{i}", 0, size=2) for i in range(10)]  # 10 incomplete groups
-    source = Listed(arrivals)
-    loop = TrainerLoop(
-        Recording(model_dir), source, NoPublish(), trigger_batch_size=4, staleness_threshold=2,
-        buffer_max=4,
-    )  # fmt: skip
-    asyncio.run(loop._take_arrived())
-    assert loop.buffered_trajectories == 4 and len(source.items) == 6
+
+    async def scenario() -> tuple[int, int]:
+        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+            sink = ZmqTrajectorySink(source.address)
+            for trajectory in arrivals:
+                await sink.put(trajectory)  # returns once the queue holds it
+            await sink.close()
+            loop = TrainerLoop(
+                Recording(model_dir), source, NoPublish(), trigger_batch_size=4,
+                staleness_threshold=2, buffer_max=4,
+            )  # fmt: skip
+            await loop._take_arrived()
+            return loop.buffered_trajectories, source.buffered
+
+    assert asyncio.run(scenario()) == (4, 6)
