@@ -38,9 +38,15 @@ def main() -> int:
     parser.add_argument("--size", default="small")
     parser.add_argument("--eager", action="store_true", help="profile the eager step")
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument(
+        "--pack",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="pre-packed weights (--no-pack: torch's own linear)",
+    )
     args = parser.parse_args()
     keep_freed_memory()
-    engine, _ = build(args.size, compile_decode=not args.eager)
+    engine, _ = build(args.size, compile_decode=not args.eager, pack_weights=args.pack)
     one_round(engine, 2)
     plain = statistics.median(one_round(engine, args.rows)[0] for _ in range(3))
     step, prof = profiled_round(engine, args.rows)
