@@ -3,7 +3,9 @@
 computes: the same greedy tokens and log-probs for batches of one and of several rows as their keys
 grow, the same after weights are loaded or written in place (a stale pack would be a silent wrong
 answer), and steps the compiled step does not cover (rows in several buckets) run eagerly. One
-compile (warm_up) serves every batch size and span: a recompile fails the test."""
+compile (warm_up) serves every batch size and span: a recompile fails the test. The reference
+attends with ATen; the engines under test with the C++ decode kernel (decode_kernel.py), and one
+compiled engine with ATen too."""
 
 from __future__ import annotations
 
@@ -21,23 +23,43 @@ from areal.plugins.inference.embedded.schema import SamplingParams
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
 
 
-def _engine(compile_decode: bool, pack_weights: bool = True) -> Engine:
+def _engine(
+    compile_decode: bool, pack_weights: bool = True, decode_kernel: bool | None = None
+) -> Engine:
     model = Qwen3ForCausalLM(tiny_config("nano"))
     model.init_weights(generator=torch.Generator().manual_seed(0))
     config = EngineConfig(
-        max_total_tokens=4096, compile_decode=compile_decode, pack_weights=pack_weights
+        max_total_tokens=4096,
+        compile_decode=compile_decode,
+        pack_weights=pack_weights,
+        decode_kernel=decode_kernel,
     )
     return Engine(model, lambda ids, skip: "", [], config)
 
 
 @pytest.fixture(scope="module")
 def engines() -> Iterator[tuple[Engine, Engine, Engine]]:
-    """The reference (eager, torch's own linear), the eager step and the compiled step (both on
-    packed weights)."""
+    """The reference (eager, torch's own linear, ATen's attention), the eager step and the
+    compiled step (both on packed weights and the decode kernel)."""
     stance = CompiledDecode.stance
     CompiledDecode.stance = "fail_on_recompile"
     try:
-        yield _engine(False, pack_weights=False), _engine(False), _engine(True)
+        yield (
+            _engine(False, pack_weights=False, decode_kernel=False),
+            _engine(False, decode_kernel=True),
+            _engine(True, decode_kernel=True),
+        )
+    finally:
+        CompiledDecode.stance = stance
+
+
+@pytest.fixture(scope="module")
+def aten_compiled() -> Iterator[Engine]:
+    """A compiled step that attends with ATen (the decode kernel off)."""
+    stance = CompiledDecode.stance
+    CompiledDecode.stance = "fail_on_recompile"
+    try:
+        yield _engine(True, decode_kernel=False)
     finally:
         CompiledDecode.stance = stance
 
@@ -87,6 +109,8 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 def test_engines_under_test_pack_as_configured(engines: tuple[Engine, Engine, Engine]) -> None:
     reference, eager, compiled = engines
+    assert reference.decode_attention["kernel"] is False
+    assert eager.decode_attention["kernel"] and compiled.decode_attention["kernel"]
     assert reference._prepacked is None
     assert not any(isinstance(m, PackedLinear) for m in reference.model.modules())
     for engine in (eager, compiled):
@@ -151,25 +175,42 @@ def test_packed_weights_follow_any_in_place_write(engines: tuple[Engine, Engine,
     _assert_same(expected, _generate(eager, prompts, 12))
 
 
-def test_rows_of_very_different_lengths_run_eagerly(
-    engines: tuple[Engine, Engine, Engine], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Rows in several buckets are outside the compiled step: the eager one runs them."""
-    eager, _, compiled = engines
-    step = compiled._compiled
-    assert step is not None
-    calls = 0
+def _count_calls(step: CompiledDecode, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    calls = [0]
     compiled_fn = step._fn
 
     def counting(*args: Any) -> torch.Tensor:
-        nonlocal calls
-        calls += 1
+        calls[0] += 1
         out: torch.Tensor = compiled_fn(*args)
         return out
 
     monkeypatch.setattr(step, "_fn", counting)
+    return calls
+
+
+def test_rows_of_very_different_lengths_run_eagerly_with_aten(
+    aten_compiled: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ATen's attention, rows in several buckets are outside the compiled step: the eager
+    one runs them. (A reference of its own: the other tests change their engines' weights.)"""
+    reference = _engine(False, pack_weights=False, decode_kernel=False)
+    assert aten_compiled._compiled is not None
+    calls = _count_calls(aten_compiled._compiled, monkeypatch)
     prompts = _prompts([4, 60, 5], seed=4)
-    _assert_same(_generate(eager, prompts, 8), _generate(compiled, prompts, 8))
-    assert calls == 0  # every step had rows in two buckets
-    _generate(compiled, prompts[:1], 2)
-    assert calls == 1  # one row: compiled
+    _assert_same(_generate(reference, prompts, 8), _generate(aten_compiled, prompts, 8))
+    assert calls[0] == 0  # every step had rows in two buckets
+    _generate(aten_compiled, prompts[:1], 2)
+    assert calls[0] == 1  # one row: compiled
+
+
+def test_rows_of_very_different_lengths_run_compiled_with_the_kernel(
+    engines: tuple[Engine, Engine, Engine], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The kernel reads each row's own slots, so such rows need no buckets: every decode step
+    runs compiled, with the same tokens as the reference."""
+    reference, _, compiled = engines
+    assert compiled._compiled is not None
+    calls = _count_calls(compiled._compiled, monkeypatch)
+    prompts = _prompts([4, 60, 5], seed=4)
+    _assert_same(_generate(reference, prompts, 8), _generate(compiled, prompts, 8))
+    assert calls[0] == 7  # 8 new tokens: the first from the prefill, 7 decode steps

@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.inference.embedded.packed_linear import linear_on_packed
 from areal.plugins.inference.embedded.paged_attention import PagedAttention
@@ -93,20 +94,33 @@ torch.library.register_fake("areal::packed_linear", _packed_linear_fake, lib=_LI
 
 class GatherAttention:
     """One bucket of paged attention for the compiled step: the step's tensors, and the op above
-    for every layer (no buffers kept across calls, which a graph could not hold)."""
+    (or the C++ kernel's, with ``kernel``) for every layer (no buffers kept across calls, which
+    a graph could not hold)."""
 
     def __init__(
-        self, pool: TokenKVPool, write: torch.Tensor, read: torch.Tensor, mask: torch.Tensor
+        self,
+        pool: TokenKVPool,
+        write: torch.Tensor,
+        read: torch.Tensor,
+        mask: torch.Tensor,
+        lens: torch.Tensor,
+        kernel: bool,
     ) -> None:
         self.k = pool.k
         self.v = pool.v
         self.write = write  # [B] slots of the new tokens
         self.read = read  # [B, span] slots each row reads (padding reads slot 0, masked)
         self.mask = mask  # [B, 1, 1, span]
+        self.lens = lens  # [B] slots each row reads
+        self.kernel = kernel
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
+        if self.kernel:
+            return decode_kernel.attend(
+                q, k, v, self.k[layer_idx], self.v[layer_idx], self.write, self.read, self.lens
+            )
         out: torch.Tensor = torch.ops.areal.paged_decode_attention(
             q, k, v, self.k[layer_idx], self.v[layer_idx], self.write, self.read, self.mask
         )
@@ -131,9 +145,10 @@ class CompiledDecode:
     # of stalling every request for a compile; tests set "fail_on_recompile".
     stance = "eager_on_recompile"
 
-    def __init__(self, model: DecoderForCausalLM, pool: TokenKVPool) -> None:
+    def __init__(self, model: DecoderForCausalLM, pool: TokenKVPool, kernel: bool = False) -> None:
         self.model = model
         self.pool = pool
+        self.kernel = kernel  # attend in the C++ kernel (decode_kernel.py), compiled as one op
         self._fn: Any = torch.compile(_decode_logits)
 
     @staticmethod
@@ -147,7 +162,9 @@ class CompiledDecode:
         """Logits [B, V] of a step that :meth:`fits`; writes the new keys and values."""
         bucket = attention.buckets[0]
         read = bucket.read.view(ids.shape[0], bucket.span)
-        gather = GatherAttention(self.pool, attention.write_slots, read, bucket.mask)
+        gather = GatherAttention(
+            self.pool, attention.write_slots, read, bucket.mask, bucket.lens, self.kernel
+        )
         with torch.compiler.set_stance(self.stance):
             logits: torch.Tensor = self._fn(self.model, ids, positions, gather)
         return logits
@@ -165,12 +182,14 @@ class CompiledDecode:
                 write = torch.zeros(rows, dtype=torch.long)
                 read = torch.zeros(rows, span, dtype=torch.long)
                 mask = torch.ones(rows, 1, 1, span, dtype=torch.bool)
+                lens = torch.full((rows,), span, dtype=torch.long)
                 if rows > 1:  # torch specialises size 1: a batch of one row has its own graph
-                    for tensor in (ids, positions, write, read, mask):
+                    for tensor in (ids, positions, write, read, mask, lens):
                         torch._dynamo.mark_dynamic(tensor, 0)
                 torch._dynamo.mark_dynamic(read, 1)
                 torch._dynamo.mark_dynamic(mask, 3)
-                self._fn(self.model, ids, positions, GatherAttention(self.pool, write, read, mask))
+                attention = GatherAttention(self.pool, write, read, mask, lens, self.kernel)
+                self._fn(self.model, ids, positions, attention)
         seconds = time.perf_counter() - start
         log.info("compiled the decode step in %.1f s", seconds)
         return seconds

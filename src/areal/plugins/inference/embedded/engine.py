@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.grammar import (
     GrammarCompiler,
     grammar_spec_from_sampling_params,
@@ -71,6 +72,9 @@ class EngineConfig:
     # every weight update; False: torch's own linear on the parameters; None: whichever this
     # CPU runs faster, measured at start-up (packed_linear.measure_packing)
     pack_weights: bool | None = None
+    # the decode step's attention in the C++ kernel (decode_kernel.py): None: when it builds and
+    # the KV pool is float32, else ATen's; True: the kernel or an error; False: ATen's
+    decode_kernel: bool | None = None
 
 
 class Engine:
@@ -123,13 +127,15 @@ class Engine:
             if config.pack_weights or self.packing["packed"]:
                 self._prepacked = PackedWeights(self.model)
                 self.packing["packed"] = True
+        self.decode_attention = _decode_attention(config.decode_kernel, self.pool.k[0].dtype)
+        self._kernel = bool(self.decode_attention["kernel"])
         self._compiled: CompiledDecode | None = None
         if config.compile_decode:
             # Imported only when asked: it registers a torch op and pulls in the compiler stack,
             # start-up work an eager engine does not need.
             from areal.plugins.inference.embedded.compiled_decode import CompiledDecode
 
-            self._compiled = CompiledDecode(self.model, self.pool)
+            self._compiled = CompiledDecode(self.model, self.pool, kernel=self._kernel)
             self._compiled.warm_up()
         torch.manual_seed(config.seed)
 
@@ -261,6 +267,7 @@ class Engine:
             },
             "weight_version": self.weight_version,
             "linear_weights": self.packing,
+            "decode_attention": self.decode_attention,
         }
 
     # --- the loop ---------------------------------------------------------------------------
@@ -421,7 +428,9 @@ class Engine:
     def _decode_logits(
         self, slots: list[torch.Tensor], kv_lens: list[int], pending: list[list[int]]
     ) -> torch.Tensor:
-        ids, positions, attention = build_step(self.pool, slots, kv_lens, pending)
+        ids, positions, attention = build_step(
+            self.pool, slots, kv_lens, pending, kernel=self._kernel
+        )
         if self._compiled is not None and self._compiled.fits(ids, attention):
             return self._compiled(ids, positions, attention)
         hidden = self.model.hidden_states(ids, positions, attention)
@@ -552,6 +561,22 @@ class Engine:
         if seq.slots is not None:
             self.pool.release(seq.slots)
             seq.slots = None
+
+
+def _decode_attention(wanted: bool | None, dtype: torch.dtype) -> dict[str, Any]:
+    """Whether decode steps attend in the C++ kernel, and why (for ``/server_info``)."""
+    if wanted is False:
+        return {"kernel": False, "detail": "turned off (--no-decode-kernel)"}
+    if dtype != torch.float32:
+        detail = f"the KV pool is {dtype}; the kernel reads float32 only"
+    else:
+        status = decode_kernel.load()
+        if status.loaded:
+            return {"kernel": True, "detail": status.detail}
+        detail = status.detail
+    if wanted:
+        raise RuntimeError(f"--decode-kernel: the decode attention kernel is unavailable: {detail}")
+    return {"kernel": False, "detail": detail}
 
 
 def _next_version(version: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.models.attention import causal_attention, masked_attention
 
@@ -35,12 +36,14 @@ def _store(
 @dataclass
 class _Bucket:
     """Rows of a padded step whose keys are gathered and attended together, padded to the
-    longest of them: ``read`` [rows × span] slots (flat), ``mask`` [rows, 1, S, span]."""
+    longest of them: ``read`` [rows × span] slots (flat), ``mask`` [rows, 1, S, span], ``lens``
+    [rows] the slots each row reads."""
 
     rows: torch.Tensor
     span: int
     read: torch.Tensor
     mask: torch.Tensor
+    lens: torch.Tensor
     keys: torch.Tensor | None = None  # the gather buffers, made by the first layer
     values: torch.Tensor | None = None
 
@@ -53,18 +56,39 @@ class PagedAttention:
     sequence among 31 of 30 tokens would otherwise make every row gather and attend over 300 keys
     (measured: a decode step of 32 rows took 5.5× as long). Masks are built once per step and
     shared by every layer.
+
+    With ``kernel`` (a decode step, the C++ kernel loaded: decode_kernel.py) every row is in one
+    bucket and the kernel writes and attends in one call a layer, each row reading only its own
+    slots, so unequal rows cost nothing extra.
     """
 
     def __init__(
-        self, pool: TokenKVPool, write_slots: torch.Tensor, buckets: list[_Bucket]
+        self,
+        pool: TokenKVPool,
+        write_slots: torch.Tensor,
+        buckets: list[_Bucket],
+        kernel: bool = False,
     ) -> None:
         self.pool = pool
         self.write_slots = write_slots
         self.buckets = buckets
+        self.kernel = kernel
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
+        if self.kernel:
+            (bucket,) = self.buckets
+            return decode_kernel.attend(
+                q,
+                k,
+                v,
+                self.pool.k[layer_idx],
+                self.pool.v[layer_idx],
+                self.write_slots,
+                bucket.read.view(-1, bucket.span),
+                bucket.lens,
+            )
         k_layer, v_layer = _store(self.pool, layer_idx, self.write_slots, k, v)
         if len(self.buckets) == 1:
             return self._attend(self.buckets[0], q, k_layer, v_layer)
@@ -112,10 +136,13 @@ def build_step(
     slots: list[torch.Tensor],
     kv_lens: list[int],
     new_tokens: list[list[int]],
+    kernel: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, PagedAttention]:
-    """Token ids [B, S], positions [B, S] and the attention backend for one padded step."""
+    """Token ids [B, S], positions [B, S] and the attention backend for one padded step;
+    ``kernel``: a decode step (one new token a row) attends in the C++ kernel."""
     batch = len(new_tokens)
     width = max(len(t) for t in new_tokens)
+    kernel = kernel and width == 1
     read_lens = [kv + len(t) for kv, t in zip(kv_lens, new_tokens)]
     ids = torch.tensor([t + [0] * (width - len(t)) for t in new_tokens], dtype=torch.long)
     offsets = torch.tensor(kv_lens, dtype=torch.long)
@@ -126,9 +153,9 @@ def build_step(
         write[b, :n] = slots[b][kv_lens[b] : kv_lens[b] + n]
     buckets = [
         _bucket(rows, [slots[b] for b in rows], [read_lens[b] for b in rows], positions[rows])
-        for rows in _buckets(read_lens)
+        for rows in ([list(range(batch))] if kernel else _buckets(read_lens))
     ]
-    return ids, positions, PagedAttention(pool, write.view(-1), buckets)
+    return ids, positions, PagedAttention(pool, write.view(-1), buckets, kernel)
 
 
 def _bucket(
@@ -141,9 +168,10 @@ def _bucket(
     for i, (seq_slots, n) in enumerate(zip(row_slots, read_lens)):
         read[i, :n] = seq_slots[:n]
     key_pos = torch.arange(span)
-    valid = key_pos[None, :] < torch.tensor(read_lens)[:, None]
+    lens = torch.tensor(read_lens)
+    valid = key_pos[None, :] < lens[:, None]
     mask = (key_pos[None, None, :] <= positions[:, :, None]) & valid[:, None, :]
-    return _Bucket(torch.tensor(rows), span, read.view(-1), mask[:, None])
+    return _Bucket(torch.tensor(rows), span, read.view(-1), mask[:, None], lens)
 
 
 @dataclass
