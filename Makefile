@@ -47,6 +47,8 @@ $(DEMO_STAMP): pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -c constraints-cpu.txt -e .
+	@# the embedded engine's decode attention kernel, built once here rather than at an engine's start
+	$(PY) -m areal.plugins.inference.embedded.decode_kernel
 	touch $(DEMO_STAMP)
 
 # Everything: the test tools and the real CLIs the adapter tests drive.

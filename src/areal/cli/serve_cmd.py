@@ -73,6 +73,15 @@ def inference_command(
         "start-up (/server_info says which, as linear_weights).",
         show_default=False,
     ),
+    decode_kernel: bool | None = typer.Option(
+        None,
+        "--decode-kernel/--no-decode-kernel",
+        help="Attend in decode steps with areal's C++ kernel (built once per machine with the "
+        "C++ compiler, ~6 s; float32 models) or with ATen's gather and SDPA. Default: the "
+        "kernel when it builds, else ATen (/server_info says which, as decode_attention); "
+        "--decode-kernel makes an unavailable kernel an error.",
+        show_default=False,
+    ),
     attach: str | None = typer.Option(
         None,
         "--attach",
@@ -117,6 +126,7 @@ def inference_command(
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
         pack_weights=pack_weights,
+        decode_kernel=decode_kernel,
     )
     if hooks is not None:
         raise typer.Exit(hooks.finish())

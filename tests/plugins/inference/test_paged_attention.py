@@ -9,6 +9,7 @@ import random
 
 import torch
 
+from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
@@ -111,5 +112,33 @@ def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:
         ([2], 13),
         ([1, 3, 5], 6),
     ]
+    for row, seq in enumerate(seqs):
+        torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)
+
+
+def test_decode_rows_of_very_different_lengths_in_the_kernel() -> None:
+    """The C++ decode kernel (decode_kernel.py): the same rows in one call a layer, each reading
+    only its own slots, give what the model gives each sequence alone."""
+    assert decode_kernel.load().loaded
+    model = _model()
+    pool = TokenKVPool(model.config, 1024)
+    rng = random.Random(3)
+    cached = [30, 5, 12, 3, 29, 4, 28]
+    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
+    slots = [pool.alloc(40) for _ in seqs]
+    with torch.inference_mode():
+        for seq, seq_slots in zip(seqs, slots):
+            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
+            model.hidden_states(ids, positions, attention)
+        ids, positions, attention = build_step(
+            pool,
+            slots,  # type: ignore[arg-type]
+            cached,
+            [[s[-1]] for s in seqs],
+            kernel=True,
+        )
+        hidden = model.hidden_states(ids, positions, attention)
+    assert attention.kernel
+    assert [(b.rows.tolist(), b.span) for b in attention.buckets] == [(list(range(7)), 31)]
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)

@@ -53,6 +53,8 @@ def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Pat
     try:
         with httpx.Client(base_url=url, timeout=60, trust_env=False) as http:
             info = http.get("/model_info").json()
+            # by default decode steps attend in the C++ kernel (setup built it)
+            attention = http.get("/server_info").json()["decode_attention"]
             out = http.post(
                 "/generate",
                 json={
@@ -62,6 +64,7 @@ def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Pat
                 },
             )
         assert info["model_path"] == nano_model_dir and info["weight_version"] == "0"
+        assert attention["kernel"] is True, attention
         assert out.status_code == 200, out.text
         body = out.json()
         assert len(body["output_ids"]) == 5
@@ -163,3 +166,20 @@ def test_packing_is_measured_unless_the_command_chooses() -> None:
 
     result = CliRunner().invoke(app, ["serve", "inference", "--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and "--no-pack-weights" in result.output
+
+
+def test_the_decode_kernel_is_the_default_unless_the_command_chooses() -> None:
+    """Neither flag by default (the kernel when it builds); ``decode_kernel`` True / False are
+    ``--decode-kernel`` / ``--no-decode-kernel``, which the CLI accepts."""
+    default = build_command(_config("/m", 9))
+    assert "--decode-kernel" not in default and "--no-decode-kernel" not in default
+    off = build_command(EmbeddedServerConfig(model_path="/m", port=9, decode_kernel=False))
+    assert "--no-decode-kernel" in off and "--decode-kernel" not in off
+    on = build_command(EmbeddedServerConfig(model_path="/m", port=9, decode_kernel=True))
+    assert "--decode-kernel" in on and "--no-decode-kernel" not in on
+    from typer.testing import CliRunner
+
+    from areal.cli.main import app
+
+    result = CliRunner().invoke(app, ["serve", "inference", "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0 and "--no-decode-kernel" in result.output

@@ -24,6 +24,8 @@ class EmbeddedServerConfig:
     compile_decode: bool = False  # --compile-decode: a compiled decode step (slower start)
     # True: --pack-weights, False: --no-pack-weights; None: the engine measures which is faster
     pack_weights: bool | None = None
+    # True: --decode-kernel, False: --no-decode-kernel; None: the kernel when it builds
+    decode_kernel: bool | None = None
     extra_args: list[str] = field(default_factory=list)
 
 
@@ -51,6 +53,8 @@ def build_command(config: EmbeddedServerConfig | Mapping[str, Any]) -> list[str]
         cmd.append("--compile-decode")
     if config.pack_weights is not None:
         cmd.append("--pack-weights" if config.pack_weights else "--no-pack-weights")
+    if config.decode_kernel is not None:
+        cmd.append("--decode-kernel" if config.decode_kernel else "--no-decode-kernel")
     if not is_loopback(config.host):  # the run asked for it (launcher.listen: node)
         cmd.append("--allow-remote")
     return cmd + list(config.extra_args)

@@ -437,6 +437,7 @@ def build_server(
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
     pack_weights: bool | None = None,
+    decode_kernel: bool | None = None,
 ) -> InferenceServer:
     """Load the model and tokenizer; start the engine on a background thread unless told not to
     (``serve`` runs it on the main thread). The HTTP app is not bound here."""
@@ -459,6 +460,7 @@ def build_server(
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
         pack_weights=pack_weights,
+        decode_kernel=decode_kernel,
     )
     # Compact JSON (no free whitespace between tokens): an untrained policy under a schema would
     # otherwise spend its whole budget on newlines, and a forced tool call must always finish.
@@ -516,6 +518,7 @@ def serve(
     incremental_streaming_output: bool = True,
     compile_decode: bool = False,
     pack_weights: bool | None = None,
+    decode_kernel: bool | None = None,
 ) -> None:
     """``areal serve inference``: load, serve HTTP on a side thread, run the engine on this one
     (see :mod:`~areal.plugins.inference.embedded.engine` for why the engine wants the main thread).
@@ -539,6 +542,7 @@ def serve(
         incremental_streaming_output=incremental_streaming_output,
         compile_decode=compile_decode,
         pack_weights=pack_weights,
+        decode_kernel=decode_kernel,
     )
     http = server.http(host, port)
     try:

@@ -1,0 +1,168 @@
+"""The C++ decode attention kernel (``decode_kernel.py``) against attention written out by hand
+over each row's own slots of the pool, and against bad input: a slot outside the pool, a row
+that reads nothing or more than it lists, a wrong dtype are errors that change nothing."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from areal.plugins.inference.embedded import decode_kernel
+from areal.plugins.inference.embedded.engine import Engine, EngineConfig
+from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _kernel() -> None:
+    status = decode_kernel.load()
+    assert status.loaded, status.detail  # `make setup` builds it; a machine without it fails here
+
+
+def _case(
+    rows: int, q_heads: int, kv_heads: int, dim: int, seed: int = 0
+) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    slots = 512
+    lens = torch.randint(1, 40, (rows,), generator=gen)
+    span = int(lens.max())
+    # each row's slots: distinct, scattered over the pool; padding reads slot 0
+    order = torch.randperm(slots - 1, generator=gen)[: rows * span] + 1
+    read = order.view(rows, span).clone()
+    read[torch.arange(span)[None, :] >= lens[:, None]] = 0
+    return {
+        "q": torch.randn(rows, 1, q_heads, dim, generator=gen),
+        "k_new": torch.randn(rows, 1, kv_heads, dim, generator=gen),
+        "v_new": torch.randn(rows, 1, kv_heads, dim, generator=gen),
+        "k_layer": torch.randn(slots, kv_heads, dim, generator=gen),
+        "v_layer": torch.randn(slots, kv_heads, dim, generator=gen),
+        "write": read[torch.arange(rows), lens - 1].clone(),  # the new token: each row's last
+        "read": read,
+        "lens": lens,
+    }
+
+
+def _by_hand(case: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The output, in float64, and the pool after the write."""
+    k_layer, v_layer = case["k_layer"].clone(), case["v_layer"].clone()
+    k_layer[case["write"]] = case["k_new"][:, 0]
+    v_layer[case["write"]] = case["v_new"][:, 0]
+    q = case["q"][:, 0].double()
+    rows, q_heads, dim = q.shape
+    group = q_heads // k_layer.shape[1]
+    out = torch.empty(rows, q_heads, dim, dtype=torch.float64)
+    for b in range(rows):
+        mine = case["read"][b, : case["lens"][b]]
+        for h in range(q_heads):
+            keys = k_layer[mine, h // group].double()
+            values = v_layer[mine, h // group].double()
+            weights = (keys @ q[b, h] / math.sqrt(dim)).softmax(-1)
+            out[b, h] = weights @ values
+    return out[:, None], k_layer, v_layer
+
+
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim"),
+    [(8, 4, 32), (4, 2, 16), (6, 2, 64), (4, 4, 128), (2, 1, 24)],
+    ids=["gqa-32", "gqa-16", "gqa-3x-64", "mha-128", "gqa-24"],
+)
+def test_kernel_matches_attention_by_hand(q_heads: int, kv_heads: int, dim: int) -> None:
+    case = _case(rows=9, q_heads=q_heads, kv_heads=kv_heads, dim=dim)
+    expected, k_after, v_after = _by_hand(case)
+    out = decode_kernel.attend(**case)
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(case["k_layer"], k_after, atol=0, rtol=0)  # written in place
+    torch.testing.assert_close(case["v_layer"], v_after, atol=0, rtol=0)
+
+
+def _bad(case: dict[str, torch.Tensor], name: str) -> dict[str, torch.Tensor]:
+    bad = dict(case)
+    if name == "a slot outside the pool":
+        bad["read"] = case["read"].clone()
+        bad["read"][2, 0] = case["k_layer"].shape[0]
+    elif name == "a write outside the pool":
+        bad["write"] = case["write"].clone()
+        bad["write"][1] = -1
+    elif name == "a row reading nothing":
+        bad["lens"] = case["lens"].clone()
+        bad["lens"][3] = 0
+    elif name == "a row reading past its slots":
+        bad["lens"] = case["lens"].clone()
+        bad["lens"][3] = case["read"].shape[1] + 1
+    elif name == "float64":
+        bad["q"] = case["q"].double()
+    return bad
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("a slot outside the pool", "outside the pool"),
+        ("a write outside the pool", "outside the pool"),
+        ("a row reading nothing", "lens[3]"),
+        ("a row reading past its slots", "lens[3]"),
+        ("float64", "float32"),
+    ],
+)
+def test_bad_input_is_an_error_that_changes_nothing(name: str, message: str) -> None:
+    case = _case(rows=5, q_heads=8, kv_heads=4, dim=32, seed=1)
+    pool = case["k_layer"].clone(), case["v_layer"].clone()
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        decode_kernel.attend(**_bad(case, name))
+    assert torch.equal(case["k_layer"], pool[0]) and torch.equal(case["v_layer"], pool[1])
+
+
+def test_the_engine_uses_the_kernel_as_configured() -> None:
+    """On by default, off when asked, and never for a pool that is not float32 (an error when
+    asked for)."""
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    on = Engine(model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64))
+    assert on.decode_attention == {"kernel": True, "detail": decode_kernel.load().detail}
+    off = Engine(
+        model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64, decode_kernel=False)
+    )
+    assert off.decode_attention["kernel"] is False
+    assert "--no-decode-kernel" in off.decode_attention["detail"]
+    model = model.to(torch.bfloat16)
+    bf16 = Engine(model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64))
+    assert bf16.decode_attention["kernel"] is False
+    assert "float32" in bf16.decode_attention["detail"]
+    with pytest.raises(RuntimeError, match=r"--decode-kernel: .*float32"):
+        Engine(
+            model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64, decode_kernel=True)
+        )
+
+
+def test_without_a_compiler_the_engine_falls_back_to_aten(tmp_path: Path) -> None:
+    """A machine that cannot build the kernel (here: no C++ compiler where torch looks, and an
+    empty extensions directory) gets ATen's attention and the reason, or an error when the
+    kernel was asked for."""
+    script = (
+        "import torch\n"
+        "from areal.plugins.inference.embedded.engine import _decode_attention\n"
+        "print(repr(_decode_attention(None, torch.float32)))\n"
+        "try:\n"
+        "    _decode_attention(True, torch.float32)\n"
+        "except RuntimeError as err:\n"
+        "    print('error:', err)\n"
+    )
+    env = {
+        **os.environ,
+        "CXX": str(tmp_path / "no-such-compiler"),
+        "TORCH_EXTENSIONS_DIR": str(tmp_path / "extensions"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    fallback, error = done.stdout.strip().splitlines()
+    assert fallback.startswith("{'kernel': False, 'detail': ")
+    assert error.startswith("error: --decode-kernel: the decode attention kernel is unavailable")
+    assert "could not be built" in done.stderr  # the log says why, once
