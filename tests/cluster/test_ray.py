@@ -31,6 +31,17 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).parents[2]
 RAY = Path(sys.executable).with_name("ray")
+# Ray's fixed default ports inside the kernel's ephemeral range, where pick_free_port's come
+# from: each node's dashboard agent listens on 52365, so a GCS or dashboard port that happened
+# to be 52365 failed `ray start` ("used by other components").
+RAY_DEFAULT_PORTS = {52365}
+
+
+def _free_port() -> int:
+    """A free port none of Ray's components takes by default."""
+    while (port := pick_free_port()) in RAY_DEFAULT_PORTS:
+        pass
+    return port
 
 
 @dataclass(frozen=True)
@@ -68,7 +79,7 @@ class RayCluster:
 def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster]:
     if not RAY.exists():
         pytest.fail(f"no ray CLI at {RAY}: `make setup` installs areal[ray]")
-    port, dashboard = pick_free_port(), pick_free_port()
+    port, dashboard = _free_port(), _free_port()
     ip = node_address()  # what the shim on a node finds without Ray's word
     assert not ip.startswith("127."), "this machine has no address off loopback to run Ray at"
     # Ray's socket paths must stay short: a temp dir of its own under /tmp.
