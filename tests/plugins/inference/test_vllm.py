@@ -10,6 +10,7 @@ the original ones back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import subprocess
@@ -351,6 +352,52 @@ def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
     ended = (out.finish_reason, len(out.output_ids))  # how it ended, if not by the abort
     assert out.aborted and 20 <= len(out.output_ids) < 3000, ended
     assert len(out.output_logprobs) == len(out.output_ids)
+
+
+def _metrics(url: str) -> dict[str, float]:
+    """vLLM's own Prometheus counters and gauges (``/metrics``), summed over their labels."""
+    import httpx
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("vllm:"):
+            name, _, value = line.rpartition(" ")
+            key = name.split("{", 1)[0]
+            values[key] = values.get(key, 0.0) + float(value)
+    return values
+
+
+def test_a_caller_that_goes_away_stops_the_generation(vllm_url: str) -> None:
+    """A plain (non-streaming) call whose caller gives up (a cut session, a timed-out agent)
+    closes its connection, and vLLM's server stops generating for it, as its docs say: its own
+    ``/metrics`` show the request leave the running set long before its 3,000 tokens."""
+
+    async def go(client: VLLMClient) -> float:
+        call = asyncio.ensure_future(
+            client.generate(
+                input_ids=PROMPT,
+                sampling_params={"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True},
+            )
+        )
+        deadline = time.monotonic() + 60
+        while _metrics(vllm_url).get("vllm:num_requests_running", 0) < 1:
+            assert time.monotonic() < deadline and not call.done(), "the call never ran"
+            await asyncio.sleep(0.05)
+        before = _metrics(vllm_url)["vllm:generation_tokens_total"]
+        call.cancel()  # the caller goes away: its connection closes
+        with contextlib.suppress(asyncio.CancelledError):
+            await call
+        return before
+
+    start = _metrics(vllm_url).get("vllm:generation_tokens_total", 0.0)
+    before = run(_with_client(vllm_url, go))
+    deadline = time.monotonic() + 20
+    while _metrics(vllm_url).get("vllm:num_requests_running", 0) > 0:
+        assert time.monotonic() < deadline, "vLLM kept generating for a caller that left"
+        time.sleep(0.1)
+    made = _metrics(vllm_url)["vllm:generation_tokens_total"] - start
+    assert before - start < 3000 and made < 3000, (before - start, made)
 
 
 # --- weight updates and per-token versions ---------------------------------------------------

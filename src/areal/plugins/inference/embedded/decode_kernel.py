@@ -8,8 +8,9 @@ then reads each row's keys in place from the pool, only as many as the row has (
 rows of very different lengths need no buckets): 37 and 51 us on the same inputs (2 threads).
 
 It is built once per machine by torch's ``cpp_extension`` (ninja and a C++ compiler, ~6 s) into
-torch's extensions directory, under a name made of the source's and the flags' digest, so a
-changed source or another instruction set builds anew; ``make setup`` builds it ahead
+``areal/<name>`` under torch's extensions directory, the name made of the digest of the source,
+the flags and torch's version, so a changed source, another instruction set or another torch
+builds anew; ``make setup`` builds it ahead
 (``python -m areal.plugins.inference.embedded.decode_kernel``). Where it cannot be built (no
 compiler), or the pool is not float32, the engine attends with ATen as before, and says which
 in ``/server_info``.
@@ -57,8 +58,9 @@ def _flags() -> list[str]:
 def load() -> KernelStatus:
     """Build (or find built) and load the kernel once per process."""
     flags = _flags()
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
-    name = f"areal_decode_attention_{digest}"
+    source = SOURCE.read_bytes()
+    key = source + " ".join([*flags, torch.__version__]).encode()  # torch's ABI too
+    name = f"areal_decode_attention_{hashlib.sha256(key).hexdigest()[:12]}"
     if (
         shutil.which("ninja") is None
     ):  # the pip package's binary, off PATH outside an activated venv
@@ -67,11 +69,24 @@ def load() -> KernelStatus:
 
             os.environ["PATH"] = f"{ninja.BIN_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
     try:
+        from torch.utils.cpp_extension import get_default_build_root
         from torch.utils.cpp_extension import load as build_and_load
 
+        # The source goes into the build directory first: ninja rebuilds when a source's path
+        # changes, so checkouts in different places (a benchmark's `git archive` of another
+        # revision) would otherwise rebuild the same kernel over each other.
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+        build = Path(root, "areal", name)
+        build.mkdir(parents=True, exist_ok=True)
+        copy = build / SOURCE.name
+        if not copy.is_file() or copy.read_bytes() != source:
+            partial = build / f"{SOURCE.name}.{os.getpid()}.tmp"
+            partial.write_bytes(source)
+            partial.replace(copy)  # atomic: a concurrent start never compiles half a file
         build_and_load(
             name=name,
-            sources=[str(SOURCE)],
+            sources=[str(copy)],
+            build_directory=str(build),
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
             is_python_module=False,
