@@ -9,7 +9,8 @@ call: the elementwise work fused into a few loops, the GEMMs and attention calle
 The rows and the key span are dynamic, so one compile serves every step of every batch size,
 and a second one a batch of one row (torch specialises size 1). Weights are graph inputs,
 not constants, so weights copied into the parameters in place are used by the next step.
-Steps whose rows attend in more than one bucket (very different lengths) run eagerly.
+Without the decode kernel (decode_kernel.py), steps whose rows attend in more than one bucket
+(very different lengths) run eagerly; with it every decode step is one bucket.
 """
 
 from __future__ import annotations

@@ -1,9 +1,11 @@
 """The engine's ``AttentionBackend``s: write new k/v into pool slots, attend over each sequence's.
 
-Decode runs as a padded batch (one new token per row; keys padded per bucket of similar rows). Prefill
-runs packed: every sequence's new tokens end to end in one row, no padding, each sequence
-attending over its own keys. A prefill batch mixes a 14-token prompt with a 300-token sequence
-re-prefilled after a weight update; padded, the short rows would cost as much as the long one.
+Decode runs as a padded batch (one new token per row): attention in the C++ kernel, each row
+reading its own slots in place (decode_kernel.py), or with ATen, keys gathered and padded per
+bucket of similar rows. Prefill runs packed: every sequence's new tokens end to end in one row,
+no padding, each sequence attending over its own keys. A prefill batch mixes a 14-token prompt
+with a 300-token sequence re-prefilled after a weight update; padded, the short rows would cost
+as much as the long one.
 """
 
 from __future__ import annotations
