@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 
+import pytest
 import torch
 
 from areal.plugins.inference.embedded import decode_kernel
@@ -93,7 +94,12 @@ def test_packed_prefill_writes_the_same_cache_as_a_padded_step() -> None:
             torch.testing.assert_close(packed_layer[b[:n]], padded_layer[a[:n]], atol=2e-5, rtol=0)
 
 
-def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:
+@pytest.mark.parametrize("kernel", [False, True], ids=["aten", "kernel"])
+def test_decode_rows_of_very_different_lengths(kernel: bool) -> None:
+    """With ATen's attention, rows attend in buckets, each padded only to its own longest; in the
+    C++ decode kernel (decode_kernel.py) all in one call a layer, each row reading only its own
+    slots. Either way each row gets what the model gives its sequence alone."""
+    assert decode_kernel.load().loaded or not kernel
     model = _model()
     pool = TokenKVPool(model.config, 1024)
     rng = random.Random(3)
@@ -104,41 +110,14 @@ def test_decode_rows_of_very_different_lengths_attend_in_buckets() -> None:
         for seq, seq_slots in zip(seqs, slots):
             ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
             model.hidden_states(ids, positions, attention)
-        ids, positions, attention = build_step(pool, slots, cached, [[s[-1]] for s in seqs])  # type: ignore[arg-type]
+        last = [[s[-1]] for s in seqs]
+        ids, positions, attention = build_step(pool, slots, cached, last, kernel=kernel)  # type: ignore[arg-type]
         hidden = model.hidden_states(ids, positions, attention)
-    # long rows, the 12-token one, short rows: each bucket padded only to its own longest
-    assert [(b.rows.tolist(), b.span) for b in attention.buckets] == [
-        ([0, 4, 6], 31),
-        ([2], 13),
-        ([1, 3, 5], 6),
-    ]
-    for row, seq in enumerate(seqs):
-        torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)
-
-
-def test_decode_rows_of_very_different_lengths_in_the_kernel() -> None:
-    """The C++ decode kernel (decode_kernel.py): the same rows in one call a layer, each reading
-    only its own slots, give what the model gives each sequence alone."""
-    assert decode_kernel.load().loaded
-    model = _model()
-    pool = TokenKVPool(model.config, 1024)
-    rng = random.Random(3)
-    cached = [30, 5, 12, 3, 29, 4, 28]
-    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
-    slots = [pool.alloc(40) for _ in seqs]
-    with torch.inference_mode():
-        for seq, seq_slots in zip(seqs, slots):
-            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
-            model.hidden_states(ids, positions, attention)
-        ids, positions, attention = build_step(
-            pool,
-            slots,  # type: ignore[arg-type]
-            cached,
-            [[s[-1]] for s in seqs],
-            kernel=True,
-        )
-        hidden = model.hidden_states(ids, positions, attention)
-    assert attention.kernel
-    assert [(b.rows.tolist(), b.span) for b in attention.buckets] == [(list(range(7)), 31)]
+    assert attention.kernel == kernel
+    buckets = [(b.rows.tolist(), b.span) for b in attention.buckets]
+    if kernel:
+        assert buckets == [(list(range(7)), 31)]
+    else:  # long rows, the 12-token one, short rows
+        assert buckets == [([0, 4, 6], 31), ([2], 13), ([1, 3, 5], 6)]
     for row, seq in enumerate(seqs):
         torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)

@@ -150,36 +150,26 @@ def test_an_engine_off_loopback_is_started_with_the_remote_bind_allowed() -> Non
     assert remote[remote.index("--host") + 1] == "10.0.0.7" and "--allow-remote" in remote
 
 
-def test_packing_is_measured_unless_the_command_chooses() -> None:
-    """By default neither flag is passed (the engine measures which is faster);
-    ``pack_weights`` True / False are the CLI's ``--pack-weights`` / ``--no-pack-weights``,
+@pytest.mark.parametrize(
+    ("field", "on", "off"),
+    [
+        ("pack_weights", "--pack-weights", "--no-pack-weights"),
+        ("decode_kernel", "--decode-kernel", "--no-decode-kernel"),
+    ],
+)
+def test_an_engine_choice_is_passed_only_when_made(field: str, on: str, off: str) -> None:
+    """By default neither flag is passed (the engine measures whether packing pays; it uses the
+    decode kernel when it builds); the field True / False is the CLI's ``on`` / ``off`` flag,
     which the CLI itself accepts (its help lists both spellings)."""
     default = build_command(_config("/m", 9))
-    assert "--no-pack-weights" not in default and "--pack-weights" not in default
-    unpacked = build_command(EmbeddedServerConfig(model_path="/m", port=9, pack_weights=False))
-    assert "--no-pack-weights" in unpacked and "--pack-weights" not in unpacked
-    packed = build_command(EmbeddedServerConfig(model_path="/m", port=9, pack_weights=True))
-    assert "--pack-weights" in packed and "--no-pack-weights" not in packed
+    assert on not in default and off not in default
+    chose_off = build_command(EmbeddedServerConfig(model_path="/m", port=9, **{field: False}))
+    assert off in chose_off and on not in chose_off
+    chose_on = build_command(EmbeddedServerConfig(model_path="/m", port=9, **{field: True}))
+    assert on in chose_on and off not in chose_on
     from typer.testing import CliRunner
 
     from areal.cli.main import app
 
     result = CliRunner().invoke(app, ["serve", "inference", "--help"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0 and "--no-pack-weights" in result.output
-
-
-def test_the_decode_kernel_is_the_default_unless_the_command_chooses() -> None:
-    """Neither flag by default (the kernel when it builds); ``decode_kernel`` True / False are
-    ``--decode-kernel`` / ``--no-decode-kernel``, which the CLI accepts."""
-    default = build_command(_config("/m", 9))
-    assert "--decode-kernel" not in default and "--no-decode-kernel" not in default
-    off = build_command(EmbeddedServerConfig(model_path="/m", port=9, decode_kernel=False))
-    assert "--no-decode-kernel" in off and "--decode-kernel" not in off
-    on = build_command(EmbeddedServerConfig(model_path="/m", port=9, decode_kernel=True))
-    assert "--decode-kernel" in on and "--no-decode-kernel" not in on
-    from typer.testing import CliRunner
-
-    from areal.cli.main import app
-
-    result = CliRunner().invoke(app, ["serve", "inference", "--help"], env={"COLUMNS": "200"})
-    assert result.exit_code == 0 and "--no-decode-kernel" in result.output
+    assert result.exit_code == 0 and off in result.output
