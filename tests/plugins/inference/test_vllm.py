@@ -10,7 +10,6 @@ the original ones back."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import subprocess
@@ -352,66 +351,6 @@ def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
     ended = (out.finish_reason, len(out.output_ids))  # how it ended, if not by the abort
     assert out.aborted and 20 <= len(out.output_ids) < 3000, ended
     assert len(out.output_logprobs) == len(out.output_ids)
-
-
-def _metrics(url: str) -> dict[str, float]:
-    """vLLM's own Prometheus counters and gauges (``/metrics``), summed over their labels."""
-    import httpx
-
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("vllm:"):
-            name, _, value = line.rpartition(" ")
-            key = name.split("{", 1)[0]
-            values[key] = values.get(key, 0.0) + float(value)
-    return values
-
-
-def test_a_caller_that_goes_away_stops_the_generation(vllm_url: str) -> None:
-    """A plain (non-streaming) call whose caller gives up (a cut session, a timed-out agent)
-    closes its connection, and vLLM's server stops generating for it: its own ``/metrics``
-    count fewer than the 3,000 tokens asked for (alone, they take ~10 s here).
-
-    vLLM's API server answers ``/metrics`` only between requests on this machine (a poll sent
-    mid-request came back when the request ended), so the counters are read before and after;
-    the caller leaves 2 s in, and more than none generated shows the request had run."""
-
-    async def go(client: VLLMClient) -> None:
-        call = asyncio.ensure_future(
-            client.generate(
-                input_ids=PROMPT,
-                sampling_params={"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True},
-            )
-        )
-        await asyncio.sleep(2.0)
-        assert not call.done(), "3,000 tokens in 2 s: the premise (a long call) does not hold"
-        call.cancel()  # the caller goes away: its connection closes
-        with contextlib.suppress(asyncio.CancelledError):
-            await call
-
-    made: list[float] = []
-    for _attempt in range(PREMISE_TRIES):  # a loaded machine may not have started it in 2 s
-        start = _settled_tokens(vllm_url)
-        run(_with_client(vllm_url, go))
-        made.append(_settled_tokens(vllm_url) - start)
-        if made[-1] > 0:
-            break
-    assert 0 < made[-1] < 3000, made
-
-
-def _settled_tokens(url: str) -> float:
-    """vLLM's count of generated tokens once nothing runs and it stopped moving (1 s apart)."""
-    deadline = time.monotonic() + 60
-    last = -1.0
-    while True:
-        metrics = _metrics(url)
-        now = metrics["vllm:generation_tokens_total"]
-        if now == last and metrics.get("vllm:num_requests_running", 0) == 0:
-            return now
-        assert time.monotonic() < deadline, "vLLM kept generating for a caller that left"
-        last = now
-        time.sleep(1.0)
 
 
 # --- weight updates and per-token versions ---------------------------------------------------
