@@ -1,16 +1,19 @@
-"""The run's tests share one way to serve a model: the embedded engine's real HTTP server on
-127.0.0.1, in a thread of the test process."""
+"""The run's tests share one way to serve a model (the embedded engine's real HTTP server on
+127.0.0.1, in a thread of the test process) and one way to hand the trainer loop trajectories
+(the real ZeroMQ trajectory queue)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
 
 from areal.core.http_server import ServerThread
+from areal.core.types import Trajectory
 from areal.plugins.inference.embedded.server import build_server
+from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 
 
 @contextlib.contextmanager
@@ -28,3 +31,20 @@ def _serve(model_dir: str, **options: Any) -> Iterator[str]:
 def serve_embedded() -> Callable[..., contextlib.AbstractContextManager[str]]:
     """``with serve_embedded(model_dir) as url:`` an embedded engine serving ``model_dir``."""
     return _serve
+
+
+@contextlib.asynccontextmanager
+async def _queued(trajectories: Iterable[Trajectory]) -> AsyncIterator[ZmqTrajectorySource]:
+    with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
+        sink = ZmqTrajectorySink(source.address)
+        for trajectory in trajectories:
+            await sink.put(trajectory)  # returns once the queue holds it
+        await sink.close()
+        yield source
+
+
+@pytest.fixture(scope="session")
+def queued() -> Callable[..., contextlib.AbstractAsyncContextManager[ZmqTrajectorySource]]:
+    """``async with queued(trajectories) as source:`` a real trajectory queue already holding
+    ``trajectories``, in order."""
+    return _queued

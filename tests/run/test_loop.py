@@ -205,7 +205,7 @@ def token_sample(tokens: list[int], version: int) -> Sample:
 
 
 def test_sync_mode_trains_current_version_batches_grouped_by_task(
-    model_dir: str, tmp_path: Path
+    model_dir: str, tmp_path: Path, queued: Any
 ) -> None:
     """Sync mode: ``global_batch_size`` episodes of the current version per step, however many
     samples each has. A task's trajectories share a group; a trajectory without one is its own;
@@ -223,11 +223,7 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
     ]
 
     async def scenario() -> tuple[TrainerLoop, list[dict[str, float]]]:
-        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
-            sink = ZmqTrajectorySink(source.address)
-            for trajectory in trajectories:
-                await sink.put(trajectory)
-            await sink.close()
+        async with queued(trajectories) as source:
             loop = TrainerLoop(
                 Policy.of(model, optimizer, mini_batch_size=2),
                 source,

@@ -15,7 +15,6 @@ import torch
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
-from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 from areal.plugins.trainer.engine import Policy
 from areal.run.loop import TrainerLoop
 
@@ -253,7 +252,7 @@ def test_the_step_reports_the_share_of_episodes_that_solved_their_task(model_dir
 
 
 def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
-    model_dir: str,
+    model_dir: str, queued: Any
 ) -> None:
     """``run`` takes all the source holds, forms the batch, and calls ``on_batch`` before the
     step: that is when the runner has the gateway end the sessions still to come."""
@@ -262,11 +261,7 @@ def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
     heard: list[tuple[int, list[dict[str, Any]]]] = []
 
     async def scenario() -> list[dict[str, float]]:
-        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
-            sink = ZmqTrajectorySink(source.address)
-            for trajectory in arrivals:
-                await sink.put(trajectory)
-            await sink.close()
+        async with queued(arrivals) as source:
             loop = TrainerLoop(
                 engine, source, NoPublish(), trigger_batch_size=4, staleness_threshold=2
             )
@@ -282,17 +277,13 @@ def test_on_batch_hears_of_the_groups_a_batch_takes_short_before_it_trains(
     assert history[0]["groups"] == 2.0 and history[0]["updated"] == 7.0
 
 
-def test_the_buffer_takes_ahead_only_up_to_buffer_max(model_dir: str) -> None:
+def test_the_buffer_takes_ahead_only_up_to_buffer_max(model_dir: str, queued: Any) -> None:
     """Beyond ``buffer_max`` buffered trajectories the rest wait in the real trajectory queue,
     whose back-pressure then holds the producers; memory stays bounded by the queue's size."""
     arrivals = [member(f"g{i}", 0, size=2) for i in range(10)]  # 10 incomplete groups
 
     async def scenario() -> tuple[int, int]:
-        with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
-            sink = ZmqTrajectorySink(source.address)
-            for trajectory in arrivals:
-                await sink.put(trajectory)  # returns once the queue holds it
-            await sink.close()
+        async with queued(arrivals) as source:
             loop = TrainerLoop(
                 Recording(model_dir), source, NoPublish(), trigger_batch_size=4,
                 staleness_threshold=2, buffer_max=4,
