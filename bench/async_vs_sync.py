@@ -116,6 +116,7 @@ class Settings:
     train_steps: int = 4  # timed training-only steps (after one warm-up step)
     pause_mode: str | None = None  # the weight sync's pause mode; None: the run config's default
     both_modes: bool = True  # a second async run with the other pause mode
+    overlap_sync: bool = True  # async.overlap_sync: the engines load while the next step trains
 
 
 QUICK = Settings(
@@ -154,6 +155,7 @@ def run_config(
             "staleness_threshold": staleness,
             "trigger_batch_size": s.batch,
             "queue_max_size": 4096,
+            "overlap_sync": s.overlap_sync,
         },
         "agent": {
             "entrypoint": "longtail_agent:agent",
@@ -463,7 +465,8 @@ def report(results: dict[str, Any]) -> str:
         f"model {results['settings']['size']}, batch {results['settings']['batch']}, "
         f"concurrency {results['settings']['concurrency']}, staleness "
         f"{results['settings']['staleness']}, gateway and worker on cores "
-        f"{_cores(results['settings'])}",
+        f"{_cores(results['settings'])}, async weight sync "
+        + ("beside the next step" if results["settings"].get("overlap_sync") else "waited for"),
         f"{'':<17}{'samples/s':>10}{'other load':>12}",
     ]
     for name, value, load, note in rows:
@@ -632,6 +635,11 @@ def main(argv: list[str] | None = None) -> int:
         "--one-mode", action="store_true", help="skip the async run in the other pause mode"
     )
     parser.add_argument(
+        "--no-overlap-sync",
+        action="store_true",
+        help="async.overlap_sync false: every async step waits for the engines' weight load",
+    )
+    parser.add_argument(
         "--agent-core",
         choices=list(AGENT_CORES),
         help="pin the gateway and the rollout worker (default: unset, as areal train's default: "
@@ -646,6 +654,7 @@ def main(argv: list[str] | None = None) -> int:
         "concurrency": args.concurrency, "staleness": args.staleness,
         "gen_seconds": args.gen_seconds, "pause_mode": args.pause_mode,
         "both_modes": False if args.one_mode else None,
+        "overlap_sync": False if args.no_overlap_sync else None,
         "agent_cores": AGENT_CORES.get(args.agent_core or ""),
         "agent_nice": AGENT_NICES.get(args.agent_core or ""),
     }  # fmt: skip

@@ -241,6 +241,7 @@ def test_show_prints_the_resolved_config() -> None:
         "staleness_threshold": 0,  # sync mode
         "queue_max_size": 256,
         "trigger_batch_size": 128,
+        "overlap_sync": True,  # only acts in async mode
         "group_wait_s": 10.0,
     }
     expected = load_run_config("configs/quickstart.yaml", ["async.enabled=false"])

@@ -34,6 +34,12 @@ class ScriptedSync:
             raise error
         return 0.0
 
+    async def save(self, model: object, version: int) -> float:
+        return 0.0
+
+    async def deliver(self, version: int) -> float:  # a staged sync's engine half
+        return await self.publish(None, version)
+
     async def close(self) -> None:
         pass
 
@@ -53,9 +59,12 @@ async def _start(supervisor: Supervisor) -> None:
         child.url = f"http://127.0.0.1:{40000 + i}"
 
 
+@pytest.mark.parametrize("call", ["publish", "deliver"])
 def test_a_stalled_engine_is_named_killed_and_left_out(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, call: str
 ) -> None:
+    """The same for a whole publish and for the engines' half of a staged one (async mode
+    overlaps it with the next step)."""
     supervisor, (first, second) = _engines(tmp_path)
     sync = ScriptedSync([])
 
@@ -63,7 +72,12 @@ def test_a_stalled_engine_is_named_killed_and_left_out(
         await _start(supervisor)
         stall = WeightSyncError("pause", second.url, "no answer within 5 s", stalled=True)
         sync.errors = [stall, None]
-        await SupervisedSync(sync, supervisor, asyncio.Lock()).publish(object(), 7)  # type: ignore[arg-type]
+        supervised = SupervisedSync(sync, supervisor, asyncio.Lock())  # type: ignore[arg-type]
+        assert supervised.staged
+        if call == "publish":
+            await supervised.publish(object(), 7)
+        else:
+            await supervised.deliver(7)
 
     try:
         with caplog.at_level(logging.WARNING, logger="areal.train"):

@@ -131,6 +131,11 @@ class AsyncConfig(_Section):
         ge=1,
         description="Episodes (trajectories, in whole groups) that trigger an async train step.",
     )
+    overlap_sync: bool = Field(
+        default=True,
+        description="Async mode: the engines load a step's weights while the next step trains "
+        "(only saving them holds the trainer); false: every step waits for the engines too.",
+    )
     group_wait_s: float = Field(
         default=10.0,
         gt=0,

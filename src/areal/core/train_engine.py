@@ -32,10 +32,12 @@ __all__ = [
     "DIST_TIMEOUT_ENV",
     "EngineError",
     "EngineSetup",
+    "StagedWeightSync",
     "TrainEngine",
     "WeightSync",
     "WeightSyncError",
     "dist_timeout",
+    "is_staged",
     "launched",
     "rank",
 ]
@@ -119,6 +121,25 @@ class WeightSync(Protocol):
         ...
 
     async def close(self) -> None: ...
+
+
+class StagedWeightSync(WeightSync, Protocol):
+    """A weight sync in two halves, so that the engines can load a version while the trainer's
+    next step runs (async mode): only :meth:`save` reads the weights. ``publish`` is the two in
+    a row."""
+
+    async def save(self, model: Any, version: int) -> float:
+        """Take what the engines will load from ``model`` (a checkpoint on disk); the seconds."""
+        ...
+
+    async def deliver(self, version: int) -> float:
+        """Make the engines serve the saved ``version``; the seconds it took."""
+        ...
+
+
+def is_staged(sync: object) -> bool:
+    """Can ``sync`` save and deliver separately (:class:`StagedWeightSync`)?"""
+    return callable(getattr(sync, "save", None)) and callable(getattr(sync, "deliver", None))
 
 
 class TrainEngine(Protocol):

@@ -20,6 +20,13 @@ One iteration of :meth:`TrainerLoop.run`:
    one ``train.engine`` names) in a worker thread (the event loop keeps pulling from the queue
    meanwhile), then ``version += 1`` and ``sync.publish(engine.weights(), version)``, then a
    ``train`` metrics event.
+5. **Overlap the sync** (async mode, a sync that can be staged: the disk sync): only the save
+   reads the weights, so the step waits for ``sync.save`` alone and the engines' pause, load
+   and resume (``sync.deliver``) run while the next batch trains. The next save waits for the
+   last delivery, so versions reach the engines in order, one at a time; ``on_published``
+   hears of each version once the engines serve it (the gateway's clock moves then, so no
+   episode is admitted for a version the engines do not serve yet). Sync mode always waits:
+   its next samples must come from the new weights.
 
 Groups: samples answering the same task share a group id, the key of the trajectory's
 ``metadata["group"]``, else ``metadata["task_id"]``, else the trajectory itself (so a
@@ -49,6 +56,7 @@ Accounting (:meth:`TrainerLoop.counters`), in samples, exact at every instant be
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -62,7 +70,7 @@ from areal.core.metrics import MetricSink, MetricValue
 from areal.core.staleness import staleness
 from areal.core.types import Sample, Trajectory
 
-__all__ = ["Learner", "Publisher", "TrainerLoop", "TrajectorySource"]
+__all__ = ["Learner", "OnPublished", "Published", "Publisher", "TrainerLoop", "TrajectorySource"]
 
 log = logging.getLogger("areal.run.loop")
 
@@ -87,9 +95,23 @@ class Learner(Protocol):
 
 
 class Publisher(Protocol):
-    """Makes the inference engines serve ``model`` as ``version``; returns the seconds it took."""
+    """Makes the inference engines serve ``model`` as ``version``; returns the seconds it took.
+    One that also has ``save(model, version)`` and ``deliver(version)`` (and a true ``staged``
+    where it says) is staged in async mode (module doc, 5)."""
 
     async def publish(self, model: Any, version: int) -> float: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class Published:
+    """A version the engines serve now: the step that made it, and its whole sync's seconds."""
+
+    step: int
+    version: int
+    seconds: float
+
+
+OnPublished = Callable[[Published], Awaitable[None]]
 
 
 class TrajectorySource(Protocol):
@@ -148,6 +170,7 @@ class TrainerLoop:
         group_wait_s: float = GROUP_WAIT_S,
         success_reward: float | None = None,
         buffer_max: int = BUFFER_MAX,
+        overlap_sync: bool = True,
     ) -> None:
         if trigger_batch_size < 1:
             raise ValueError(f"trigger_batch_size must be >= 1; got {trigger_batch_size}")
@@ -163,6 +186,14 @@ class TrainerLoop:
         if self.batch_size < 1:
             raise ValueError(f"global_batch_size must be >= 1; got {self.batch_size}")
         self.staleness_threshold = staleness_threshold if async_enabled else 0
+        staged = getattr(sync, "staged", None)
+        if staged is None:
+            staged = callable(getattr(sync, "save", None)) and callable(
+                getattr(sync, "deliver", None)
+            )
+        self.overlap_sync = bool(overlap_sync and async_enabled and staged)
+        self._delivery: asyncio.Task[None] | None = None  # the engines loading the last version
+        self._on_published: OnPublished | None = None
         self.kl_penalty = kl_penalty  # ``kl_ref`` goes into the train event
         # An episode whose reward reaches this solved its task: the step's ``success`` rate.
         self.success_reward = success_reward
@@ -471,29 +502,69 @@ class TrainerLoop:
         stop: asyncio.Event | None = None,
         on_step: Callable[[dict[str, float]], Awaitable[None]] | None = None,
         on_batch: Callable[[], Awaitable[None]] | None = None,
+        on_published: OnPublished | None = None,
     ) -> list[dict[str, float]]:
         """Train ``max_steps`` steps; each returns ``train_step``'s stats plus the loop's own.
 
-        Returns early, between steps, once ``stop`` is set. ``on_step`` runs after each step
-        (and its weight sync), before the next batch is formed: checkpoints go there.
-        ``on_batch`` runs once a batch is formed, before it trains: what the batch decided
-        (:meth:`take_abandoned`) is acted on there, as early as it can be.
+        Returns early, between steps, once ``stop`` is set; either way only once the engines
+        serve the last version. ``on_step`` runs after each step (and its weight sync, or the
+        sync's save where it overlaps the next step), before the next batch is formed:
+        checkpoints go there. ``on_batch`` runs once a batch is formed, before it trains: what
+        the batch decided (:meth:`take_abandoned`) is acted on there, as early as it can be.
+        ``on_published`` runs once the engines serve a version (module doc, 5).
         """
         history: list[dict[str, float]] = []
-        while len(history) < max_steps and not (stop is not None and stop.is_set()):
-            await self._take_arrived()
-            batch = self._take_batch()
-            if batch is None:
-                trajectory = await self.source.aget(timeout=self.poll_timeout)
-                if trajectory is not None:
-                    self.add(trajectory)
-                continue
-            if on_batch is not None:
-                await on_batch()
-            history.append(await self.step(batch))
-            if on_step is not None:
-                await on_step(history[-1])
+        self._on_published = on_published
+        try:
+            while len(history) < max_steps and not (stop is not None and stop.is_set()):
+                await self._take_arrived()
+                batch = self._take_batch()
+                if batch is None:
+                    trajectory = await self.source.aget(timeout=self.poll_timeout)
+                    if trajectory is not None:
+                        self.add(trajectory)
+                    continue
+                if on_batch is not None:
+                    await on_batch()
+                history.append(await self.step(batch))
+                if on_step is not None:
+                    await on_step(history[-1])
+            await self.delivered()
+        finally:
+            if self._delivery is not None and not self._delivery.done():
+                self._delivery.cancel()  # only on an error or a cancel: the run is ending
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await self._delivery
         return history
+
+    async def delivered(self) -> None:
+        """Wait until the engines serve the newest version (a staged sync's delivery can still
+        be running); its failure is raised here."""
+        delivery, self._delivery = self._delivery, None
+        if delivery is not None:
+            await delivery
+
+    async def _publish(self, weights: Any) -> float:
+        """The new version to the engines: all of it, or (overlapped) its save, with the
+        delivery left running; the seconds the step waited."""
+        step, version = self._steps, self.version
+        if not self.overlap_sync:
+            seconds = await self.sync.publish(weights, version)
+            await self._published(Published(step, version, seconds))
+            return seconds
+        started = time.perf_counter()
+        await self.delivered()  # versions reach the engines in order
+        saved = await self.sync.save(weights, version)  # type: ignore[attr-defined]
+        self._delivery = asyncio.create_task(self._deliver(step, version, saved))
+        return time.perf_counter() - started
+
+    async def _deliver(self, step: int, version: int, saved_s: float) -> None:
+        seconds = await self.sync.deliver(version)  # type: ignore[attr-defined]
+        await self._published(Published(step, version, saved_s + seconds))
+
+    async def _published(self, published: Published) -> None:
+        if self._on_published is not None:
+            await self._on_published(published)
 
     async def _take_arrived(self) -> None:
         """What the source holds already, into the buffer, without waiting (up to
@@ -533,7 +604,7 @@ class TrainerLoop:
         self._steps += 1
         started = time.perf_counter()
         weights = await asyncio.to_thread(self.engine.weights)  # several ranks: a gather
-        sync_s = time.perf_counter() - started + await self.sync.publish(weights, self.version)
+        sync_s = time.perf_counter() - started + await self._publish(weights)
         result = {
             **stats,
             "step": float(self._steps),

@@ -75,7 +75,7 @@ from areal.run.checkpoint import (
 )
 from areal.run.gateway_client import GatewayAdmin, best_effort
 from areal.run.leftovers import LeftoverProcesses, RunProcesses
-from areal.run.loop import TrainerLoop
+from areal.run.loop import Published, TrainerLoop
 from areal.run.observe import ArrivalWindow, ObservedSource
 from areal.run.processes import (
     engine_child,
@@ -298,6 +298,7 @@ class _Run:
             group_wait_s=config.async_.group_wait_s,
             success_reward=success_reward(config),
             buffer_max=config.async_.queue_max_size,
+            overlap_sync=config.async_.overlap_sync,
         )
         if checkpoint:
             # This run's gateway is new: the earlier run's open sessions end with no tombstone.
@@ -344,8 +345,17 @@ class _Run:
         async def on_batch() -> None:
             await self.end_abandoned(run)
 
+        async def on_published(published: Published) -> None:
+            await self.published(run, published)
+
         training = asyncio.create_task(
-            run.loop.run(remaining, stop=self.stop, on_step=on_step, on_batch=on_batch)
+            run.loop.run(
+                remaining,
+                stop=self.stop,
+                on_step=on_step,
+                on_batch=on_batch,
+                on_published=on_published,
+            )
         )
         watching = asyncio.create_task(run.supervisor.watch())
         done, _ = await asyncio.wait({training, watching}, return_when=asyncio.FIRST_COMPLETED)
@@ -367,16 +377,21 @@ class _Run:
         for members in run.loop.take_abandoned():
             await best_effort(run.gateway.discard(metadata=members))
 
-    async def after_step(self, run: _Parts, result: dict[str, float]) -> None:
-        """The new version to the gateway's clock, the audit trail, ``sync`` and ``accounting``
-        events, and every ``logging.save_interval`` steps a checkpoint."""
-        loop = run.loop
-        self.version = loop.version
+    async def published(self, run: _Parts, published: Published) -> None:
+        """The engines serve a new version: it goes to the gateway's clock (only now, so that
+        no episode is admitted for weights not yet served) and into a ``sync`` event."""
+        self.version = published.version
         await self.announce(run.gateway)
+        values = _sync_values(published, run.sync.last_phases, run.loop.overlap_sync)
+        run.metrics.write("sync", published.step, values)
+
+    async def after_step(self, run: _Parts, result: dict[str, float]) -> None:
+        """The audit trail, the ``accounting`` event, and every ``logging.save_interval`` steps
+        a checkpoint (the engines may still be loading this step's weights: the checkpoint does
+        not need them to)."""
+        loop = run.loop
         self.audit(loop)
         step = int(result["step"])
-        values = _sync_values(result, run.sync.last_phases, loop.version)
-        run.metrics.write("sync", step, values)
         await self.account(run.gateway, run.observed, loop, run.metrics)
         if step % self.config.logging.save_interval == 0:
             await asyncio.to_thread(self.save, loop)
@@ -777,10 +792,15 @@ def _threads(config: RunConfig) -> int:
 
 
 def _sync_values(
-    result: dict[str, float], phases: dict[str, float], version: int
+    published: Published, phases: dict[str, float], overlapped: bool
 ) -> dict[str, MetricValue]:
-    """The ``sync`` event: the weight sync that made ``version``, with its phases' seconds."""
-    values: dict[str, MetricValue] = {"version": version, "seconds": result["sync_seconds"]}
+    """The ``sync`` event: the weight sync that made a version, with its phases' seconds
+    (``overlapped`` 1: all but the save ran beside the next train step)."""
+    values: dict[str, MetricValue] = {
+        "version": published.version,
+        "seconds": published.seconds,
+        "overlapped": int(overlapped),
+    }
     values.update((f"{phase}_seconds", seconds) for phase, seconds in phases.items())
     return values
 

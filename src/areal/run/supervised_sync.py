@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from areal.core.process import ServerProcess
-from areal.core.train_engine import WeightSync, WeightSyncError
+from areal.core.train_engine import StagedWeightSync, WeightSync, WeightSyncError, is_staged
 from areal.run.supervisor import Child, Supervisor
 
 log = logging.getLogger("areal.train")
@@ -43,7 +43,30 @@ class SupervisedSync:
         # service, and its next attach loads the newest weights first).
         self.others = others
 
+    @property
+    def staged(self) -> bool:
+        """Can the engines load a version while the next step trains (:meth:`save`, then
+        :meth:`deliver`)? A disk sync can; a collective broadcast reads the live weights."""
+        return is_staged(self.sync)
+
     async def publish(self, model: Any, version: int) -> float:
+        return await self._to_engines(version, lambda: self.sync.publish(model, version))
+
+    async def save(self, model: Any, version: int) -> float:
+        """The half of a staged publish that reads ``model`` (no engine is involved)."""
+        assert is_staged(self.sync)
+        return await cast(StagedWeightSync, self.sync).save(model, version)
+
+    async def deliver(self, version: int) -> float:
+        """The engines load the saved ``version``, with :meth:`publish`'s handling of engines
+        that die or stall meanwhile."""
+        assert is_staged(self.sync)
+        staged = cast(StagedWeightSync, self.sync)
+        return await self._to_engines(version, lambda: staged.deliver(version))
+
+    async def _to_engines(self, version: int, call: Callable[[], Awaitable[float]]) -> float:
+        """``call`` (a publish or a delivery) to the engines that are up, again without one that
+        died or stalled meanwhile (up to 3 tries)."""
         async with self.lock:
             left_out: set[str] = set()
             for _attempt in range(3):
@@ -57,7 +80,7 @@ class SupervisedSync:
                 self.sync.engine_urls = own + others
                 seen = {c.url: c.process for c in engines}
                 try:
-                    return await self.sync.publish(model, version)
+                    return await call()
                 except WeightSyncError as err:
                     if err.url in others:
                         left_out.add(err.url or "")

@@ -15,6 +15,10 @@ SGLang API (the embedded one or real SGLang) and needs no shared process group:
 3. **update**: ``/update_weights_from_disk`` with ``weight_version=str(version)`` on every engine.
 4. **continue**: ``/continue_generation`` on every engine.
 
+Phase 1 is the only one that reads the model: :meth:`DiskWeightSync.save` and
+:meth:`DiskWeightSync.deliver` are the two halves, so an async run's loop can let the engines
+load a version while its next step trains (``async.overlap_sync``).
+
 Each phase has a timeout (the watchdog); a failure or a timeout raises :class:`WeightSyncError`
 naming the phase and the engine. After a failed pause or update the engines are still sent
 ``continue`` (best effort) so they do not stay paused while the caller decides what to do. Old
@@ -159,6 +163,7 @@ class DiskWeightSync(EngineCalls):
         )
         self.out_dir = Path(out_dir)
         self.keep = keep
+        self._saved_s = 0.0  # the last save's seconds, for ``last_phases``
 
     def version_dir(self, version: int) -> Path:
         return self.out_dir / f"v{version}"
@@ -179,9 +184,21 @@ class DiskWeightSync(EngineCalls):
 
     async def publish(self, model: DecoderForCausalLM, version: int) -> float:
         """Save, pause, update, continue (module docstring); the seconds the whole sync took."""
+        return await self.save(model, version) + await self.deliver(version)
+
+    async def save(self, model: DecoderForCausalLM, version: int) -> float:
+        """The first half of :meth:`publish`, the only one that reads ``model``: once it returns,
+        the trainer may change the weights (the next step) while :meth:`deliver` runs."""
         start = time.perf_counter()
-        path = await self._save(model, version)
-        saved = time.perf_counter()
+        await self._save(model, version)
+        self._saved_s = time.perf_counter() - start
+        return self._saved_s
+
+    async def deliver(self, version: int) -> float:
+        """The second half of :meth:`publish`: pause, update from ``version``'s saved directory,
+        continue; the seconds it took."""
+        path = self.version_dir(version)
+        start = time.perf_counter()
         try:
             await self._pause_all()
             paused = time.perf_counter()
@@ -195,8 +212,8 @@ class DiskWeightSync(EngineCalls):
             raise
         await self._continue_all()
         self.last_phases = {
-            "save": saved - start,
-            "pause": paused - saved,
+            "save": self._saved_s,
+            "pause": paused - start,
             "update": updated - paused,
             "continue": time.perf_counter() - updated,
         }
