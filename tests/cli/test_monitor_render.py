@@ -18,7 +18,7 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 
-from areal.cli.monitor.render import curves_panel, header, render, sparkline
+from areal.cli.monitor.render import curves_panel, header, render, sparkline, sync_panel
 from areal.cli.monitor.source import read_records
 from areal.cli.monitor.state import MonitorState
 from areal.core import hookspecs
@@ -108,6 +108,16 @@ def test_the_header_names_the_loss_when_the_run_event_has_one() -> None:
     assert "loss" not in header(state).plain  # a run recorded before the event named it
     state.feed({"event": "run", "step": 0, "time": 101.0, "max_steps": 10, "loss": "sapo"})
     assert "  loss sapo  " in header(state).plain
+
+
+def test_the_weight_sync_panel_says_when_the_engines_loaded_beside_the_next_step() -> None:
+    state = MonitorState()
+    sync = {"event": "sync", "step": 3, "time": 1.0, "version": 3, "seconds": 0.07}
+    state.feed({**sync, "save_seconds": 0.01, "overlapped": 0})
+    assert "beside the next step" not in text_of(sync_panel(state))
+    state.feed({**sync, "step": 4, "version": 4, "save_seconds": 0.01, "overlapped": 1})
+    row = next(line for line in text_of(sync_panel(state)).splitlines() if "version 4" in line)
+    assert "0.070 s" in row and "beside the next step" in row
 
 
 def test_task_success_is_a_curve_when_the_run_reports_it() -> None:

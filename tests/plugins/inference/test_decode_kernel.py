@@ -1,6 +1,7 @@
 """The C++ decode attention kernel (``decode_kernel.py``) against attention written out by hand
-over each row's own slots of the pool, and against bad input: a slot outside the pool, a row
-that reads nothing or more than it lists, a wrong dtype are errors that change nothing."""
+over each row's own slots of the pool, its fused call against the model's own norms and rotary
+embedding, and against bad input: a slot outside the pool, a row that reads nothing or more
+than it lists, a wrong dtype or shape are errors that change nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ import torch
 
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
+from areal.plugins.models.config import RopeConfig
+from areal.plugins.models.layers import RMSNorm, RotaryEmbedding, apply_rope
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
 
 
@@ -115,6 +118,87 @@ def test_bad_input_is_an_error_that_changes_nothing(name: str, message: str) -> 
     pool = case["k_layer"].clone(), case["v_layer"].clone()
     with pytest.raises(RuntimeError, match=re.escape(message)):
         decode_kernel.attend(**_bad(case, name))
+    assert torch.equal(case["k_layer"], pool[0]) and torch.equal(case["v_layer"], pool[1])
+
+
+Norms = tuple[torch.Tensor, torch.Tensor, float] | None
+
+
+def _rope_case(
+    q_heads: int, kv_heads: int, dim: int, norms: bool, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor | Norms]]:
+    """A decode step's call as the model makes it: q, k and v are views of one projection's
+    output (rows strided), cos and sin of each row's position from the model's own rotary
+    embedding, and (Qwen3) the per-head norms' weights."""
+    rows = 7
+    case = _case(rows=rows, q_heads=q_heads, kv_heads=kv_heads, dim=dim, seed=seed)
+    gen = torch.Generator().manual_seed(seed + 100)
+    fused = torch.randn(rows, 1, (q_heads + 2 * kv_heads) * dim, generator=gen)
+    q, k, v = fused.split([q_heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    case["q"], case["k_new"], case["v_new"] = (
+        q.view(rows, 1, q_heads, dim),
+        k.view(rows, 1, kv_heads, dim),
+        v.view(rows, 1, kv_heads, dim),
+    )
+    rotary = RotaryEmbedding(RopeConfig(theta=10000.0), dim)
+    cos, sin = rotary(case["lens"].view(rows, 1) - 1, torch.float32)  # each row's new position
+    weights = (torch.rand(dim, generator=gen) + 0.5, torch.rand(dim, generator=gen) + 0.5, 1e-6)
+    return case, {"cos": cos, "sin": sin, "norms": weights if norms else None}
+
+
+@pytest.mark.parametrize("norms", [True, False], ids=["qwen3-norms", "no-norms"])
+@pytest.mark.parametrize(
+    ("q_heads", "kv_heads", "dim"),
+    [(8, 4, 32), (6, 2, 64), (4, 4, 128), (2, 1, 24)],
+    ids=["gqa-32", "gqa-3x-64", "mha-128", "gqa-24"],
+)
+def test_fused_rope_kernel_matches_the_models_norms_rope_and_attention(
+    q_heads: int, kv_heads: int, dim: int, norms: bool
+) -> None:
+    """The fused call against the model's own RMSNorm and apply_rope, then attention by hand."""
+    case, rope = _rope_case(q_heads, kv_heads, dim, norms)
+    q, k = case["q"], case["k_new"]
+    cos, sin, weights = rope["cos"], rope["sin"], rope["norms"]
+    assert isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+    if isinstance(weights, tuple):
+        q_norm, k_norm = RMSNorm(dim, weights[2]), RMSNorm(dim, weights[2])
+        q_norm.weight.data, k_norm.weight.data = weights[0], weights[1]
+        with torch.no_grad():
+            q, k = q_norm(q), k_norm(k)
+    expected, k_after, v_after = _by_hand(
+        {**case, "q": apply_rope(q, cos, sin), "k_new": apply_rope(k, cos, sin)}
+    )
+    out = decode_kernel.attend_rope(**case, **rope)  # type: ignore[arg-type]
+    torch.testing.assert_close(out.double(), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(case["k_layer"], k_after, atol=1e-6, rtol=1e-5)  # roped keys
+    torch.testing.assert_close(case["v_layer"], v_after, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("cos of another head size", "cos and sin must be"),
+        ("a norm of another size", "q_norm must be"),
+        ("a bad write slot", "outside the pool"),
+        ("keys for fewer rows", "k_new must be"),
+    ],
+)
+def test_bad_input_to_the_fused_call_changes_nothing(name: str, message: str) -> None:
+    case, rope = _rope_case(8, 4, 32, norms=True, seed=2)
+    pool = case["k_layer"].clone(), case["v_layer"].clone()
+    if name == "cos of another head size":
+        cos, sin = rope["cos"], rope["sin"]
+        assert isinstance(cos, torch.Tensor) and isinstance(sin, torch.Tensor)
+        rope["cos"], rope["sin"] = cos[..., :16].contiguous(), sin[..., :16].contiguous()
+    elif name == "a norm of another size":
+        rope["norms"] = (torch.ones(16), torch.ones(32), 1e-6)
+    elif name == "a bad write slot":
+        case["write"] = case["write"].clone()
+        case["write"][-1] = case["k_layer"].shape[0] + 5
+    else:
+        case["k_new"] = case["k_new"][:-1]
+    with pytest.raises(RuntimeError, match=re.escape(message)):
+        decode_kernel.attend_rope(**case, **rope)  # type: ignore[arg-type]
     assert torch.equal(case["k_layer"], pool[0]) and torch.equal(case["v_layer"], pool[1])
 
 

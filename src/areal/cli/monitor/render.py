@@ -205,8 +205,10 @@ def sync_panel(state: MonitorState) -> Panel:
     if not sync:
         table.add_row("no weight sync yet", "", "")
         return Panel(table, title="last weight sync")
+    # Overlapped (async.overlap_sync): the step waited only for the save.
+    beside = "beside the next step" if as_float(sync.get("overlapped")) else ""
     table.add_row(
-        f"version {_int(sync, 'version')}", f"{as_float(sync.get('seconds')) or 0:.3f} s", ""
+        f"version {_int(sync, 'version')}", f"{as_float(sync.get('seconds')) or 0:.3f} s", beside
     )
     for phase in ("save", "pause", "update", "continue"):
         seconds = as_float(sync.get(f"{phase}_seconds"))

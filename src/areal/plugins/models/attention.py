@@ -21,6 +21,29 @@ class AttentionBackend(Protocol):
         ...
 
 
+class FusedRopeBackend(AttentionBackend, Protocol):
+    """A backend that can take q and k before their per-head norms and rotary embedding (an
+    inference engine's decode kernel applies them in the same call as attention).
+    ``fuses_rope`` says whether it can for this forward."""
+
+    fuses_rope: bool
+
+    def attend_rope(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+    ) -> torch.Tensor:
+        """q: [B, S, Hq, D]; k, v: [B, S, Hkv, D] as projected; cos, sin [B, S, D] of the
+        positions; ``norms``: the q and k norms' weights [D] and epsilon (None: the model has
+        none). Returns [B, S, Hq, D]."""
+        ...
+
+
 class CausalAttention:
     """Full causal attention over each row of the batch (no cache)."""
 

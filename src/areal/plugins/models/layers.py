@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from areal.plugins.models.attention import AttentionBackend
+from areal.plugins.models.attention import AttentionBackend, FusedRopeBackend
 from areal.plugins.models.config import DecoderConfig, RopeConfig
 
 
@@ -113,6 +114,15 @@ class Attention(nn.Module):
         q = q.view(b, s, -1, self.head_dim)
         k = k.view(b, s, -1, self.head_dim)
         v = v.view(b, s, -1, self.head_dim)
+        if getattr(attention, "fuses_rope", False):  # the norms and RoPE in the backend's call
+            norms = (
+                (self.q_norm.weight, self.k_norm.weight, self.q_norm.eps)
+                if hasattr(self, "q_norm")
+                else None
+            )
+            fused = cast(FusedRopeBackend, attention)
+            out = fused.attend_rope(self.layer_idx, q, k, v, cos, sin, norms)
+            return self.o_proj(out.reshape(b, s, -1))
         if hasattr(self, "q_norm"):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)

@@ -114,6 +114,31 @@ class GatherAttention:
         self.mask = mask  # [B, 1, 1, span]
         self.lens = lens  # [B] slots each row reads
         self.kernel = kernel
+        self.fuses_rope = kernel  # the kernel applies q/k norms and RoPE too (attend_rope)
+
+    def attend_rope(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+    ) -> torch.Tensor:
+        return decode_kernel.attend_rope(
+            q,
+            k,
+            v,
+            self.k[layer_idx],
+            self.v[layer_idx],
+            self.write,
+            self.read,
+            self.lens,
+            cos,
+            sin,
+            norms,
+        )
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor

@@ -4,14 +4,20 @@
 // attend its one query per head over the first lens[b] slots listed in read[b], read in place
 // from the pool (no gathered copy). Query head h reads KV head h / (Hq / Hkv), as grouped-query
 // attention does. float32 only; the caller checks shapes, this file checks every index.
+//
+// paged_decode_rope does the same on the projections as they come out of the linear layer: it
+// first applies the per-head RMSNorm (Qwen3's q_norm and k_norm, when given) and the rotary
+// embedding (rotate-half, cos and sin of each row's position) to the queries and the new keys,
+// the ~20 small ops a layer the model would otherwise run before attention.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
-#include <ATen/ops/empty_like.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -84,22 +90,21 @@ void check_slots(const at::Tensor& t, const char* name, int64_t slots) {
                 slots);
 }
 
-at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
-                        at::Tensor& k_layer, at::Tensor& v_layer, const at::Tensor& write,
-                        const at::Tensor& read, const at::Tensor& lens) {
-  check_float(q, "q", 3);
+// The pool, the slots and the lengths of a call, all checked before anything is written.
+struct Pool {
+  int64_t rows, q_heads, kv_heads, dim, span;
+};
+
+Pool check_call(const at::Tensor& q, const at::Tensor& k_layer, const at::Tensor& v_layer,
+                const at::Tensor& write, const at::Tensor& read, const at::Tensor& lens) {
   check_float(k_layer, "k_layer", 3);
   check_float(v_layer, "v_layer", 3);
-  check_float(k_new, "k_new", 3);
-  check_float(v_new, "v_new", 3);
+  TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3, "q must be a float32 [rows, heads, dim]");
   const int64_t rows = q.size(0), q_heads = q.size(1), dim = q.size(2);
   const int64_t slots = k_layer.size(0), kv_heads = k_layer.size(1);
   TORCH_CHECK(v_layer.sizes() == k_layer.sizes(), "k_layer and v_layer differ in shape");
   TORCH_CHECK(k_layer.size(2) == dim, "the pool's head size is not q's");
   TORCH_CHECK(kv_heads > 0 && q_heads % kv_heads == 0, "q's heads are not a multiple of the KV heads");
-  TORCH_CHECK(k_new.sizes() == v_new.sizes() && k_new.size(0) == write.numel() &&
-                  k_new.size(1) == kv_heads && k_new.size(2) == dim,
-              "k_new and v_new must be [len(write), kv_heads, head_dim]");
   TORCH_CHECK(read.dim() == 2 && read.size(0) == rows, "read must be [rows, span]");
   TORCH_CHECK(lens.dim() == 1 && lens.size(0) == rows, "lens must be [rows]");
   const int64_t span = read.size(1);
@@ -109,29 +114,128 @@ at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_new, const at::
   const int64_t* lp = lens.data_ptr<int64_t>();
   for (int64_t b = 0; b < rows; ++b)
     TORCH_CHECK(lp[b] >= 1 && lp[b] <= span, "lens[", b, "] = ", lp[b], " is not in 1..", span);
+  return {rows, q_heads, kv_heads, dim, span};
+}
 
+// A [n, heads, dim] float32 tensor whose heads are contiguous; its rows may be strided (views of
+// one projection's output). Returns the row stride.
+int64_t check_rows(const at::Tensor& t, const char* name, int64_t n, int64_t heads, int64_t dim) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32, got ", t.scalar_type());
+  TORCH_CHECK(t.dim() == 3 && t.size(0) == n && t.size(1) == heads && t.size(2) == dim, name,
+              " must be [", n, ", ", heads, ", ", dim, "], got ", t.sizes());
+  TORCH_CHECK(t.stride(2) == 1 && (heads == 1 || t.stride(1) == dim), name,
+              "'s heads must be contiguous");
+  return t.stride(0);
+}
+
+at::Tensor attend_all(const Pool& p, const float* qp, float* keys, float* values,
+                      const at::Tensor& read, const at::Tensor& lens, const at::Tensor& like) {
+  at::Tensor out = at::empty({p.rows, p.q_heads, p.dim}, like.options());
+  const int64_t group = p.q_heads / p.kv_heads;
+  const int64_t* rp = read.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  float* op = out.data_ptr<float>();
+  const int64_t kv = p.kv_heads, span = p.span, dim = p.dim;
+  at::parallel_for(0, p.rows * kv, 1, [&](int64_t begin, int64_t end) {
+    switch (dim) {
+      case 32: return attend_rows<32>(begin, end, kv, group, span, dim, qp, keys, values, rp, lp, op);
+      case 64: return attend_rows<64>(begin, end, kv, group, span, dim, qp, keys, values, rp, lp, op);
+      case 128: return attend_rows<128>(begin, end, kv, group, span, dim, qp, keys, values, rp, lp, op);
+      default: return attend_rows<0>(begin, end, kv, group, span, dim, qp, keys, values, rp, lp, op);
+    }
+  });
+  return out;
+}
+
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                        at::Tensor& k_layer, at::Tensor& v_layer, const at::Tensor& write,
+                        const at::Tensor& read, const at::Tensor& lens) {
+  check_float(q, "q", 3);
+  check_float(k_new, "k_new", 3);
+  check_float(v_new, "v_new", 3);
+  const Pool p = check_call(q, k_layer, v_layer, write, read, lens);
+  TORCH_CHECK(k_new.sizes() == v_new.sizes() && k_new.size(0) == write.numel() &&
+                  k_new.size(1) == p.kv_heads && k_new.size(2) == p.dim,
+              "k_new and v_new must be [len(write), kv_heads, head_dim]");
   float* keys = k_layer.data_ptr<float>();
   float* values = v_layer.data_ptr<float>();
-  const int64_t token = kv_heads * dim;
+  const int64_t token = p.kv_heads * p.dim;
   const int64_t* wp = write.data_ptr<int64_t>();
   for (int64_t i = 0; i < write.numel(); ++i) {
     std::memcpy(keys + wp[i] * token, k_new.data_ptr<float>() + i * token, token * sizeof(float));
     std::memcpy(values + wp[i] * token, v_new.data_ptr<float>() + i * token, token * sizeof(float));
   }
-  at::Tensor out = at::empty_like(q);
-  const int64_t group = q_heads / kv_heads;
+  return attend_all(p, q.data_ptr<float>(), keys, values, read, lens, q);
+}
+
+// One head: RMSNorm with weight w (when w is not null), then rotate-half rotary embedding.
+inline void norm_rope(const float* x, float* out, int64_t dim, const float* w, float eps,
+                      const float* cos, const float* sin) {
+  float scale = 1.f;
+  if (w != nullptr) {
+    float squares = 0.f;
+    for (int64_t d = 0; d < dim; ++d) squares += x[d] * x[d];
+    scale = 1.f / std::sqrt(squares / static_cast<float>(dim) + eps);
+  }
+  const int64_t half = dim / 2;
+  for (int64_t d = 0; d < half; ++d) {
+    const float a = x[d] * scale * (w != nullptr ? w[d] : 1.f);
+    const float b = x[d + half] * scale * (w != nullptr ? w[d + half] : 1.f);
+    out[d] = a * cos[d] - b * sin[d];
+    out[d + half] = b * cos[d + half] + a * sin[d + half];
+  }
+}
+
+const float* norm_weight(const std::optional<at::Tensor>& w, const char* name, int64_t dim) {
+  if (!w.has_value() || !w->defined()) return nullptr;
+  TORCH_CHECK(w->scalar_type() == at::kFloat && w->dim() == 1 && w->size(0) == dim &&
+                  w->is_contiguous(),
+              name, " must be a contiguous float32 [", dim, "]");
+  return w->data_ptr<float>();
+}
+
+at::Tensor paged_decode_rope(const at::Tensor& q, const at::Tensor& k_new,
+                             const at::Tensor& v_new, at::Tensor& k_layer, at::Tensor& v_layer,
+                             const at::Tensor& write, const at::Tensor& read,
+                             const at::Tensor& lens, const at::Tensor& cos, const at::Tensor& sin,
+                             const std::optional<at::Tensor>& q_norm,
+                             const std::optional<at::Tensor>& k_norm, double eps) {
+  const Pool p = check_call(q, k_layer, v_layer, write, read, lens);
+  const int64_t dim = p.dim, rows = p.rows;
+  TORCH_CHECK(dim % 2 == 0, "the rotary embedding needs an even head size, got ", dim);
+  TORCH_CHECK(write.numel() == rows, "a decode step writes one token a row");
+  const int64_t q_stride = check_rows(q, "q", rows, p.q_heads, dim);
+  const int64_t k_stride = check_rows(k_new, "k_new", rows, p.kv_heads, dim);
+  const int64_t v_stride = check_rows(v_new, "v_new", rows, p.kv_heads, dim);
+  check_float(cos, "cos", 2);
+  check_float(sin, "sin", 2);
+  TORCH_CHECK(cos.sizes() == sin.sizes() && cos.size(0) == rows && cos.size(1) == dim,
+              "cos and sin must be [rows, head_dim]");
+  const float* qw = norm_weight(q_norm, "q_norm", dim);
+  const float* kw = norm_weight(k_norm, "k_norm", dim);
+  const float e = static_cast<float>(eps);
+
+  float* keys = k_layer.data_ptr<float>();
+  float* values = v_layer.data_ptr<float>();
+  const int64_t token = p.kv_heads * dim;
+  const int64_t* wp = write.data_ptr<int64_t>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const float* kp = k_new.data_ptr<float>();
+  const float* vp = v_new.data_ptr<float>();
   const float* qp = q.data_ptr<float>();
-  const int64_t* rp = read.data_ptr<int64_t>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    switch (dim) {
-      case 32: return attend_rows<32>(begin, end, kv_heads, group, span, dim, qp, keys, values, rp, lp, op);
-      case 64: return attend_rows<64>(begin, end, kv_heads, group, span, dim, qp, keys, values, rp, lp, op);
-      case 128: return attend_rows<128>(begin, end, kv_heads, group, span, dim, qp, keys, values, rp, lp, op);
-      default: return attend_rows<0>(begin, end, kv_heads, group, span, dim, qp, keys, values, rp, lp, op);
-    }
-  });
-  return out;
+  at::Tensor roped = at::empty({rows, p.q_heads, dim}, q.options());
+  float* rq = roped.data_ptr<float>();
+  for (int64_t b = 0; b < rows; ++b) {  // small: [rows, heads, dim] of one token each
+    const float* c = cp + b * dim;
+    const float* s = sp + b * dim;
+    for (int64_t h = 0; h < p.kv_heads; ++h)
+      norm_rope(kp + b * k_stride + h * dim, keys + wp[b] * token + h * dim, dim, kw, e, c, s);
+    std::memcpy(values + wp[b] * token, vp + b * v_stride, token * sizeof(float));
+    for (int64_t h = 0; h < p.q_heads; ++h)
+      norm_rope(qp + b * q_stride + h * dim, rq + (b * p.q_heads + h) * dim, dim, qw, e, c, s);
+  }
+  return attend_all(p, rq, keys, values, read, lens, q);
 }
 
 }  // namespace
@@ -140,6 +244,13 @@ TORCH_LIBRARY(areal_kernels, m) {
   m.def(
       "paged_decode(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_layer, Tensor(b!) v_layer,"
       " Tensor write, Tensor read, Tensor lens) -> Tensor");
+  m.def(
+      "paged_decode_rope(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_layer,"
+      " Tensor(b!) v_layer, Tensor write, Tensor read, Tensor lens, Tensor cos, Tensor sin,"
+      " Tensor? q_norm, Tensor? k_norm, float eps) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(areal_kernels, CPU, m) { m.impl("paged_decode", &paged_decode); }
+TORCH_LIBRARY_IMPL(areal_kernels, CPU, m) {
+  m.impl("paged_decode", &paged_decode);
+  m.impl("paged_decode_rope", &paged_decode_rope);
+}

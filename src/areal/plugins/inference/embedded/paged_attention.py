@@ -75,6 +75,32 @@ class PagedAttention:
         self.write_slots = write_slots
         self.buckets = buckets
         self.kernel = kernel
+        self.fuses_rope = kernel  # the kernel applies q/k norms and RoPE too (attend_rope)
+
+    def attend_rope(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+    ) -> torch.Tensor:
+        (bucket,) = self.buckets
+        return decode_kernel.attend_rope(
+            q,
+            k,
+            v,
+            self.pool.k[layer_idx],
+            self.pool.v[layer_idx],
+            self.write_slots,
+            bucket.read.view(-1, bucket.span),
+            bucket.lens,
+            cos,
+            sin,
+            norms,
+        )
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
