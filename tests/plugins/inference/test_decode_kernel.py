@@ -202,6 +202,35 @@ def test_bad_input_to_the_fused_call_changes_nothing(name: str, message: str) ->
     assert torch.equal(case["k_layer"], pool[0]) and torch.equal(case["v_layer"], pool[1])
 
 
+@pytest.mark.parametrize(
+    "shape", [(16, 256), (2, 5, 64), (1, 24)], ids=["decode", "prefill", "one"]
+)
+def test_kernel_rms_norm_matches_the_models(shape: tuple[int, ...]) -> None:
+    """The engine's one-call RMSNorm against the model's own module (torch's rms_norm), and
+    a model whose norms use it gives the same logits."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(*shape, generator=gen) * 3
+    norm = RMSNorm(shape[-1], 1e-6)
+    norm.weight.data = torch.rand(shape[-1], generator=gen) + 0.5
+    with torch.no_grad():
+        expected = norm(x)
+    out = torch.ops.areal_kernels.rms_norm(x, norm.weight, 1e-6)
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    with pytest.raises(RuntimeError, match="weight must be"):
+        torch.ops.areal_kernels.rms_norm(x, torch.ones(shape[-1] + 1), 1e-6)
+
+
+def test_an_engine_models_norms_run_in_the_kernel_with_the_same_logits() -> None:
+    model = Qwen3ForCausalLM(tiny_config("nano"))
+    model.init_weights(generator=torch.Generator().manual_seed(0))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    with torch.no_grad():
+        expected = model(ids)
+        # 2 layers of 4 (before attention and the MLP, q and k), and the final norm
+        assert decode_kernel.use_kernel_norms(model) == 2 * 4 + 1
+        torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)
+
+
 def test_the_engine_uses_the_kernel_as_configured() -> None:
     """On by default, off when asked, and never for a pool that is not float32 (an error when
     asked for)."""

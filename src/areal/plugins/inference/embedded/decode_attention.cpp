@@ -15,6 +15,7 @@
 #include <ATen/ops/empty.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -238,6 +239,35 @@ at::Tensor paged_decode_rope(const at::Tensor& q, const at::Tensor& k_new,
   return attend_all(p, rq, keys, values, read, lens, q);
 }
 
+// RMSNorm over the last dimension in one call (torch's CPU rms_norm is seven ops): x [..., H]
+// contiguous float32, weight [H]. Rows split over threads only when there are enough of them.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() >= 1,
+              "x must be a contiguous float32 tensor");
+  const int64_t hidden = x.size(-1);
+  TORCH_CHECK(weight.scalar_type() == at::kFloat && weight.dim() == 1 &&
+                  weight.size(0) == hidden && weight.is_contiguous(),
+              "weight must be a contiguous float32 [", hidden, "]");
+  at::Tensor out = at::empty(x.sizes(), x.options());
+  const int64_t rows = hidden > 0 ? x.numel() / hidden : 0;
+  const float* xp = x.data_ptr<float>();
+  const float* wp = weight.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float e = static_cast<float>(eps);
+  const int64_t grain = std::max<int64_t>(1, 65536 / std::max<int64_t>(hidden, 1));
+  at::parallel_for(0, rows, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = xp + r * hidden;
+      float* orow = op + r * hidden;
+      float squares = 0.f;
+      for (int64_t d = 0; d < hidden; ++d) squares += xr[d] * xr[d];
+      const float scale = 1.f / std::sqrt(squares / static_cast<float>(hidden) + e);
+      for (int64_t d = 0; d < hidden; ++d) orow[d] = xr[d] * scale * wp[d];
+    }
+  });
+  return out;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(areal_kernels, m) {
@@ -248,9 +278,11 @@ TORCH_LIBRARY(areal_kernels, m) {
       "paged_decode_rope(Tensor q, Tensor k_new, Tensor v_new, Tensor(a!) k_layer,"
       " Tensor(b!) v_layer, Tensor write, Tensor read, Tensor lens, Tensor cos, Tensor sin,"
       " Tensor? q_norm, Tensor? k_norm, float eps) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(areal_kernels, CPU, m) {
   m.impl("paged_decode", &paged_decode);
   m.impl("paged_decode_rope", &paged_decode_rope);
+  m.impl("rms_norm", &rms_norm);
 }
