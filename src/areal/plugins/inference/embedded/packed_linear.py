@@ -100,7 +100,8 @@ class PackedLinear(nn.Module):
             out = torch.ops.areal.packed_linear(x, self.packed, bias)
         else:
             out = linear_on_packed(x, self.packed, bias)
-        return out.split(self.sizes, dim=-1) if self.fused else out
+        # split_with_sizes: Tensor.split's Python wrapper cost ~6 us a call, 20 calls a step
+        return tuple(out.split_with_sizes(self.sizes, dim=-1)) if self.fused else out
 
     def _pack(self) -> torch.Tensor:
         return _pack(torch.cat(self._weights) if self.fused else self._weights[0])
