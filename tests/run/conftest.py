@@ -1,6 +1,6 @@
 """The run's tests share one way to serve a model (the embedded engine's real HTTP server on
-127.0.0.1, in a thread of the test process) and one way to hand the trainer loop trajectories
-(the real ZeroMQ trajectory queue)."""
+127.0.0.1, in a thread of the test process), the nano model the loop tests train and serve, and
+one way to hand the trainer loop trajectories (the real ZeroMQ trajectory queue)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any
 
 import pytest
+import torch
 
 from areal.core.http_server import ServerThread
 from areal.core.types import Trajectory
 from areal.plugins.inference.embedded.server import build_server
+from areal.plugins.models.tiny import init_tiny
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 
 
@@ -31,6 +33,22 @@ def _serve(model_dir: str, **options: Any) -> Iterator[str]:
 def serve_embedded() -> Callable[..., contextlib.AbstractContextManager[str]]:
     """``with serve_embedded(model_dir) as url:`` an embedded engine serving ``model_dir``."""
     return _serve
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """areal's nano model (random, seed 0): the loop tests' policy and served model."""
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("nano") / "model"
+    init_tiny(path, size="nano", seed=0)
+    return str(path)
+
+
+@pytest.fixture
+def engine_url(model_dir: str) -> Iterator[str]:
+    """An embedded engine serving :func:`model_dir`, for one test."""
+    with _serve(model_dir) as url:
+        yield url
 
 
 @contextlib.asynccontextmanager

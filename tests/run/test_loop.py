@@ -8,7 +8,6 @@ import contextlib
 import dataclasses
 import socket
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,27 +19,12 @@ from areal.core.metrics import make_metric_sink
 from areal.core.types import Sample, Trajectory, version_number
 from areal.plugins.metrics.jsonl import read_metrics
 from areal.plugins.models.hf_io import load_model
-from areal.plugins.models.tiny import init_tiny
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import TrainerLoop
 
 PROMPTS = [[11, 12, 13, 14], [21, 22, 23]]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("nano") / "model"
-    init_tiny(path, size="nano", seed=0)
-    return str(path)
-
-
-@pytest.fixture
-def engine_url(model_dir: str, serve_embedded: Any) -> Iterator[str]:
-    with serve_embedded(model_dir) as url:
-        yield url
 
 
 def to_sample(prompt: list[int], out: GenerateOutput) -> Sample:

@@ -9,22 +9,12 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
-from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.engine import Policy
 from areal.run.loop import TrainerLoop
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("nano") / "model"
-    init_tiny(path, size="nano", seed=0)
-    return str(path)
 
 
 class Recording:

@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +18,11 @@ import torch
 from areal.core.inference_client import InferenceClient
 from areal.core.types import Sample, Trajectory
 from areal.plugins.models.hf_io import load_model
-from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import Published, TrainerLoop
 
 HOLD_S = 20.0  # how long a held delivery waits for the next step before the test fails
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
-    torch.set_num_threads(1)
-    path = tmp_path_factory.mktemp("nano") / "model"
-    init_tiny(path, size="nano", seed=0)
-    return str(path)
-
-
-@pytest.fixture
-def engine_url(model_dir: str, serve_embedded: Any) -> Iterator[str]:
-    with serve_embedded(model_dir) as url:
-        yield url
 
 
 def sample(version: int) -> Sample:
