@@ -483,6 +483,9 @@ def report(results: dict[str, Any]) -> str:
     for phase, cores in results.get("own_cores", {}).items():
         shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
         lines.append(f"CPU in cores, {phase}: {shown}")
+    for phase, cores in results.get("trainer_threads", {}).items():
+        shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
+        lines.append(f"the trainer's threads, {phase}: {shown}")
     busy = [f"{phase} ({load:.2f})" for phase, load in other.items() if load > BUSY_CORES]
     if busy:
         lines.append(
@@ -604,6 +607,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
             phase: monitor.other_cores(phase) for phase in ("generation", "training", *runs)
         },
         "own_cores": {phase: monitor.own_cores(phase) for phase in ("generation", *runs)},
+        "trainer_threads": {phase: monitor.own_threads(phase) for phase in ("training", *runs)},
         "training_only_step_seconds": trained.step_seconds + again.step_seconds,
         "training_only_ms_per_ktoken": [trained.ms_per_ktoken, again.ms_per_ktoken],
         **{

@@ -41,6 +41,8 @@ class LoadMonitor(threading.Thread):
         self.phase = ""
         self.busy: dict[str, list[float]] = defaultdict(list)
         self.own: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        # this process's own threads (the trainer's, in async_vs_sync.py), by thread name
+        self.threads: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.seconds: dict[str, float] = defaultdict(float)  # each phase's time measured
         self._stop_event = threading.Event()
 
@@ -62,6 +64,12 @@ class LoadMonitor(threading.Thread):
         used = self.own.get(phase, {})
         return {k: v / seconds for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
 
+    def own_threads(self, phase: str) -> dict[str, float]:
+        """This process's CPU over ``phase`` by thread, in cores, the busiest first."""
+        seconds = self.seconds.get(phase) or 1.0
+        used = self.threads.get(phase, {})
+        return {k: v / seconds for k, v in sorted(used.items(), key=lambda kv: -kv[1])}
+
     def stop(self) -> None:
         self._stop_event.set()
 
@@ -70,7 +78,9 @@ class LoadMonitor(threading.Thread):
         seen: dict[int, float] = {}
         last_busy, last_time = _busy_seconds(), time.monotonic()
         roles: dict[int, str] = {me.pid: "benchmark (trainer)"}
+        thread_seen: dict[int, float] = {}
         while not self._stop_event.wait(self.interval):
+            by_thread = self._thread_cpu(me, thread_seen)
             mine = 0.0
             by_role: dict[str, float] = defaultdict(float)
             for proc in [me, *me.children(recursive=True)]:
@@ -92,7 +102,33 @@ class LoadMonitor(threading.Thread):
                 self.seconds[self.phase] += now - last_time
                 for name, used in by_role.items():
                     self.own[self.phase][name] += used
+                for name, used in by_thread.items():
+                    self.threads[self.phase][name] += used
             last_busy, last_time = busy, now
+
+    @staticmethod
+    def _thread_cpu(me: psutil.Process, seen: dict[int, float]) -> dict[str, float]:
+        """CPU seconds of this process's threads since the last call, by name: Python's thread
+        name where the thread is Python's, else the kernel's (ZeroMQ's I/O thread, torch's)."""
+        names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+        used: dict[str, float] = defaultdict(float)
+        try:
+            threads = me.threads()
+        except psutil.Error:
+            return used
+        for thread in threads:
+            total = thread.user_time + thread.system_time
+            name = names.get(thread.id) or _comm(thread.id)
+            used[name.rstrip("0123456789_")] += total - seen.get(thread.id, 0.0)
+            seen[thread.id] = total
+        return used
+
+
+def _comm(tid: int) -> str:
+    try:
+        return Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+    except OSError:
+        return str(tid)
 
 
 def _busy_seconds() -> float:

@@ -345,10 +345,11 @@ def _next_sync(weights: Path, proc: subprocess.Popen[bytes], wait_s: float = 60.
 
 
 def _logged(out: Path, version: int) -> bool:
-    """The step that made ``version`` is in the train log (its line follows its weight sync;
-    step and version are one number, also across a resume)."""
+    """The weight sync of ``version`` is in the train log: its ``[sync]`` line is written once
+    the engines serve it (an async step's ``[train]`` line comes earlier: the engines load beside
+    the next step). Step and version are one number, also across a resume."""
     log = out / "logs" / "train.log"
-    return log.exists() and f"[train] step={version} " in log.read_text()
+    return log.exists() and f"[sync] step={version} " in log.read_text()
 
 
 def _steps(log: Path) -> int:
