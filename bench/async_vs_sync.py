@@ -486,6 +486,11 @@ def report(results: dict[str, Any]) -> str:
     for phase, cores in results.get("trainer_threads", {}).items():
         shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
         lines.append(f"the trainer's threads, {phase}: {shown}")
+    for phase, gens in results.get("trainer_gc", {}).items():
+        shown = ", ".join(
+            f"{gen} {g['collections']}× {g['seconds']:.2f} s" for gen, g in gens.items()
+        )
+        lines.append(f"the trainer's garbage collections, {phase}: {shown}")
     busy = [f"{phase} ({load:.2f})" for phase, load in other.items() if load > BUSY_CORES]
     if busy:
         lines.append(
@@ -608,6 +613,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
         },
         "own_cores": {phase: monitor.own_cores(phase) for phase in ("generation", *runs)},
         "trainer_threads": {phase: monitor.own_threads(phase) for phase in ("training", *runs)},
+        "trainer_gc": {phase: monitor.gc_seconds(phase) for phase in ("training", *runs)},
         "training_only_step_seconds": trained.step_seconds + again.step_seconds,
         "training_only_ms_per_ktoken": [trained.ms_per_ktoken, again.ms_per_ktoken],
         **{

@@ -4,6 +4,7 @@ figure is reported with the load beside it (``bench/async_vs_sync.py``, ``bench/
 
 from __future__ import annotations
 
+import gc
 import statistics
 import threading
 import time
@@ -44,6 +45,12 @@ class LoadMonitor(threading.Thread):
         # this process's own threads (the trainer's, in async_vs_sync.py), by thread name
         self.threads: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self.seconds: dict[str, float] = defaultdict(float)  # each phase's time measured
+        # this process's cyclic garbage collections, per phase: generation -> [count, seconds]
+        self.gc: dict[str, dict[int, list[float]]] = defaultdict(
+            lambda: defaultdict(lambda: [0, 0.0])
+        )
+        self._gc_started = 0.0
+        gc.callbacks.append(self._on_gc)
         self._stop_event = threading.Event()
 
     @contextmanager
@@ -72,6 +79,23 @@ class LoadMonitor(threading.Thread):
 
     def stop(self) -> None:
         self._stop_event.set()
+        if self._on_gc in gc.callbacks:
+            gc.callbacks.remove(self._on_gc)
+
+    def gc_seconds(self, phase: str) -> dict[str, dict[str, float]]:
+        """This process's garbage collections over ``phase``: count and seconds by generation."""
+        return {
+            f"gen{gen}": {"collections": n, "seconds": round(sec, 4)}
+            for gen, (n, sec) in sorted(self.gc.get(phase, {}).items())
+        }
+
+    def _on_gc(self, event: str, info: dict[str, int]) -> None:
+        if event == "start":
+            self._gc_started = time.perf_counter()
+        elif self.phase:
+            entry = self.gc[self.phase][info["generation"]]
+            entry[0] += 1
+            entry[1] += time.perf_counter() - self._gc_started
 
     def run(self) -> None:
         me = psutil.Process()

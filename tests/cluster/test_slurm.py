@@ -181,7 +181,7 @@ def test_wrapped_children_are_steps_of_the_allocation(slurm_cluster: Path, tmp_p
     # The python -c child ran as step 0 of this job, on the trainer's node.
     assert out["write_rc"] == 0 and out["written"].split()[0] == f"{job}.0"
     # SIGTERM to a child's srun ends its step and the task within seconds (srun SIGKILLs it).
-    assert out["step_seen_s"] >= 0 and out["sleeper_rc"] != 0
+    assert out["step_seen_s"] >= 0 and out["task_seen_s"] >= 0 and out["sleeper_rc"] != 0
     assert 0 <= out["sleep_gone_s"] < 10 and 0 <= out["sleeper_step_gone_s"] < 15
     # SIGINT reaches the task itself (--disable-status), which stops on its own terms.
     assert out["graceful_rc"] == 0 and out["graceful_signal"] == "2"

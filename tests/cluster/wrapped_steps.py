@@ -37,6 +37,11 @@ def steps_named(name: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.split()[1:] == [name]]
 
 
+def _sleeping() -> bool:
+    """Is the wrapped ``sleep 377`` task running?"""
+    return any("377" in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+
+
 def wait_for(predicate: object, timeout: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -59,14 +64,12 @@ def main(report: Path) -> None:
 
     sleeper = subprocess.Popen(launcher.wrap(Placement("rollout0", "rollout"), ["sleep", "377"]))
     out["step_seen_s"] = wait_for(lambda: steps_named("rollout0"), 20)
+    # The step is listed a moment before its task runs; a SIGTERM in between ends srun cleanly
+    # (exit 0, seen once in a loaded full run). The premise is a running child: wait for it.
+    out["task_seen_s"] = wait_for(_sleeping, 20)
     sleeper.send_signal(signal.SIGTERM)
     out["sleeper_rc"] = sleeper.wait(timeout=30)
-    out["sleep_gone_s"] = wait_for(
-        lambda: (
-            not any("377" in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
-        ),
-        20,
-    )
+    out["sleep_gone_s"] = wait_for(lambda: not _sleeping(), 20)
     out["sleeper_step_gone_s"] = wait_for(lambda: not steps_named("rollout0"), 20)
 
     flag = report.with_name("graceful")
