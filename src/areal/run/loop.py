@@ -62,12 +62,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 
 from areal.core.metrics import MetricSink, MetricValue
 from areal.core.staleness import staleness
+from areal.core.train_engine import StagedWeightSync, is_staged
 from areal.core.types import Sample, Trajectory
 
 __all__ = ["Learner", "OnPublished", "Published", "Publisher", "TrainerLoop", "TrajectorySource"]
@@ -186,11 +187,8 @@ class TrainerLoop:
         if self.batch_size < 1:
             raise ValueError(f"global_batch_size must be >= 1; got {self.batch_size}")
         self.staleness_threshold = staleness_threshold if async_enabled else 0
-        staged = getattr(sync, "staged", None)
-        if staged is None:
-            staged = callable(getattr(sync, "save", None)) and callable(
-                getattr(sync, "deliver", None)
-            )
+        staged = getattr(sync, "staged", None)  # a wrapper says for what it wraps
+        staged = is_staged(sync) if staged is None else staged
         self.overlap_sync = bool(overlap_sync and async_enabled and staged)
         self._delivery: asyncio.Task[None] | None = None  # the engines loading the last version
         self._on_published: OnPublished | None = None
@@ -554,12 +552,12 @@ class TrainerLoop:
             return seconds
         started = time.perf_counter()
         await self.delivered()  # versions reach the engines in order
-        saved = await self.sync.save(weights, version)  # type: ignore[attr-defined]
+        saved = await cast(StagedWeightSync, self.sync).save(weights, version)
         self._delivery = asyncio.create_task(self._deliver(step, version, saved))
         return time.perf_counter() - started
 
     async def _deliver(self, step: int, version: int, saved_s: float) -> None:
-        seconds = await self.sync.deliver(version)  # type: ignore[attr-defined]
+        seconds = await cast(StagedWeightSync, self.sync).deliver(version)
         await self._published(Published(step, version, saved_s + seconds))
 
     async def _published(self, published: Published) -> None:

@@ -21,6 +21,11 @@ class AttentionBackend(Protocol):
         ...
 
 
+# Qwen3's per-head q and k norms as a fused backend takes them: the two weights [D] and epsilon
+# (None: the model has none).
+QKNorms = tuple[torch.Tensor, torch.Tensor, float] | None
+
+
 class FusedRopeBackend(AttentionBackend, Protocol):
     """A backend that can take q and k before their per-head norms and rotary embedding (an
     inference engine's decode kernel applies them in the same call as attention).
@@ -36,11 +41,10 @@ class FusedRopeBackend(AttentionBackend, Protocol):
         v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+        norms: QKNorms,
     ) -> torch.Tensor:
         """q: [B, S, Hq, D]; k, v: [B, S, Hkv, D] as projected; cos, sin [B, S, D] of the
-        positions; ``norms``: the q and k norms' weights [D] and epsilon (None: the model has
-        none). Returns [B, S, Hq, D]."""
+        positions. Returns [B, S, Hq, D]."""
         ...
 
 

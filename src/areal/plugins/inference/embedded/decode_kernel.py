@@ -41,6 +41,8 @@ from pathlib import Path
 
 import torch
 
+from areal.plugins.models.attention import QKNorms
+
 log = logging.getLogger("areal.inference")
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
@@ -156,7 +158,7 @@ def attend_rope(
     lens: torch.Tensor,
     cos: torch.Tensor,
     sin: torch.Tensor,
-    norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+    norms: QKNorms,
 ) -> torch.Tensor:
     """:func:`attend` on the projections as the linear layer made them: the kernel applies the
     per-head norms (``norms``: the q and k norms' weights and epsilon; None: none) and the
@@ -180,6 +182,39 @@ def attend_rope(
         eps,
     )
     return out.view(rows, 1, q_heads, dim)
+
+
+@dataclass(frozen=True)
+class KernelSlots:
+    """A decode step's pool and slots as the kernel reads them, shared by every layer: the
+    pool's per-layer keys and values, each row's new slot (``write`` [B]), the slots each row
+    reads (``read`` [B, span]) and how many (``lens`` [B])."""
+
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    write: torch.Tensor
+    read: torch.Tensor
+    lens: torch.Tensor
+
+    def attend(
+        self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> torch.Tensor:
+        return attend(
+            q, k, v, self.k[layer_idx], self.v[layer_idx], self.write, self.read, self.lens
+        )
+
+    def attend_rope(
+        self,
+        layer_idx: int,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        norms: QKNorms,
+    ) -> torch.Tensor:
+        layer = (self.k[layer_idx], self.v[layer_idx])
+        return attend_rope(q, k, v, *layer, self.write, self.read, self.lens, cos, sin, norms)
 
 
 def use_kernel_norms(model: torch.nn.Module) -> int:

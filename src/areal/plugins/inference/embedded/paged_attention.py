@@ -16,7 +16,7 @@ import torch
 
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
-from areal.plugins.models.attention import causal_attention, masked_attention
+from areal.plugins.models.attention import QKNorms, causal_attention, masked_attention
 
 MAX_BUCKETS = 4  # attention calls per layer in a padded step, at most
 
@@ -75,7 +75,16 @@ class PagedAttention:
         self.write_slots = write_slots
         self.buckets = buckets
         self.kernel = kernel
-        self.fuses_rope = kernel  # the kernel applies q/k norms and RoPE too (attend_rope)
+        self.slots: decode_kernel.KernelSlots | None = None
+        if kernel:
+            (bucket,) = buckets
+            read = bucket.read.view(-1, bucket.span)
+            self.slots = decode_kernel.KernelSlots(pool.k, pool.v, write_slots, read, bucket.lens)
+
+    @property
+    def fuses_rope(self) -> bool:
+        """The kernel applies the q/k norms and RoPE too (:meth:`attend_rope`)."""
+        return self.slots is not None
 
     def attend_rope(
         self,
@@ -85,38 +94,16 @@ class PagedAttention:
         v: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        norms: tuple[torch.Tensor, torch.Tensor, float] | None,
+        norms: QKNorms,
     ) -> torch.Tensor:
-        (bucket,) = self.buckets
-        return decode_kernel.attend_rope(
-            q,
-            k,
-            v,
-            self.pool.k[layer_idx],
-            self.pool.v[layer_idx],
-            self.write_slots,
-            bucket.read.view(-1, bucket.span),
-            bucket.lens,
-            cos,
-            sin,
-            norms,
-        )
+        assert self.slots is not None
+        return self.slots.attend_rope(layer_idx, q, k, v, cos, sin, norms)
 
     def attend(
         self, layer_idx: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     ) -> torch.Tensor:
-        if self.kernel:
-            (bucket,) = self.buckets
-            return decode_kernel.attend(
-                q,
-                k,
-                v,
-                self.pool.k[layer_idx],
-                self.pool.v[layer_idx],
-                self.write_slots,
-                bucket.read.view(-1, bucket.span),
-                bucket.lens,
-            )
+        if self.slots is not None:
+            return self.slots.attend(layer_idx, q, k, v)
         k_layer, v_layer = _store(self.pool, layer_idx, self.write_slots, k, v)
         if len(self.buckets) == 1:
             return self._attend(self.buckets[0], q, k_layer, v_layer)
