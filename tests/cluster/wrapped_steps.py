@@ -38,8 +38,12 @@ def steps_named(name: str) -> list[str]:
 
 
 def _sleeping() -> bool:
-    """Is the wrapped ``sleep 377`` task running?"""
-    return any("377" in (p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"]))
+    """Is the wrapped task (``/usr/bin/sleep 377``, as slurmstepd runs it) running? Not the srun
+    whose command line ends with the same two words: it is listed from the start."""
+    return any(
+        Path((p.info["cmdline"] or ["?"])[0]).name == "sleep" and p.info["cmdline"][1:] == ["377"]
+        for p in psutil.process_iter(["cmdline"])
+    )
 
 
 def wait_for(predicate: object, timeout: float) -> float:
