@@ -237,11 +237,16 @@ def test_the_engine_uses_the_kernel_as_configured() -> None:
     model = Qwen3ForCausalLM(tiny_config("nano"))
     model.init_weights(generator=torch.Generator().manual_seed(0))
     on = Engine(model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64))
-    assert on.decode_attention == {"kernel": True, "detail": decode_kernel.load().detail}
+    assert on.decode_attention == {
+        "kernel": True,
+        "detail": decode_kernel.load().detail,
+        "layers_in_one_call": True,  # a dense model's (test_layer_loop.py)
+    }
     off = Engine(
         model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64, decode_kernel=False)
     )
     assert off.decode_attention["kernel"] is False
+    assert off.decode_attention["layers_in_one_call"] is False
     assert "--no-decode-kernel" in off.decode_attention["detail"]
     model = model.to(torch.bfloat16)
     bf16 = Engine(model, lambda ids, skip: "", [], EngineConfig(max_total_tokens=64))

@@ -64,7 +64,7 @@ def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Pat
                 },
             )
         assert info["model_path"] == nano_model_dir and info["weight_version"] == "0"
-        assert attention["kernel"] is True, attention
+        assert attention["kernel"] is True and attention["layers_in_one_call"] is True, attention
         assert out.status_code == 200, out.text
         body = out.json()
         assert len(body["output_ids"]) == 5

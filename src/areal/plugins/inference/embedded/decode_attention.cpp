@@ -12,7 +12,10 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/linear.h>
+#include <ATen/ops/silu.h>
 #include <torch/library.h>
 
 #include <algorithm>
@@ -268,6 +271,106 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// oneDNN's linear on a weight packed by mkldnn::_reorder_linear_weight (packed_linear.py), or
+// ATen's on a plain one.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const std::optional<at::Tensor>& bias,
+                  bool packed) {
+  if (!packed) return at::linear(x, weight, bias);
+  static const auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("mkldnn::_linear_pointwise", "")
+          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const std::optional<at::Tensor>&,
+                            c10::string_view, c10::List<std::optional<at::Scalar>>,
+                            std::optional<c10::string_view>)>();
+  return op.call(x, weight, bias, "none", c10::List<std::optional<at::Scalar>>(), std::nullopt);
+}
+
+// The output columns [at, at + width) of a projection as [rows, width / dim, dim] (a view).
+at::Tensor heads_of(const at::Tensor& out, int64_t at, int64_t width, int64_t dim) {
+  return out.narrow(1, at, width).view({out.size(0), width / dim, dim});
+}
+
+// A whole decode step's decoder layers in one call: for each layer, RMSNorm, the q/k/v
+// projection(s), paged_decode_rope, the output projection and residual, RMSNorm, the SwiGLU MLP
+// and residual; the same ops the model's modules run, without a Python call between them. x is
+// [rows, hidden] (one new token a row). Per layer, ``groups`` gives how many linears make q/k/v
+// (1: fused, 3) and gate/up (1: fused, 2); ``weights`` and ``biases`` list the layer's linears
+// in order (q/k/v, o, gate/up, down), ``norms`` its two RMSNorm weights, ``qk_norms`` its q and
+// k norms (None: none).
+at::Tensor decode_layers(const at::Tensor& x, at::TensorList weights,
+                         const c10::List<std::optional<at::Tensor>>& biases,
+                         at::IntArrayRef groups, at::TensorList norms,
+                         const c10::List<std::optional<at::Tensor>>& qk_norms,
+                         at::TensorList k_pool, at::TensorList v_pool, const at::Tensor& write,
+                         const at::Tensor& read, const at::Tensor& lens, const at::Tensor& cos,
+                         const at::Tensor& sin, double eps, double qk_eps, bool packed) {
+  const int64_t layers = static_cast<int64_t>(k_pool.size());
+  TORCH_CHECK(x.scalar_type() == at::kFloat && x.dim() == 2, "x must be a float32 [rows, hidden]");
+  TORCH_CHECK(layers > 0 && static_cast<int64_t>(v_pool.size()) == layers &&
+                  static_cast<int64_t>(groups.size()) == 2 * layers &&
+                  static_cast<int64_t>(norms.size()) == 2 * layers &&
+                  static_cast<int64_t>(qk_norms.size()) == 2 * layers,
+              "groups, norms and qk_norms need two entries a layer, the pools one");
+  TORCH_CHECK(biases.size() == weights.size(), "biases must pair with weights");
+  int64_t expected = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    TORCH_CHECK((groups[2 * l] == 1 || groups[2 * l] == 3) &&
+                    (groups[2 * l + 1] == 1 || groups[2 * l + 1] == 2),
+                "layer ", l, ": q/k/v come from 1 or 3 linears, gate/up from 1 or 2");
+    expected += groups[2 * l] + groups[2 * l + 1] + 2;
+  }
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == expected, "expected ", expected,
+              " linear weights for ", layers, " layers, got ", weights.size());
+  for (int64_t l = 0; l < layers; ++l) {  // every layer's pool, before any is written
+    check_float(k_pool[l], "k_pool", 3);
+    check_float(v_pool[l], "v_pool", 3);
+    TORCH_CHECK(k_pool[l].sizes() == k_pool[0].sizes() && v_pool[l].sizes() == k_pool[0].sizes(),
+                "every layer's k_pool and v_pool must have one shape");
+  }
+  const int64_t rows = x.size(0);
+  at::Tensor hidden = x.contiguous().clone();  // the residual stream, added to in place
+  size_t at_weight = 0;
+  auto next = [&](const at::Tensor& in) {
+    const size_t i = at_weight++;
+    return linear(in, weights[i], biases.get(i), packed);
+  };
+  for (int64_t l = 0; l < layers; ++l) {
+    const int64_t kv_heads = k_pool[l].size(1), dim = k_pool[l].size(2);
+    at::Tensor h = rms_norm(hidden, norms[2 * l], eps);
+    at::Tensor q, k, v;
+    if (groups[2 * l] == 1) {
+      at::Tensor qkv = next(h);
+      const int64_t kv_width = kv_heads * dim, q_width = qkv.size(1) - 2 * kv_width;
+      q = heads_of(qkv, 0, q_width, dim);
+      k = heads_of(qkv, q_width, kv_width, dim);
+      v = heads_of(qkv, q_width + kv_width, kv_width, dim);
+    } else {
+      at::Tensor qo = next(h), ko = next(h), vo = next(h);
+      q = heads_of(qo, 0, qo.size(1), dim);
+      k = heads_of(ko, 0, ko.size(1), dim);
+      v = heads_of(vo, 0, vo.size(1), dim);
+    }
+    at::Tensor k_layer = k_pool[l], v_layer = v_pool[l];
+    at::Tensor attended =
+        paged_decode_rope(q, k, v, k_layer, v_layer, write, read, lens, cos, sin,
+                          qk_norms.get(2 * l), qk_norms.get(2 * l + 1), qk_eps);
+    hidden.add_(next(attended.view({rows, -1})));
+    h = rms_norm(hidden, norms[2 * l + 1], eps);
+    at::Tensor gate, up;
+    if (groups[2 * l + 1] == 1) {
+      at::Tensor gate_up = next(h);
+      const int64_t width = gate_up.size(1) / 2;
+      gate = gate_up.narrow(1, 0, width);
+      up = gate_up.narrow(1, width, width);
+    } else {
+      gate = next(h);
+      up = next(h);
+    }
+    hidden.add_(next(at::silu(gate).mul_(up)));
+  }
+  return hidden;
+}
+
 }  // namespace
 
 TORCH_LIBRARY(areal_kernels, m) {
@@ -279,10 +382,18 @@ TORCH_LIBRARY(areal_kernels, m) {
       " Tensor(b!) v_layer, Tensor write, Tensor read, Tensor lens, Tensor cos, Tensor sin,"
       " Tensor? q_norm, Tensor? k_norm, float eps) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor");
+  m.def(
+      "decode_layers(Tensor x, Tensor[] weights, Tensor?[] biases, int[] groups, Tensor[] norms,"
+      " Tensor?[] qk_norms, Tensor(a!)[] k_pool, Tensor(b!)[] v_pool, Tensor write, Tensor read,"
+      " Tensor lens, Tensor cos, Tensor sin, float eps, float qk_eps, bool packed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(areal_kernels, CPU, m) {
   m.impl("paged_decode", &paged_decode);
   m.impl("paged_decode_rope", &paged_decode_rope);
   m.impl("rms_norm", &rms_norm);
+  m.impl("decode_layers", &decode_layers);
 }
+
+// Packed weights are oneDNN tensors, which dispatch a call that takes them to this key.
+TORCH_LIBRARY_IMPL(areal_kernels, MkldnnCPU, m) { m.impl("decode_layers", &decode_layers); }

@@ -38,10 +38,14 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from areal.plugins.models.attention import QKNorms
+
+if TYPE_CHECKING:
+    from areal.plugins.models.decoder import DecoderForCausalLM
 
 log = logging.getLogger("areal.inference")
 
@@ -111,6 +115,7 @@ def load() -> KernelStatus:
     torch.library.register_fake("areal_kernels::paged_decode")(_paged_decode_fake)
     torch.library.register_fake("areal_kernels::paged_decode_rope")(_paged_decode_fake)
     torch.library.register_fake("areal_kernels::rms_norm")(_paged_decode_fake)
+    torch.library.register_fake("areal_kernels::decode_layers")(_paged_decode_fake)
     return KernelStatus(True, name)
 
 
@@ -215,6 +220,98 @@ class KernelSlots:
     ) -> torch.Tensor:
         layer = (self.k[layer_idx], self.v[layer_idx])
         return attend_rope(q, k, v, *layer, self.write, self.read, self.lens, cos, sin, norms)
+
+
+class LayerLoop:
+    """An eager decode step's decoder layers in one C++ call (``areal_kernels::decode_layers``).
+
+    Why: with the attention, norms and RoPE already in the kernel, the eager 16-row step of the
+    ``small`` model still spent ~1.5 ms of its ~7 in Python: ten module calls a layer and the
+    views between them. The C++ loop runs the same ops (the same GEMMs, on the same packed or
+    plain weights, the kernel's RMSNorm and attention) with no Python between them. Only a
+    dense model's layers (every MLP a SwiGLU, no experts) on float32 weights qualify: :meth:`of`
+    says None otherwise and the model's own modules run. The weights are read from the modules
+    at every step, so an update in place, a re-pack or a swapped parameter is always seen.
+    """
+
+    def __init__(self, model: DecoderForCausalLM, packed: bool) -> None:
+        self.body = model.model
+        self.packed = packed
+
+    @staticmethod
+    def of(model: torch.nn.Module) -> LayerLoop | None:
+        """The loop over ``model``'s layers, or None if a layer is not of the dense kind it runs
+        (:func:`load` must have succeeded)."""
+        from areal.plugins.inference.embedded.packed_linear import PackedLinear
+        from areal.plugins.models.decoder import DecoderForCausalLM, DecoderLayer
+        from areal.plugins.models.layers import MLP, Attention
+
+        if not isinstance(model, DecoderForCausalLM):
+            return None
+        if any(p.dtype != torch.float32 for p in model.parameters()):
+            return None
+        layers = list(model.model.layers)
+        if not all(
+            type(layer) is DecoderLayer
+            and type(layer.self_attn) is Attention
+            and type(layer.mlp) is MLP
+            for layer in layers
+        ):
+            return None
+        first: Any = layers[0]
+        return LayerLoop(model, packed=isinstance(first.self_attn.o_proj, PackedLinear))
+
+    def arguments(self) -> tuple[list[torch.Tensor], list[torch.Tensor | None], list[int],
+                                 list[torch.Tensor], list[torch.Tensor | None]]:  # fmt: skip
+        """decode_layers' per-layer lists: linear weights, their biases, the q/k/v and gate/up
+        linears' counts, the two norms' weights, the q/k norms' weights."""
+        weights: list[torch.Tensor] = []
+        biases: list[torch.Tensor | None] = []
+        groups: list[int] = []
+        norms: list[torch.Tensor] = []
+        qk_norms: list[torch.Tensor | None] = []
+        layer: Any
+        for layer in self.body.layers:
+            attention, mlp = layer.self_attn, layer.mlp
+            qkv = _linears(attention, "qkv_proj", ("q_proj", "k_proj", "v_proj"))
+            gate_up = _linears(mlp, "gate_up_proj", ("gate_proj", "up_proj"))
+            for linear in (*qkv, attention.o_proj, *gate_up, mlp.down_proj):
+                weights.append(linear.packed if self.packed else linear.weight)
+                fused = self.packed and linear.fused
+                biases.append(linear.fused_bias if fused else linear.bias)
+            groups += (len(qkv), len(gate_up))
+            norms += (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+            if hasattr(attention, "q_norm"):
+                qk_norms += (attention.q_norm.weight, attention.k_norm.weight)
+            else:
+                qk_norms += (None, None)
+        return weights, biases, groups, norms, qk_norms
+
+    def hidden_states(
+        self, ids: torch.Tensor, positions: torch.Tensor, slots: KernelSlots
+    ) -> torch.Tensor:
+        """The final-norm hidden states [B, 1, H] of a decode step (one new token a row)."""
+        body = self.body
+        x = body.embed_tokens(ids[:, 0])
+        cos, sin = body.rotary_emb(positions[:, 0], x.dtype)
+        first: Any = body.layers[0]
+        qk_eps = first.self_attn.q_norm.eps if hasattr(first.self_attn, "q_norm") else 0.0
+        weights, biases, groups, norms, qk_norms = self.arguments()
+        hidden = torch.ops.areal_kernels.decode_layers(
+            x, weights, biases, groups, norms, qk_norms, slots.k, slots.v,
+            slots.write, slots.read, slots.lens, cos, sin,
+            first.input_layernorm.eps, qk_eps, self.packed,
+        )  # fmt: skip
+        out: torch.Tensor = body.norm(hidden)[:, None]
+        return out
+
+
+def _linears(owner: torch.nn.Module, fused: str, separate: tuple[str, ...]) -> list[Any]:
+    """The one fused linear an engine set (``qkv_proj``, ``gate_up_proj``), else the separate
+    ones."""
+    if hasattr(owner, fused):
+        return [getattr(owner, fused)]
+    return [getattr(owner, name) for name in separate]
 
 
 def use_kernel_norms(model: torch.nn.Module) -> int:

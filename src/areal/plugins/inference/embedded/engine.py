@@ -133,6 +133,13 @@ class Engine:
             # The same build's one-call RMSNorm; a compiled step fuses the norms itself (and an
             # instance-level forward made the compiled step slower: 6.0 -> 6.4 ms, measured).
             decode_kernel.use_kernel_norms(self.model)
+        # An eager decode step's layers in one C++ call (a dense model's; decode_kernel.py).
+        self._layer_loop = (
+            decode_kernel.LayerLoop.of(self.model)
+            if self._kernel and not config.compile_decode
+            else None
+        )
+        self.decode_attention["layers_in_one_call"] = self._layer_loop is not None
         self._compiled: CompiledDecode | None = None
         if config.compile_decode:
             # Imported only when asked: it registers a torch op and pulls in the compiler stack,
@@ -437,7 +444,10 @@ class Engine:
         )
         if self._compiled is not None and self._compiled.fits(ids, attention):
             return self._compiled(ids, positions, attention)
-        hidden = self.model.hidden_states(ids, positions, attention)
+        if self._layer_loop is not None and attention.slots is not None:
+            hidden = self._layer_loop.hidden_states(ids, positions, attention.slots)
+        else:
+            hidden = self.model.hidden_states(ids, positions, attention)
         last = torch.tensor([len(p) - 1 for p in pending])
         return self.model.lm_head(hidden[torch.arange(len(pending)), last]).float()
 
