@@ -71,6 +71,7 @@ import longtail_agent  # noqa: E402
 import torch  # noqa: E402
 from load_monitor import BUSY_CORES, LoadMonitor  # noqa: E402
 
+from areal.core.heap import keep_freed_memory  # noqa: E402
 from areal.core.queue import make_source  # noqa: E402
 from areal.core.run_config import RunConfig, run_config_from_dict  # noqa: E402
 from areal.core.types import Sample, Trajectory  # noqa: E402
@@ -659,6 +660,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")
     args = parser.parse_args(argv)
+    # This process is the trainer: its heap as the training engine sets it (trainer/engine.py
+    # build), from the start, so the training-only bound and the runs are measured alike.
+    keep_freed_memory()
     overrides = {
         "steps": args.steps, "size": args.size, "batch": args.batch,
         "concurrency": args.concurrency, "staleness": args.staleness,
