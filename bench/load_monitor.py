@@ -133,7 +133,8 @@ class LoadMonitor(threading.Thread):
     @staticmethod
     def _thread_cpu(me: psutil.Process, seen: dict[int, float]) -> dict[str, float]:
         """CPU seconds of this process's threads since the last call, by name: Python's thread
-        name where the thread is Python's, else the kernel's (ZeroMQ's I/O thread, torch's)."""
+        name where the thread is Python's, else the kernel's (ZeroMQ's I/O thread, torch's);
+        and under "<name> in the kernel" the part of it spent in the kernel."""
         names = {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
         used: dict[str, float] = defaultdict(float)
         try:
@@ -142,9 +143,13 @@ class LoadMonitor(threading.Thread):
             return used
         for thread in threads:
             total = thread.user_time + thread.system_time
-            name = names.get(thread.id) or _comm(thread.id)
-            used[name.rstrip("0123456789_")] += total - seen.get(thread.id, 0.0)
+            name = (names.get(thread.id) or _comm(thread.id)).rstrip("0123456789_")
+            used[name] += total - seen.get(thread.id, 0.0)
             seen[thread.id] = total
+            # ... and of that, in the kernel (page faults, zeroing fresh pages, system calls)
+            kernel_key = -thread.id  # the same thread's system time seen so far
+            used[f"{name} in the kernel"] += thread.system_time - seen.get(kernel_key, 0.0)
+            seen[kernel_key] = thread.system_time
         return used
 
 
