@@ -9,6 +9,9 @@
 // first applies the per-head RMSNorm (Qwen3's q_norm and k_norm, when given) and the rotary
 // embedding (rotate-half, cos and sin of each row's position) to the queries and the new keys,
 // the ~20 small ops a layer the model would otherwise run before attention.
+//
+// decode_layers runs a decode step's whole stack of dense decoder layers around those calls
+// (norms, projections, MLP, residuals), so an eager step has no Python between its layers.
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
