@@ -8,11 +8,11 @@ to its modules; bad arguments fail before anything is written."""
 from __future__ import annotations
 
 import dataclasses
-import random
 from typing import Any
 
 import pytest
 import torch
+from tests.plugins.inference.test_paged_attention import alone, prefilled
 
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
@@ -42,25 +42,6 @@ def _model(**config: Any) -> DecoderForCausalLM:
     return model
 
 
-def _alone(model: DecoderForCausalLM, ids: list[int]) -> torch.Tensor:
-    with torch.inference_mode():
-        return model.hidden_states(torch.tensor([ids]))[0, -1]
-
-
-def _prefilled(
-    model: DecoderForCausalLM, pool: TokenKVPool, cached: list[int], seed: int = 3
-) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Sequences of ``cached`` + 1 tokens, all but the last in the pool (by the modules)."""
-    rng = random.Random(seed)
-    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
-    slots = [pool.alloc(40) for _ in seqs]
-    with torch.inference_mode():
-        for seq, seq_slots in zip(seqs, slots):
-            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
-            model.hidden_states(ids, positions, attention)
-    return seqs, slots  # type: ignore[return-value]
-
-
 def _decode(
     loop: decode_kernel.LayerLoop,
     pool: TokenKVPool,
@@ -86,11 +67,11 @@ def test_each_row_is_what_the_modules_give_its_sequence_alone(variant: str, pack
     assert loop is not None and loop.packed == packed
     pool = TokenKVPool(model.config, 1024)
     cached = [30, 5, 12, 3, 29]
-    seqs, slots = _prefilled(model, pool, cached)
+    seqs, slots = prefilled(model, pool, cached)
     hidden, attention = _decode(loop, pool, seqs, slots, cached)
     assert hidden.shape == (len(seqs), 1, model.config.hidden_size)
     for row, seq in enumerate(seqs):
-        torch.testing.assert_close(hidden[row, 0], _alone(model, seq), atol=2e-5, rtol=0)
+        torch.testing.assert_close(hidden[row, 0], alone(model, seq)[-1], atol=2e-5, rtol=0)
     # The new tokens' keys and values went where the modules' own decode step puts them.
     written = attention.write_slots
     new_k = [layer[written].clone() for layer in pool.k]
@@ -110,7 +91,7 @@ def test_a_weight_written_in_place_is_seen_at_the_next_step() -> None:
     loop = decode_kernel.LayerLoop.of(model)
     assert loop is not None
     pool = TokenKVPool(model.config, 1024)
-    seqs, slots = _prefilled(model, pool, [7, 9])
+    seqs, slots = prefilled(model, pool, [7, 9])
     before, _ = _decode(loop, pool, seqs, slots, [7, 9])
     changed = {
         name: p.detach() * 1.5
@@ -147,7 +128,7 @@ def test_bad_arguments_fail_before_anything_is_written() -> None:
     loop = decode_kernel.LayerLoop.of(model)
     assert loop is not None
     pool = TokenKVPool(model.config, 1024)
-    seqs, slots = _prefilled(model, pool, [4, 6])
+    seqs, slots = prefilled(model, pool, [4, 6])
     _, _, attention = build_step(pool, slots, [4, 6], [[s[-1]] for s in seqs], kernel=True)
     kernel_slots = attention.slots
     assert kernel_slots is not None

@@ -13,6 +13,7 @@ import torch
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
+from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
 
 
@@ -23,10 +24,25 @@ def _model() -> Qwen3ForCausalLM:
     return model
 
 
-def _alone(model: Qwen3ForCausalLM, ids: list[int]) -> torch.Tensor:
+def alone(model: Qwen3ForCausalLM, ids: list[int]) -> torch.Tensor:
     """Hidden states of one sequence by the model's plain causal forward (no cache)."""
     with torch.inference_mode():
         return model.hidden_states(torch.tensor([ids]))[0]
+
+
+def prefilled(
+    model: DecoderForCausalLM, pool: TokenKVPool, cached: list[int], seed: int = 3
+) -> tuple[list[list[int]], list[torch.Tensor]]:
+    """Random sequences of ``cached`` + 1 tokens, all but the last already in ``pool`` (by the
+    model's own modules, one sequence at a time), and each one's slots: a decode step's input."""
+    rng = random.Random(seed)
+    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
+    slots = [pool.alloc(40) for _ in seqs]
+    with torch.inference_mode():
+        for seq, seq_slots in zip(seqs, slots):
+            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
+            model.hidden_states(ids, positions, attention)
+    return seqs, slots  # type: ignore[return-value]
 
 
 def test_packed_prefill_matches_each_sequence_alone() -> None:
@@ -61,10 +77,10 @@ def test_packed_prefill_matches_each_sequence_alone() -> None:
         (1, 5),
     ]
     for (start, end), tokens in zip(spans[:-1], seqs):
-        torch.testing.assert_close(hidden[start:end], _alone(model, tokens), atol=2e-5, rtol=0)
+        torch.testing.assert_close(hidden[start:end], alone(model, tokens), atol=2e-5, rtol=0)
     start, end = spans[-1]
     torch.testing.assert_close(
-        hidden[start:end], _alone(model, cached + new)[len(cached) :], atol=2e-5, rtol=0
+        hidden[start:end], alone(model, cached + new)[len(cached) :], atol=2e-5, rtol=0
     )
 
 
@@ -102,14 +118,9 @@ def test_decode_rows_of_very_different_lengths(kernel: bool) -> None:
     assert decode_kernel.load().loaded or not kernel
     model = _model()
     pool = TokenKVPool(model.config, 1024)
-    rng = random.Random(3)
     cached = [30, 5, 12, 3, 29, 4, 28]
-    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
-    slots = [pool.alloc(40) for _ in seqs]
+    seqs, slots = prefilled(model, pool, cached)
     with torch.inference_mode():
-        for seq, seq_slots in zip(seqs, slots):
-            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
-            model.hidden_states(ids, positions, attention)
         last = [[s[-1]] for s in seqs]
         ids, positions, attention = build_step(pool, slots, cached, last, kernel=kernel)  # type: ignore[arg-type]
         hidden = model.hidden_states(ids, positions, attention)
@@ -120,4 +131,4 @@ def test_decode_rows_of_very_different_lengths(kernel: bool) -> None:
     else:  # long rows, the 12-token one, short rows
         assert buckets == [([0, 4, 6], 31), ([2], 13), ([1, 3, 5], 6)]
     for row, seq in enumerate(seqs):
-        torch.testing.assert_close(hidden[row, 0], _alone(model, seq)[-1], atol=2e-5, rtol=0)
+        torch.testing.assert_close(hidden[row, 0], alone(model, seq)[-1], atol=2e-5, rtol=0)
