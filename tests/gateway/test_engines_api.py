@@ -174,12 +174,15 @@ def test_a_draining_engine_finishes_its_calls_first(
 ) -> None:
     url = engine[0]
     assert bare.attach(url).status_code == 201
-    thread, out = in_thread(lambda: bare.chat(max_tokens=120, extra_body={"ignore_eos": True}))
+    # The most tokens the policy allows (conftest's router: 256), so the call is still running
+    # when the detach comes (120 tokens of the nano model are quick since the layer loop).
+    longest = {"max_tokens": 256, "extra_body": {"ignore_eos": True}}
+    thread, out = in_thread(lambda: bare.chat(**longest))
     bare.wait_running(url)
     gone = bare.detach(url, drain=True, timeout=120)
     assert gone.json() == {"detached": url, "finished": 1, "aborted": 0}
     thread.join(60)
-    assert out["value"].usage.completion_tokens == 120
+    assert out["value"].usage.completion_tokens == 256
 
 
 def test_a_stream_cut_by_a_detach_ends_with_an_error_and_its_episode_is_dropped(

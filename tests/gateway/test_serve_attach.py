@@ -28,11 +28,18 @@ ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 PROMPT_IDS = [5, 17, 42, 99, 7, 3, 250, 11]
 
 
+# The call that must still run when the engine is told to stop: long enough that it cannot
+# finish first (120 tokens of the nano model took less than the SIGTERM's round trip once the
+# engine's decode step got faster); the policy's cap on max_tokens is raised to allow it.
+LONG = 3000
+ROUTING = {"model_routing": {"policy_model": {"model_id": POLICY, "max_tokens": LONG}}}
+
+
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
     """A gateway with no engine and an admin token; its URL."""
     state = build_state(
-        _router(None), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
+        _router(ROUTING), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
     )
     state.policy.pool.health_every = 0.2
     http = ServerThread(build_app(state), "127.0.0.1", 0).start()
@@ -152,7 +159,7 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
         out: dict[str, Any] = {}
         long = threading.Thread(
             target=lambda: out.update(
-                reply=chat(gateway, max_tokens=120, extra_body={"ignore_eos": True})
+                reply=chat(gateway, max_tokens=LONG, extra_body={"ignore_eos": True})
             ),
             daemon=True,
         )
@@ -165,7 +172,7 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
         code = proc.stop(timeout=60)
     assert code == 0, proc.log_tail()
     long.join(30)
-    assert out["reply"].usage.completion_tokens == 120
+    assert out["reply"].usage.completion_tokens == LONG
     log = proc.log_path.read_text()
     assert f"detached {url} from the gateway at {gateway} (1 running calls finished" in log
     assert engines(gateway) == []
