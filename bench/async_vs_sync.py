@@ -484,6 +484,9 @@ def report(results: dict[str, Any]) -> str:
     for phase, cores in results.get("own_cores", {}).items():
         shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
         lines.append(f"CPU in cores, {phase}: {shown}")
+    if probes := results.get("host_probe_ms"):
+        shown = ", ".join(f"{phase} {ms:.3f}" for phase, ms in probes.items())
+        lines.append(f"host probe before each phase (ms per GEMM on the trainer's core): {shown}")
     for phase, cores in results.get("trainer_threads", {}).items():
         shown = ", ".join(f"{name} {used:.2f}" for name, used in cores.items() if used >= 0.005)
         lines.append(f"the trainer's threads, {phase}: {shown}")
@@ -546,6 +549,26 @@ def _run_note(run: dict[str, Any]) -> str:
     return note
 
 
+def host_probe_ms() -> float:
+    """A fixed one-thread GEMM loop on the trainer's core, best of 5, in ms per GEMM (the small
+    model's MLP shape): the host's own speed just now, printed beside each phase to tell a slower
+    machine from a slower trainer (this VM exposes no hardware counters to read a clock from)."""
+    a, b = torch.randn(256, 768), torch.randn(768, 256)
+    threads = torch.get_num_threads()
+    best = float("inf")
+    with pinned(TRAINER_CORE):
+        torch.set_num_threads(1)
+        try:
+            for _ in range(5):
+                started = time.perf_counter()
+                for _ in range(50):
+                    torch.mm(a, b)
+                best = min(best, (time.perf_counter() - started) / 50)
+        finally:
+            torch.set_num_threads(threads)
+    return 1000 * best
+
+
 def measure(root: Path, s: Settings) -> dict[str, Any]:
     for phase in ("generation", "sync", "async", "async_other"):  # no stale logs in a kept dir
         shutil.rmtree(root / phase, ignore_errors=True)
@@ -554,8 +577,10 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
     init_tiny(root / "model", size=s.size, seed=0, force=True)
     monitor = LoadMonitor()
     monitor.start()
+    probes: dict[str, float] = {}
     try:
         steps_total = 5 if s.both_modes else 4
+        probes["generation"] = host_probe_ms()
         print(f"[1/{steps_total}] generation only ({s.gen_seconds:.0f} s)...", flush=True)
         with monitor.measuring("generation"):
             gen = generation_only(root, s)
@@ -564,6 +589,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
             f"[2/{steps_total}] training only ({s.train_steps} steps of {s.batch})...", flush=True
         )
         config = run_config(root, "training", s, enabled=True, staleness=s.staleness)
+        probes["training"] = host_probe_ms()
         with monitor.measuring("training"):
             trained = training_only(config, gen.trajectories, s)
         print(f"      {trained.samples_per_s:.2f} samples/s")
@@ -579,14 +605,17 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
         for i, (name, enabled, mode) in enumerate(phases, start=3):
             what = f"{name.split('_')[0]} run, pause mode {mode or first_mode}"
             print(f"[{i}/{len(phases) + 2}] {what} ({s.steps} steps)...", flush=True)
+            probes[name] = host_probe_ms()
             with monitor.measuring(name):
                 runs[name] = real_run(root, name, s, enabled=enabled, pause_mode=mode)
             print(f"      {runs[name].samples_per_s:.2f} samples/s")
         # The machine's speed drifts over the minutes of the runs: training alone again, at the
         # end, and the bound takes the mean of the two (both are reported).
         print("      training only, again...", flush=True)
+        probes["training_again"] = host_probe_ms()
         with monitor.measuring("training"):
             again = training_only(config, gen.trajectories, s)
+        probes["end"] = host_probe_ms()
         print(f"      {again.samples_per_s:.2f} samples/s")
     finally:
         monitor.stop()
@@ -615,6 +644,7 @@ def measure(root: Path, s: Settings) -> dict[str, Any]:
         "own_cores": {phase: monitor.own_cores(phase) for phase in ("generation", *runs)},
         "trainer_threads": {phase: monitor.own_threads(phase) for phase in ("training", *runs)},
         "trainer_gc": {phase: monitor.gc_seconds(phase) for phase in ("training", *runs)},
+        "host_probe_ms": probes,
         "training_only_step_seconds": trained.step_seconds + again.step_seconds,
         "training_only_ms_per_ktoken": [trained.ms_per_ktoken, again.ms_per_ktoken],
         **{
