@@ -102,8 +102,11 @@ struct Pool {
   int64_t rows, q_heads, kv_heads, dim, span;
 };
 
+// check_indexes false: the caller checked these very write, read and lens against a pool of this
+// shape already (decode_layers, after its first layer): the shapes are checked, the indexes not.
 Pool check_call(const at::Tensor& q, const at::Tensor& k_layer, const at::Tensor& v_layer,
-                const at::Tensor& write, const at::Tensor& read, const at::Tensor& lens) {
+                const at::Tensor& write, const at::Tensor& read, const at::Tensor& lens,
+                bool check_indexes = true) {
   check_float(k_layer, "k_layer", 3);
   check_float(v_layer, "v_layer", 3);
   TORCH_CHECK(q.scalar_type() == at::kFloat && q.dim() == 3, "q must be a float32 [rows, heads, dim]");
@@ -115,6 +118,7 @@ Pool check_call(const at::Tensor& q, const at::Tensor& k_layer, const at::Tensor
   TORCH_CHECK(read.dim() == 2 && read.size(0) == rows, "read must be [rows, span]");
   TORCH_CHECK(lens.dim() == 1 && lens.size(0) == rows, "lens must be [rows]");
   const int64_t span = read.size(1);
+  if (!check_indexes) return {rows, q_heads, kv_heads, dim, span};
   check_slots(write, "write", slots);
   check_slots(read, "read", slots);
   TORCH_CHECK(lens.scalar_type() == at::kLong && lens.is_contiguous(), "lens must be int64");
@@ -201,13 +205,12 @@ const float* norm_weight(const std::optional<at::Tensor>& w, const char* name, i
   return w->data_ptr<float>();
 }
 
-at::Tensor paged_decode_rope(const at::Tensor& q, const at::Tensor& k_new,
-                             const at::Tensor& v_new, at::Tensor& k_layer, at::Tensor& v_layer,
-                             const at::Tensor& write, const at::Tensor& read,
-                             const at::Tensor& lens, const at::Tensor& cos, const at::Tensor& sin,
-                             const std::optional<at::Tensor>& q_norm,
-                             const std::optional<at::Tensor>& k_norm, double eps) {
-  const Pool p = check_call(q, k_layer, v_layer, write, read, lens);
+at::Tensor rope_attend(const at::Tensor& q, const at::Tensor& k_new, const at::Tensor& v_new,
+                       at::Tensor& k_layer, at::Tensor& v_layer, const at::Tensor& write,
+                       const at::Tensor& read, const at::Tensor& lens, const at::Tensor& cos,
+                       const at::Tensor& sin, const std::optional<at::Tensor>& q_norm,
+                       const std::optional<at::Tensor>& k_norm, double eps, bool check_indexes) {
+  const Pool p = check_call(q, k_layer, v_layer, write, read, lens, check_indexes);
   const int64_t dim = p.dim, rows = p.rows;
   TORCH_CHECK(dim % 2 == 0, "the rotary embedding needs an even head size, got ", dim);
   TORCH_CHECK(write.numel() == rows, "a decode step writes one token a row");
@@ -243,6 +246,16 @@ at::Tensor paged_decode_rope(const at::Tensor& q, const at::Tensor& k_new,
       norm_rope(qp + b * q_stride + h * dim, rq + (b * p.q_heads + h) * dim, dim, qw, e, c, s);
   }
   return attend_all(p, rq, keys, values, read, lens, q);
+}
+
+at::Tensor paged_decode_rope(const at::Tensor& q, const at::Tensor& k_new,
+                             const at::Tensor& v_new, at::Tensor& k_layer, at::Tensor& v_layer,
+                             const at::Tensor& write, const at::Tensor& read,
+                             const at::Tensor& lens, const at::Tensor& cos, const at::Tensor& sin,
+                             const std::optional<at::Tensor>& q_norm,
+                             const std::optional<at::Tensor>& k_norm, double eps) {
+  return rope_attend(q, k_new, v_new, k_layer, v_layer, write, read, lens, cos, sin, q_norm,
+                     k_norm, eps, /*check_indexes=*/true);
 }
 
 // RMSNorm over the last dimension in one call (torch's CPU rms_norm is seven ops): x [..., H]
@@ -354,9 +367,11 @@ at::Tensor decode_layers(const at::Tensor& x, at::TensorList weights,
       v = heads_of(vo, 0, vo.size(1), dim);
     }
     at::Tensor k_layer = k_pool[l], v_layer = v_pool[l];
+    // The slot indexes are checked once, at the first layer (before its write): every layer's
+    // pool has one shape (checked above) and reads the same slots.
     at::Tensor attended =
-        paged_decode_rope(q, k, v, k_layer, v_layer, write, read, lens, cos, sin,
-                          qk_norms.get(2 * l), qk_norms.get(2 * l + 1), qk_eps);
+        rope_attend(q, k, v, k_layer, v_layer, write, read, lens, cos, sin, qk_norms.get(2 * l),
+                    qk_norms.get(2 * l + 1), qk_eps, /*check_indexes=*/l == 0);
     hidden.add_(next(attended.view({rows, -1})));
     h = rms_norm(hidden, norms[2 * l + 1], eps);
     at::Tensor gate, up;

@@ -238,6 +238,9 @@ class LayerLoop:
     def __init__(self, model: DecoderForCausalLM, packed: bool) -> None:
         self.body = model.model
         self.packed = packed
+        first: Any = model.model.layers[0]  # every layer's norms share the config's epsilon
+        self.eps = first.input_layernorm.eps
+        self.qk_eps = first.self_attn.q_norm.eps if hasattr(first.self_attn, "q_norm") else 0.0
 
     @staticmethod
     def of(model: torch.nn.Module) -> LayerLoop | None:
@@ -295,13 +298,10 @@ class LayerLoop:
         body = self.body
         x = body.embed_tokens(ids[:, 0])
         cos, sin = body.rotary_emb(positions[:, 0], x.dtype)
-        first: Any = body.layers[0]
-        qk_eps = first.self_attn.q_norm.eps if hasattr(first.self_attn, "q_norm") else 0.0
         weights, biases, groups, norms, qk_norms = self.arguments()
         hidden = torch.ops.areal_kernels.decode_layers(
             x, weights, biases, groups, norms, qk_norms, slots.k, slots.v,
-            slots.write, slots.read, slots.lens, cos, sin,
-            first.input_layernorm.eps, qk_eps, self.packed,
+            slots.write, slots.read, slots.lens, cos, sin, self.eps, self.qk_eps, self.packed,
         )  # fmt: skip
         out: torch.Tensor = body.norm(hidden)[:, None]
         return out
