@@ -160,14 +160,17 @@ def test_compiled_decode_sees_weights_loaded(engines: tuple[Engine, Engine, Engi
 
 def test_packed_weights_follow_any_in_place_write(engines: tuple[Engine, Engine, Engine]) -> None:
     """Not only ``load_weights``: a write into one parameter by any path, here a single tensor
-    (the tied embedding / LM head) scaled in place, re-packs before the next step."""
+    (the tied embedding / LM head) scaled in place, re-packs before the next step. The MLP's
+    write is large (×30): a fresh random nano model echoes its last prompt token (its tied
+    embedding and head agree with themselves whatever their sign), and ×3 left that echo, so
+    the test failed when it ran before the others had loaded other weights."""
     reference, eager, compiled = engines
     prompts = _prompts([8, 5], seed=6)
     before = _generate(compiled, prompts, 12)
     for engine in engines:
         with torch.no_grad():
             engine.model.lm_head.weight.mul_(-1.0)
-            engine.model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+            engine.model.model.layers[0].mlp.down_proj.weight.mul_(30.0)
     after = _generate(compiled, prompts, 12)
     assert [r["output_ids"] for r in after] != [r["output_ids"] for r in before]
     expected = _generate(reference, prompts, 12)
