@@ -3,16 +3,20 @@ gets the hidden state the model's own modules give its sequence alone without a 
 modules `tests/plugins/models` checks against transformers), on packed and plain weights, with
 and without Qwen3's q/k norms and Qwen2/Llama-style biases; the pool is written as the modules
 write it; a weight written in place is seen at the next step; a model it cannot run is left
-to its modules; bad arguments fail before anything is written."""
+to its modules; bad arguments fail before anything is written. End to end, the real server's
+concurrent requests decode through it to transformers' own log-probs of the checkpoint."""
 
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
 import torch
+from tests.plugins.inference.conftest import RunningServer
 from tests.plugins.inference.test_paged_attention import alone, prefilled
+from tests.plugins.inference.test_vllm import reference_logprobs
 
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
@@ -152,3 +156,28 @@ def test_bad_arguments_fail_before_anything_is_written() -> None:
              kernel_slots.write, bad_read, *common[4:])  # fmt: skip
     for before, after in zip(snapshot, (*pool.k, *pool.v), strict=True):
         assert torch.equal(before, after)
+
+
+def test_the_servers_concurrent_requests_decode_to_transformers_log_probs(
+    server: RunningServer, nano_model_dir: str
+) -> None:
+    """Four sampled requests at once, so decode steps carry several rows through the loop; each
+    token's log-prob is transformers' (``AutoModelForCausalLM`` on the same checkpoint)."""
+    info = server.http.get("/server_info").json()
+    assert info["decode_attention"]["layers_in_one_call"] is True, info["decode_attention"]
+    steps_before = info["decode_steps"]
+    prompts = [[11, 402, 77], [5, 6, 7, 8, 9, 10, 11], [300, 301], [42] * 12]
+    body = {"sampling_params": {"max_new_tokens": 16, "temperature": 1.0, "ignore_eos": True},
+            "return_logprob": True}  # fmt: skip
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        answers = list(pool.map(lambda ids: server.generate(input_ids=ids, **body), prompts))
+    info = server.http.get("/server_info").json()
+    assert info["decode_mean_batch"] > 1 and info["decode_steps"] > steps_before
+    for prompt, answer in zip(prompts, answers, strict=True):
+        output = answer["output_ids"]
+        assert len(output) == 16
+        expected = reference_logprobs(nano_model_dir, prompt + output, len(prompt))
+        served = answer["meta_info"]["output_token_logprobs"]
+        for i, (logprob, token, _) in enumerate(served):
+            assert token == output[i]
+            assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3)
