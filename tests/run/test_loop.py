@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySourc
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import TrainerLoop
+from areal.run.trainer_thread import THREAD_NAME
 
 PROMPTS = [[11, 12, 13, 14], [21, 22, 23]]
 
@@ -68,6 +70,19 @@ async def wait_version(client: InferenceClient, version: str, timeout: float = 1
         await asyncio.sleep(0.02)
 
 
+def recording_threads(policy: Policy, names: list[str]) -> Policy:
+    """``policy``, its ``step`` and ``weights`` noting the thread each call runs on."""
+    for method in ("step", "weights"):
+        call = getattr(policy, method)
+
+        def recorded(*args: Any, _call: Any = call, **kwargs: Any) -> Any:
+            names.append(threading.current_thread().name)
+            return _call(*args, **kwargs)
+
+        setattr(policy, method, recorded)
+    return policy
+
+
 def test_two_steps_sync_weights_and_account_for_every_sample(
     engine_url: str, model_dir: str, tmp_path: Path
 ) -> None:
@@ -79,7 +94,7 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
     async def scenario() -> tuple[TrainerLoop, list[dict[str, float]], GenerateOutput]:
         with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
             loop = TrainerLoop(
-                Policy.of(model, optimizer, mini_batch_size=2),
+                recording_threads(Policy.of(model, optimizer, mini_batch_size=2), engine_threads),
                 source,
                 sync,
                 trigger_batch_size=4,
@@ -114,8 +129,12 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
             assert info["weight_version"] == "2"
             return loop, history, long_out
 
+    engine_threads: list[str] = []
     loop, history, long_out = asyncio.run(scenario())
     metrics.close()
+    # Every step and every weight gather ran on the trainer's one thread.
+    assert len(engine_threads) == 4 and len(set(engine_threads)) == 1
+    assert engine_threads[0].startswith(THREAD_NAME)
 
     # The published checkpoint is exactly the trainer's model; only the last 2 versions remain.
     published = load_model(sync.version_dir(2))

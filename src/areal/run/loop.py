@@ -70,6 +70,7 @@ from areal.core.metrics import MetricSink, MetricValue
 from areal.core.staleness import staleness
 from areal.core.train_engine import StagedWeightSync, is_staged
 from areal.core.types import Sample, Trajectory
+from areal.run.trainer_thread import TrainerThread
 
 __all__ = ["Learner", "OnPublished", "Published", "Publisher", "TrainerLoop", "TrajectorySource"]
 
@@ -172,12 +173,15 @@ class TrainerLoop:
         success_reward: float | None = None,
         buffer_max: int = BUFFER_MAX,
         overlap_sync: bool = True,
+        trainer_thread: TrainerThread | None = None,
     ) -> None:
         if trigger_batch_size < 1:
             raise ValueError(f"trigger_batch_size must be >= 1; got {trigger_batch_size}")
         if staleness_threshold < 0:
             raise ValueError(f"staleness_threshold must be >= 0; got {staleness_threshold}")
         self.engine = engine
+        # Every engine call on one thread: steps that wander between threads run slower.
+        self.trainer_thread = trainer_thread or TrainerThread()
         self.source = source
         self.sync = sync
         self.async_enabled = async_enabled
@@ -593,7 +597,7 @@ class TrainerLoop:
         success = self._success_rate(batch)
         solved = {} if success is None else {"success": success}  # a task set's rule only
         started = time.perf_counter()
-        stats = await asyncio.to_thread(
+        stats = await self.trainer_thread.run(
             self.engine.step, samples, group_ids=group_ids, current_version=self.version
         )
         train_s = time.perf_counter() - started
@@ -601,7 +605,7 @@ class TrainerLoop:
         self.version += 1
         self._steps += 1
         started = time.perf_counter()
-        weights = await asyncio.to_thread(self.engine.weights)  # several ranks: a gather
+        weights = await self.trainer_thread.run(self.engine.weights)  # several ranks: a gather
         sync_s = time.perf_counter() - started + await self._publish(weights)
         result = {
             **stats,

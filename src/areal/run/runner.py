@@ -87,6 +87,7 @@ from areal.run.processes import (
 )
 from areal.run.supervised_sync import SupervisedSync
 from areal.run.supervisor import Child, ChildFailed, Supervisor
+from areal.run.trainer_thread import TrainerThread
 
 log = logging.getLogger("areal.train")
 
@@ -169,6 +170,7 @@ class _Run:
         self.tokens_trained = 0
         self.supervisor: Supervisor | None = None
         self.engine: TrainEngine | None = None
+        self.trainer_thread = TrainerThread()  # builds, steps and saves the engine, in order
         self.last_saved = 0  # the step of the newest checkpoint
         # agent.gateway_url: the gateway that runs on its own and this run attaches to.
         self.attached: AttachedGateway | None = None
@@ -183,6 +185,7 @@ class _Run:
             run = await self.build()
         except BaseException:
             self.members.release()  # nothing of this run is left to find
+            self.trainer_thread.close()
             raise
         self.install_signal_handlers()
         history: list[dict[str, float]] = []
@@ -257,7 +260,7 @@ class _Run:
         )
         try:
             build = registry("engines").get(config.train.engine, key="train.engine").load_build()
-            engine: TrainEngine = await asyncio.to_thread(build, setup)
+            engine: TrainEngine = await self.trainer_thread.run(build, setup)
         except (EngineError, RegistryError) as err:
             raise RunError(str(err)) from err
         self.engine = engine
@@ -299,6 +302,7 @@ class _Run:
             success_reward=success_reward(config),
             buffer_max=config.async_.queue_max_size,
             overlap_sync=config.async_.overlap_sync,
+            trainer_thread=self.trainer_thread,
         )
         if checkpoint:
             # This run's gateway is new: the earlier run's open sessions end with no tombstone.
@@ -394,7 +398,7 @@ class _Run:
         step = int(result["step"])
         await self.account(run.gateway, run.observed, loop, run.metrics)
         if step % self.config.logging.save_interval == 0:
-            await asyncio.to_thread(self.save, loop)
+            await self.trainer_thread.run(self.save, loop)
             self.last_saved = step
 
     # --- 4. stop -----------------------------------------------------------------------------
@@ -417,7 +421,7 @@ class _Run:
         # checkpoint keeps them (re-saving a step replaces it crash-safely).
         steps = run.loop.state_dict()["steps"]
         if drained or steps != self.last_saved or not latest_checkpoint(self.out):
-            return str(await asyncio.to_thread(self.save, run.loop))
+            return str(await self.trainer_thread.run(self.save, run.loop))
         found = latest_checkpoint(self.out)
         return str(found) if found else None
 
@@ -425,6 +429,7 @@ class _Run:
         """The engine's ranks, the gateway's seat (an attached run leaves the gateway running),
         every process, the queue and the sync; the ``end`` event last."""
         run.engine.stop()
+        self.trainer_thread.close()
         if self.attached is not None:
             await self.attached.leave()
         await asyncio.to_thread(run.supervisor.stop_all)
