@@ -349,6 +349,7 @@ class Run:
     dropped_late: int = 0  # of the dropped: came after their group was trained without them
     dropped_tokens: int = 0  # the dropped samples' generated tokens: engine work thrown away
     groups_split_at_bound: int = 0  # incomplete groups trained before a member went stale
+    train_cpu_seconds: float = 0.0  # the trainer thread's CPU time in train_step (0: not recorded)
 
     @property
     def waiting_seconds(self) -> float:
@@ -386,6 +387,7 @@ def real_run(
         dropped_tokens=int(summary.counters.get("dropped_stale_tokens", 0))
         + int(summary.counters.get("dropped_late_tokens", 0)),
         groups_split_at_bound=int(summary.counters.get("groups_split_at_bound", 0)),
+        train_cpu_seconds=statistics.mean(e["train_cpu_seconds"] for e in steady),
     )
 
 
@@ -535,6 +537,8 @@ def _run_note(run: dict[str, Any]) -> str:
         f"{run['sync_seconds']:.2f} + waiting {waiting:.2f}; {run['tokens_per_step']:.0f} tokens "
         f"a step, train {1e6 * run['train_seconds'] / run['tokens_per_step']:.0f} ms per 1k"
     )
+    if run.get("train_cpu_seconds"):  # older results files lack it
+        note += f" ({100 * run['train_cpu_seconds'] / run['train_seconds']:.0f} % of it on the CPU)"
     if run["admission_seconds"] is not None:
         note += f" (last of the batch admitted {run['admission_seconds']:.2f} s after the step)"
     note += f"; max staleness {run['max_staleness']:.0f}, dropped {run['dropped']}"

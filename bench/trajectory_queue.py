@@ -11,7 +11,8 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
   as the gateway's (its event loop, ``areal.core.event_loop``: uvloop where installed; glibc
   keeping freed memory, ``areal.core.heap``);
   ``ZmqTrajectorySource`` (decode, digest check, duplicate filter, the bounded buffer, the ack)
-  drained by ``get``;
+  drained by ``get``, in a process that keeps freed memory as the trainer's does (raw's
+  consumer is the same process);
 - **raw**: pyzmq PUSH -> PULL of the very frames the codec makes, encoded once before timing:
   no encode, no decode, no acks. The floor of what any queue on ZeroMQ can do.
 
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--megabytes", type=float, default=200.0, help="sent per round and size")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args(argv)
+    keep_freed_memory()  # as the trainer's process does (areal.plugins.trainer.engine)
     results: list[dict[str, Any]] = []
     print(f"{'tokens':>7} {'KB':>7} {'mode':>6} {'traj/s':>9} {'MB/s':>8} "
           f"{'producer ms':>12} {'consumer ms':>12} {'per msg':>8} {'queue/raw':>10}")  # fmt: skip

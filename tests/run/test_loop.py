@@ -148,6 +148,8 @@ def test_two_steps_sync_weights_and_account_for_every_sample(
     assert {span.version for span in long_out.weight_versions} >= {"0", "1"}
 
     assert [h["version"] for h in history] == [1.0, 2.0]
+    # The step's thread CPU time: real work, never more than the step's wall time.
+    assert all(0 < h["train_cpu_seconds"] <= h["train_seconds"] for h in history)
     assert [h["updated"] for h in history] == [4.0, 4.0]
     assert [h["groups"] for h in history] == [2.0, 2.0]
     counters = loop.counters()

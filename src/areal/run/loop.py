@@ -70,7 +70,7 @@ from areal.core.metrics import MetricSink, MetricValue
 from areal.core.staleness import staleness
 from areal.core.train_engine import StagedWeightSync, is_staged
 from areal.core.types import Sample, Trajectory
-from areal.run.trainer_thread import TrainerThread
+from areal.run.trainer_thread import TrainerThread, with_thread_cpu
 
 __all__ = ["Learner", "OnPublished", "Published", "Publisher", "TrainerLoop", "TrajectorySource"]
 
@@ -597,8 +597,12 @@ class TrainerLoop:
         success = self._success_rate(batch)
         solved = {} if success is None else {"success": success}  # a task set's rule only
         started = time.perf_counter()
-        stats = await self.trainer_thread.run(
-            self.engine.step, samples, group_ids=group_ids, current_version=self.version
+        stats, train_cpu_s = await self.trainer_thread.run(
+            with_thread_cpu,
+            self.engine.step,
+            samples,
+            group_ids=group_ids,
+            current_version=self.version,
         )
         train_s = time.perf_counter() - started
         self._trained += len(samples)
@@ -619,6 +623,7 @@ class TrainerLoop:
             "max_staleness": float(self.version - 1 - min(min_versions)) if min_versions else 0.0,
             **tokens,
             "train_seconds": train_s,
+            "train_cpu_seconds": train_cpu_s,
             "sync_seconds": sync_s,
         }
         if self.metrics is not None:
@@ -636,6 +641,7 @@ class TrainerLoop:
                 "groups": len(batch),
                 "flat_groups": flat,
                 "train_seconds": train_s,
+                "train_cpu_seconds": train_cpu_s,
                 "sync_seconds": sync_s,
                 **{k: v for k, v in self.counters().items() if k not in ("version", "steps")},
             }
