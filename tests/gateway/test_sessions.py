@@ -235,6 +235,33 @@ def test_a_long_poll_opens_as_soon_as_a_slot_frees(start_gateway: Any) -> None:
             )
 
 
+def test_a_stopping_gateway_answers_its_long_polls_at_once(start_gateway: Any) -> None:
+    """Shutdown admits no new episode: a long poll held for a slot gets a 503 in the OpenAI
+    error schema as the server starts stopping, rather than holding the shutdown for its wait
+    (the server waits up to 5 s here for requests in flight, then cuts them off)."""
+    budget = StalenessBudget(max_concurrent=1, retry_after_s=5)
+    with start_gateway(budget=budget) as gw:
+        create(gw)  # the one slot
+        answers: list[httpx.Response] = []
+        poll = threading.Thread(
+            target=lambda: answers.append(post(gw, "/rl/sessions", gw.admin, {"wait_s": 30}))
+        )
+        poll.start()
+        sessions = gw.state.sessions
+        deadline = time.monotonic() + 10
+        while sessions.waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert sessions.waiting == 1, "the long poll never reached the gateway"
+        started = time.monotonic()
+        assert gw.http is not None
+        gw.http.stop()
+        stopped = time.monotonic() - started
+        poll.join(timeout=10)
+    assert len(answers) == 1
+    assert "shutting down" in error_of(answers[0], 503)["message"]
+    assert stopped < 4.0, stopped  # not the server's 5 s cut-off, let alone the 30 s wait
+
+
 def test_aborted_unfinished_and_hinted(gateway: Any) -> None:
     s = create(gateway, {"hint": "claude-code-1234"})
     sessions = gateway.state.sessions

@@ -61,6 +61,9 @@ def build_app(state: GatewayState, limits: HttpLimits | None = None) -> web.Appl
         if state.online is not None:
             state.online.start()
 
+    async def on_shutdown(app: web.Application) -> None:  # before the wait for open requests
+        state.sessions.stop_admitting()
+
     async def on_cleanup(app: web.Application) -> None:
         await reaper.stop()
         if state.online is not None:
@@ -72,5 +75,6 @@ def build_app(state: GatewayState, limits: HttpLimits | None = None) -> web.Appl
         state.access_log.close()
 
     app.on_startup.append(on_startup)
+    app.on_shutdown.append(on_shutdown)
     app.on_cleanup.append(on_cleanup)
     return app

@@ -165,12 +165,14 @@ class SessionManager:
         self.discarded = 0  # sessions ended by discard_matching
         self.refused_stale = 0  # sessions ended by refuse_if_stale
         self.delivering = 0  # trajectories handed to the sink, not yet acknowledged
+        self.waiting = 0  # long polls held now, waiting for a slot (open_waiting)
         self.journal = journal or EpisodeJournal(None)
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._by_hint: dict[str, Session] = {}
         self._ended: OrderedDict[str, Session] = OrderedDict()
         self._changed = asyncio.Event()  # set (and replaced) by capacity_changed
+        self._admitting = True  # False from the server's shutdown on: no new episodes
         self._closed = False
 
     # --- used by the app ------------------------------------------------------------------------
@@ -224,6 +226,16 @@ class SessionManager:
             self.capacity_changed()
         return completion.completion_id
 
+    def stop_admitting(self) -> None:
+        """No new episodes from now on; the long polls waiting for a slot answer 503 at once.
+
+        Called when the server starts shutting down, before it waits for the requests in flight:
+        a rollout worker's long poll would otherwise hold the shutdown for its whole wait (10 s by
+        default), although no episode it could open would ever be trained. The open sessions
+        carry on until :meth:`close`."""
+        self._admitting = False
+        self.capacity_changed()
+
     async def close(self) -> None:
         """Drop the sessions still open (an unfinished episode is not trained on) and close the
         sink, which flushes and syncs what it holds."""
@@ -256,7 +268,7 @@ class SessionManager:
         one is open, opening another with the same key answers 429, so such episodes run one at
         a time per key. ``owner``: see :attr:`Session.owner`.
         """
-        if self._closed:
+        if self._closed or not self._admitting:
             raise GatewayError(503, "the gateway is shutting down; no new sessions")
         if api_key is not None and api_key in self._by_key:
             raise GatewayError(
@@ -307,8 +319,12 @@ class SessionManager:
                 left = deadline - time.monotonic()
                 if err.status != 429 or left <= 0:
                     raise
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), min(left, FALLBACK_POLL_S))
+            self.waiting += 1
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), min(left, FALLBACK_POLL_S))
+            finally:
+                self.waiting -= 1
 
     def capacity_changed(self) -> None:
         """Wake the long polls: a slot or a fixed key may be free now."""
