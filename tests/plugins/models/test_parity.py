@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -153,3 +155,28 @@ def test_config_roundtrip_keeps_unknown_keys(tmp_path: Path) -> None:
 def test_unsupported_model_type_names_the_known_ones() -> None:
     with pytest.raises(ValueError, match="model_type 'gpt2' is not supported; known: llama, qwen2"):
         DecoderConfig.from_hf_dict({"model_type": "gpt2"})
+
+
+def test_loading_builds_on_meta_without_importing_dynamo(tmp_path: Path) -> None:
+    """``load_model`` builds on the meta device and skips the values it would throw away there:
+    the meta kernels of the embedding's random init and of the rotary table's division are
+    Python references that import ``torch._dynamo`` (~1 s of an inference engine's start, which
+    needs nothing else from it). Loaded in a fresh interpreter, as an engine does; the logits of
+    what loads are checked against transformers by the tests above."""
+    for family in ("llama", "qwen3_moe"):
+        torch.manual_seed(0)
+        BUILDERS[family]().save_pretrained(tmp_path / family)
+    script = (
+        "import sys, torch\n"
+        "from areal.plugins.models.hf_io import load_model\n"
+        "for path in sys.argv[1:]:\n"
+        "    logits = load_model(path)(torch.tensor([[1, 2, 3]]))\n"
+        "    assert bool(torch.isfinite(logits).all())\n"
+        "print('torch._dynamo' in sys.modules)\n"
+    )
+    paths = [str(tmp_path / family) for family in ("llama", "qwen3_moe")]
+    done = subprocess.run(
+        [sys.executable, "-c", script, *paths], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

@@ -13,7 +13,14 @@ from torch import nn
 
 from areal.plugins.models.attention import AttentionBackend, CausalAttention
 from areal.plugins.models.config import DecoderConfig
-from areal.plugins.models.layers import MLP, Attention, MoE, RMSNorm, RotaryEmbedding
+from areal.plugins.models.layers import (
+    MLP,
+    Attention,
+    MoE,
+    RMSNorm,
+    RotaryEmbedding,
+    building_on_meta,
+)
 
 
 class DecoderLayer(nn.Module):
@@ -38,7 +45,11 @@ class DecoderLayer(nn.Module):
 class DecoderBody(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        shape = (config.vocab_size, config.hidden_size)
+        # ``_weight``: no random init, which on the meta device is wasted (``building_on_meta``)
+        self.embed_tokens = nn.Embedding(
+            *shape, _weight=torch.empty(shape) if building_on_meta() else None
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(config, i) for i in range(config.num_hidden_layers)
         )

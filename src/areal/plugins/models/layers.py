@@ -29,6 +29,16 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def building_on_meta() -> bool:
+    """Whether modules are being built on the meta device (``with torch.device("meta")``):
+    shapes only; memory comes with ``to_empty``, values with a load or ``reset_buffers``.
+
+    Such a build skips the values it would compute: they are thrown away, and the meta kernels
+    of some ops (``normal_``, division) are Python references whose wrapper imports
+    ``torch._dynamo``, ~1 s of an inference engine's start that nothing else there needs."""
+    return torch.get_default_device().type == "meta"
+
+
 def rope_inv_freq(rope: RopeConfig, head_dim: int) -> torch.Tensor:
     """Inverse frequencies, with Llama 3.1's smooth long-context scaling when asked for."""
     inv_freq = 1.0 / (
@@ -55,7 +65,8 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.rope = rope
         self.head_dim = head_dim
-        self.register_buffer("inv_freq", rope_inv_freq(rope, head_dim), persistent=False)
+        table = torch.empty(head_dim // 2) if building_on_meta() else rope_inv_freq(rope, head_dim)
+        self.register_buffer("inv_freq", table, persistent=False)
 
     def reset_parameters(self) -> None:
         """Recompute the (non-persistent) frequencies, e.g. after building on the meta device."""
@@ -159,8 +170,9 @@ class Experts(nn.Module):
         self.gate_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.up_proj = nn.Parameter(torch.empty(num_experts, intermediate, hidden))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden, intermediate))
-        for p in (self.gate_proj, self.up_proj, self.down_proj):
-            nn.init.normal_(p, std=0.02)
+        if not building_on_meta():
+            for p in (self.gate_proj, self.up_proj, self.down_proj):
+                nn.init.normal_(p, std=0.02)
 
     def forward(
         self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
