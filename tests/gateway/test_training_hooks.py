@@ -286,22 +286,23 @@ def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gatew
     """A gateway whose loop stood still past the idle timeout (a stopped process, a paused
     machine) could not hear its clients: its reaper waits one more round, and a call that comes
     right after keeps the session. A client silent after that is still reaped. (The reaper's
-    round is a quarter of the timeout: 0.5 s for the call to come in. A starved test process
-    whose call took longer than that tries again: the premise did not hold, not the reaper.)"""
+    round is a quarter of the timeout: 0.5 s from the loop's resuming for the call to come in. A
+    starved test process whose call came later than that tries again: the premise did not hold,
+    not the reaper. The clock starts in the loop: the test's thread may wake up late.)"""
     timeout = 2.0
     with start_gateway(
         budget=StalenessBudget(max_concurrent=1), session_idle_timeout=timeout
     ) as gw:
 
-        async def stand_still() -> None:
+        async def stand_still() -> float:
             time.sleep(2.5 * timeout)  # blocks the gateway's event loop, reaper included
+            return time.monotonic()  # the loop resumes now
 
         for _attempt in range(4):
             alive = create(gw).json()
-            gw.run(stand_still())
-            came = time.monotonic()
+            resumed = gw.run(stand_still())
             answer = get(gw, "/v1/models", alive["api_key"]).status_code
-            if answer == 200 or time.monotonic() - came < timeout / 4:
+            if answer == 200 or time.monotonic() - resumed < timeout / 4:
                 break
         assert answer == 200
         deadline = time.monotonic() + 10 * timeout
