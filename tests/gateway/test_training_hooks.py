@@ -284,11 +284,11 @@ def test_idle_sessions_are_reaped_and_give_their_slot_back(start_gateway: Any) -
 
 def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gateway: Any) -> None:
     """A gateway whose loop stood still past the idle timeout (a stopped process, a paused
-    machine) could not hear its clients: its reaper waits one more round, and a call that comes
-    right after keeps the session. A client silent after that is still reaped. (The reaper's
-    round is a quarter of the timeout: 0.5 s from the loop's resuming for the call to come in. A
-    starved test process whose call came later than that tries again: the premise did not hold,
-    not the reaper. The clock starts in the loop: the test's thread may wake up late.)"""
+    machine) could not hear its clients: its reaper waits one more round, and a call made while
+    it stood still, answered when it resumes, keeps the session. A client silent after that is
+    still reaped. (The reaper's round is a quarter of the timeout: 0.5 s from the loop's resuming
+    for the waiting call to be handled. A test process starved past that tries again: the premise
+    did not hold, not the reaper.)"""
     timeout = 2.0
     with start_gateway(
         budget=StalenessBudget(max_concurrent=1), session_idle_timeout=timeout
@@ -298,10 +298,13 @@ def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gatew
             time.sleep(2.5 * timeout)  # blocks the gateway's event loop, reaper included
             return time.monotonic()  # the loop resumes now
 
+        assert gw.http is not None and gw.http.loop is not None
         for _attempt in range(4):
             alive = create(gw).json()
-            resumed = gw.run(stand_still())
-            answer = get(gw, "/v1/models", alive["api_key"]).status_code
+            still = asyncio.run_coroutine_threadsafe(stand_still(), gw.http.loop)
+            time.sleep(2 * timeout)  # silent past the idle timeout, the loop still standing
+            answer = get(gw, "/v1/models", alive["api_key"]).status_code  # waits for the loop
+            resumed = still.result(timeout=30)
             if answer == 200 or time.monotonic() - resumed < timeout / 4:
                 break
         assert answer == 200
