@@ -172,7 +172,7 @@ class SessionManager:
         self._by_hint: dict[str, Session] = {}
         self._ended: OrderedDict[str, Session] = OrderedDict()
         self._changed = asyncio.Event()  # set (and replaced) by capacity_changed
-        self._admitting = True  # False from the server's shutdown on: no new episodes
+        self._admitting = True  # False from the server's shutdown (or close) on: no new episodes
         self._closed = False
 
     # --- used by the app ------------------------------------------------------------------------
@@ -242,6 +242,7 @@ class SessionManager:
         if self._closed:
             return
         self._closed = True
+        self.stop_admitting()
         for session in list(self._by_id.values()):
             if session.is_open:
                 self._retire(session)
@@ -268,7 +269,7 @@ class SessionManager:
         one is open, opening another with the same key answers 429, so such episodes run one at
         a time per key. ``owner``: see :attr:`Session.owner`.
         """
-        if self._closed or not self._admitting:
+        if not self._admitting:
             raise GatewayError(503, "the gateway is shutting down; no new sessions")
         if api_key is not None and api_key in self._by_key:
             raise GatewayError(
