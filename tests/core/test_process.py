@@ -2,26 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import socket
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from areal.core import process
+from areal.core.port_owner import group_listens_on
 from areal.core.process import (
+    PortTakenError,
     ServerExitedError,
     ServerProcess,
     pick_free_port,
+    start_on_free_port,
 )
 
 # A health-only server; it also forks a child into its process group, as SGLang does, so stop()
 # must take the whole group down.
 HEALTH_SERVER = """
-import http.server, os, subprocess, sys
+import http.server, os, subprocess, sys, time
 port = int(sys.argv[1])
+time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0)  # a server that takes its time to bind
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
 print(f"child {child.pid}", flush=True)
 
@@ -56,6 +65,29 @@ def _child_pid(log: Path) -> int:
                 return int(line.split()[1])
         time.sleep(0.05)
     raise AssertionError(f"no child pid in {log}")
+
+
+class _Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def someone_else_answering_health() -> Iterator[int]:
+    """Another process's server on a port (the test's own process: not the server's group),
+    answering 200 on every path, as another run's gateway or engine would on ``/health``."""
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
+    thread = threading.Thread(target=other.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield int(other.server_address[1])
+    finally:
+        other.shutdown()
+        other.server_close()
 
 
 def test_pick_free_port_is_bindable() -> None:
@@ -174,3 +206,63 @@ def test_one_failed_trainer_node_stops_the_others_and_its_code_is_returned(tmp_p
         failing = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(3)"])
         assert wait_passing_on_stops(waiting, failing, interval=0.05) == (3, False)
     assert waiting.returncode == 0 and log.read_text() == "ready\nstopped\n"
+
+
+def test_a_200_from_another_process_on_the_port_is_not_the_servers_health(tmp_path: Path) -> None:
+    """The port race: the server's port was picked free, another process bound it first. Its
+    ``/health`` answers 200 while the server is still starting; that is not the server's
+    answer, and the server's exit on the taken port says so."""
+    with someone_else_answering_health() as port:
+        log = tmp_path / "server.log"
+        server = ServerProcess([sys.executable, "-c", HEALTH_SERVER, str(port), "1"], log_path=log)
+        server.start()
+        try:
+            with pytest.raises(PortTakenError, match="its port was taken"):
+                server.wait_healthy(f"http://127.0.0.1:{port}", timeout=20)
+        finally:
+            server.stop()
+    assert "Address already in use" in log.read_text()
+
+
+def test_start_on_free_port_starts_again_on_another_port_when_its_port_is_taken(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pick = process.pick_free_port
+    with someone_else_answering_health() as taken:
+        picks = iter([taken])
+        monkeypatch.setattr(process, "pick_free_port", lambda host: next(picks, 0) or pick(host))
+        log = tmp_path / "server.log"
+        server = start_on_free_port(
+            lambda port: [sys.executable, "-c", HEALTH_SERVER, str(port), "0.5"],
+            log_path=log,
+            timeout=20,
+        )
+        with server:
+            assert server.url is not None and not server.url.endswith(f":{taken}")
+            assert httpx.get(f"{server.url}/health", trust_env=False).status_code == 200
+        assert log.read_text().count("Address already in use") == 1  # the first try's
+
+        monkeypatch.setattr(process, "pick_free_port", lambda host: taken)
+        with pytest.raises(PortTakenError):  # every port tried was taken: it says so
+            start_on_free_port(
+                lambda port: [sys.executable, "-c", HEALTH_SERVER, str(port)],
+                log_path=tmp_path / "again.log",
+                timeout=20,
+                tries=2,
+            )
+    assert (tmp_path / "again.log").read_text().count("Address already in use") == 2
+
+
+def test_group_listens_on_tells_whose_listener_it_is(tmp_path: Path) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = int(sock.getsockname()[1])
+        assert group_listens_on(port, os.getpgrp()) is True
+        other = ServerProcess(
+            [sys.executable, "-c", "import time; time.sleep(30)"], log_path=tmp_path / "o.log"
+        )
+        with other:
+            assert other.pid is not None
+            assert group_listens_on(port, other.pid) is False  # its own group holds no listener
+    assert group_listens_on(port, os.getpgrp()) is False  # closed: nobody listens there

@@ -4,18 +4,23 @@ run meant; a restart starts the staleness clock at the trainer's version then.""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from tests.core.test_process import someone_else_answering_health
 
 from areal.core.on_node import NODE_HOST
+from areal.core.process import pick_free_port
 from areal.core.run_config import run_config_from_dict
 from areal.gateway import server
 from areal.gateway.training_flags import TrainingFlags
+from areal.run import processes
 from areal.run.gateway_client import GatewayAdmin
-from areal.run.processes import gateway_child, worker_child
-from areal.run.supervisor import Child
+from areal.run.processes import gateway_child, router_config, worker_child
+from areal.run.supervisor import Child, Supervisor
 
 QUEUE = "tcp://127.0.0.1:5555"
 
@@ -97,6 +102,39 @@ def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     assert got["engines"] == ["http://10.0.0.7:8000"]
     assert child.url_template.replace(NODE_HOST, "10.0.0.9") == f"http://10.0.0.9:{got['port']}"
     assert admin.url == child.url  # the admin client follows once the supervisor learns the url
+
+
+def test_a_gateway_whose_port_was_taken_before_it_bound_starts_on_another(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The port race a run met: its gateway's port, picked free, was bound by another process's
+    server before the gateway started. The gateway's health check must not take that server's
+    200 for the gateway's (the run's workers then talked to the wrong server); the gateway
+    starts on another port, and the run's admin client follows it there."""
+    config = run_config_from_dict(
+        {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
+    )
+    with someone_else_answering_health() as taken:
+        picks = iter([taken])
+        monkeypatch.setattr(processes, "pick_free_port", lambda: next(picks, 0) or pick_free_port())
+        child, admin = gateway_child(
+            config, router=router_config(config, tmp_path), engine_urls=lambda: [],
+            queue_address=QUEUE, version=lambda: 0, log_dir=tmp_path,
+            admin_token="admin-token-0123456789", gateway_key="gateway-key-0123456789",
+        )  # fmt: skip
+        assert child.url == f"http://127.0.0.1:{taken}"
+        supervisor = Supervisor([child])
+        try:
+            asyncio.run(supervisor.start_all())
+            assert child.up and child.url != f"http://127.0.0.1:{taken}"
+            assert admin.url == child.url
+            # The gateway answers there: its admin API, which the other server does not have.
+            models = httpx.get(f"{child.url}/v1/models", trust_env=False,
+                               headers={"Authorization": "Bearer gateway-key-0123456789"})  # fmt: skip
+            assert models.status_code == 200 and models.json()["data"][0]["id"] == "policy"
+        finally:
+            supervisor.stop_all(timeout=5)
+    assert "address already in use" in (tmp_path / "gateway.out").read_text().lower()
 
 
 def _agent_pair(tmp_path: Path, **sections: Any) -> tuple[Child, Child]:

@@ -22,25 +22,36 @@ import socket
 import subprocess
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 import weakref
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from areal.core.parent_death import guarded
+from areal.core.port_owner import group_listens_on
 
 LOG_TAIL_LINES = 40
 # How long to wait for a SIGKILLed process to be gone: it cannot refuse, but on a loaded machine
 # the kernel took over 5 s to tear down an engine (a full test run, 2026-12-04).
 KILLED_EXIT_S = 30.0
 
+# How a server that could not bind says so: strerror(EADDRINUSE), in Python's, uvicorn's and
+# aiohttp's messages alike.
+_ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
+
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
 class ServerExitedError(RuntimeError):
     """The server process died before it became healthy."""
+
+
+class PortTakenError(ServerExitedError):
+    """The server could not bind its port: another process took it after it was picked free.
+    Nothing is wrong with the server; start it again on another port."""
 
 
 def pick_free_port(host: str = "127.0.0.1") -> int:
@@ -50,12 +61,44 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def start_on_free_port(
+    command_for: Callable[[int], Sequence[str]],
+    *,
+    log_path: str | os.PathLike[str],
+    timeout: float,
+    host: str = "127.0.0.1",
+    tries: int = 3,
+    **options: Any,
+) -> ServerProcess:
+    """A server started with ``command_for(port)`` on a port picked free, returned healthy (its
+    ``url`` set); when another process bound that port first (:class:`PortTakenError`), started
+    again on another, up to ``tries`` ports. ``options`` go to :class:`ServerProcess`; the
+    server is stopped on any failure."""
+    for attempt in range(tries):
+        port = pick_free_port(host)
+        server = ServerProcess(command_for(port), log_path=log_path, **options).start()
+        try:
+            server.wait_healthy(f"http://{host}:{port}", timeout)
+            return server
+        except PortTakenError:
+            server.stop()
+            if attempt == tries - 1:
+                raise
+        except BaseException:
+            server.stop()
+            raise
+    raise AssertionError("unreachable")
+
+
 class ServerProcess:
     """One server command: its process group, its log file, its health.
 
     ``env`` entries are added to (and override) the parent's environment; stdout and stderr both
     go to ``log_path``, appended, so a restart keeps the earlier log. ``die_with_parent``: the
     server is killed when this process dies, by any signal (:mod:`areal.core.parent_death`).
+    ``serves_here``: the command itself listens, on this machine (False for a launcher's wrapper
+    that runs the server elsewhere), so a health check can tell its answers from another
+    process's on the same port (:mod:`areal.core.port_owner`).
     """
 
     def __init__(
@@ -68,6 +111,7 @@ class ServerProcess:
         name: str | None = None,
         die_with_parent: bool = True,
         stop_signal: signal.Signals = signal.SIGTERM,
+        serves_here: bool = True,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess needs a non-empty command")
@@ -80,6 +124,7 @@ class ServerProcess:
         self.stop_signal = (
             stop_signal  # what asks it to stop (a launcher's wrapper may want SIGINT)
         )
+        self.serves_here = serves_here
         self.url: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -201,27 +246,35 @@ class ServerProcess:
     # --- health --------------------------------------------------------------------------------
 
     def wait_healthy(self, url: str, timeout: float, interval: float = 0.25) -> None:
-        """Poll ``{url}/health`` until it answers 200.
+        """Poll ``{url}/health`` until this server answers 200.
 
-        Fails at once with :class:`ServerExitedError` if the process exits first, and with
-        ``TimeoutError`` after ``timeout`` seconds; both carry the log's last lines.
+        Fails at once with :class:`ServerExitedError` if the process exits first
+        (:class:`PortTakenError` when it could not bind its port), and with ``TimeoutError``
+        after ``timeout`` seconds; both carry the log's last lines. A 200 from another process
+        on the port is not this server's (``serves_here``).
         """
         if self._proc is None:
             raise RuntimeError(f"{self.name} was not started")
         base = url.rstrip("/")
         self.url = base
         health_url = base + "/health"
+        port = urllib.parse.urlsplit(base).port
         deadline = time.monotonic() + timeout
         last = "no answer yet"
         while True:
             code = self._proc.poll()
             if code is not None:
-                raise ServerExitedError(
-                    self._failure(f"exited with code {code} before {health_url} was healthy")
-                )
+                what = f"exited with code {code} before {health_url} was healthy"
+                if _ADDRESS_IN_USE in self._this_start_output().lower():
+                    raise PortTakenError(self._failure(f"{what}: its port was taken"))
+                raise ServerExitedError(self._failure(what))
             status = _health_status(health_url, timeout=max(0.1, min(5.0, interval * 8)))
             if status == "HTTP 200":
-                return
+                if not self.serves_here or port is None:
+                    return
+                if group_listens_on(port, self._proc.pid) is not False:
+                    return
+                status = f"another process answers on port {port}"
             last = status
             if time.monotonic() >= deadline:
                 raise TimeoutError(
@@ -250,6 +303,12 @@ class ServerProcess:
             if time.monotonic() >= deadline:
                 raise TimeoutError(self._failure(f"printed no {prefix!r} in {timeout:g}s"))
             time.sleep(interval)
+
+    def _this_start_output(self) -> str:
+        """What this start has logged so far (a restart appends to the earlier starts' log)."""
+        with open(self.log_path, "rb") as fh:
+            fh.seek(self._log_start)
+            return fh.read().decode("utf-8", errors="replace")
 
     def _failure(self, what: str) -> str:
         tail = self.log_tail()

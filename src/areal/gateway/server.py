@@ -188,24 +188,19 @@ def _more_file_descriptors() -> None:
 def embedded_engine(model_dir: str, log_dir: Path) -> Iterator[str]:
     """``--model DIR``: an embedded engine in its own process, found through the backend registry."""
     from areal.core.plugins import registry
-    from areal.core.process import ServerExitedError, ServerProcess, pick_free_port
+    from areal.core.process import start_on_free_port
 
     build_command = registry("inference_backends").get("embedded").load_launcher()
-    for attempt in range(3):  # a free port can be taken by another process before we bind it
-        port = pick_free_port()
-        command = build_command({"model_path": model_dir, "port": port, "log_level": "warning"})
-        with ServerProcess(
-            command, log_path=log_dir / "engine.log", env=dict(os.environ), name="engine"
-        ) as proc:
-            url = f"http://127.0.0.1:{port}"
-            try:
-                proc.wait_healthy(url, timeout=180)
-            except ServerExitedError as err:
-                if "address already in use" in str(err) and attempt < 2:
-                    continue
-                raise
-            yield url
-            return
+    engine = start_on_free_port(
+        lambda port: build_command({"model_path": model_dir, "port": port, "log_level": "warning"}),
+        log_path=log_dir / "engine.log",
+        timeout=180,
+        env=dict(os.environ),
+        name="engine",
+    )
+    with engine:
+        assert engine.url is not None
+        yield engine.url
 
 
 def serve(

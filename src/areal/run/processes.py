@@ -53,8 +53,7 @@ def engine_child(
 ) -> Child:
     """Inference engine ``index`` on a port of its own (kept across restarts), on loopback or,
     with ``launcher.listen: node``, on its node's address (:func:`listen_host`)."""
-    port = pick_free_port()
-    host = listen_host(config)
+    listen = FreePort(listen_host(config))
     backend = registry("inference_backends").get(config.inference.backend)
     launcher = backend.load_launcher()
     total_concurrency = config.async_.rollout_workers * config.agent.concurrency
@@ -65,8 +64,8 @@ def engine_child(
         # The backend-neutral options (areal.core.specs.ENGINE_OPTIONS); the launcher maps them.
         options: dict[str, Any] = {
             "model_path": model_dir(),
-            "host": host,
-            "port": port,
+            "host": listen.host,
+            "port": listen.port,
             "max_running_requests": max(64, total_concurrency),
             "weight_version": str(version()),
             "seed": config.train.seed + index,
@@ -90,13 +89,35 @@ def engine_child(
             **server_env(backend.env),
             "OMP_NUM_THREADS": str(len(config.inference.cpu_affinity or []) or threads),
         },
-        url=f"http://{host}:{port}",
+        url=listen.url,
+        new_port=listen.pick_again,
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
         before_restart=before_restart,
         cpus=cpu_set(config.inference.cpu_affinity),
         placement=engine_placement(config, index),
     )
+
+
+@dataclasses.dataclass
+class FreePort:
+    """Where a server child listens: a port picked free, picked again (:meth:`pick_again`) when
+    another process bound it before the child did (``Child.new_port``)."""
+
+    host: str
+    port: int = 0  # 0: picked now
+
+    def __post_init__(self) -> None:
+        if not self.port:
+            self.pick_again()
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def pick_again(self) -> str:
+        self.port = pick_free_port()
+        return self.url
 
 
 def listen_host(config: RunConfig) -> str:
@@ -202,13 +223,12 @@ def gateway_child(
     and the client of its admin API. ``consumed``: the trainer's (received, dropped) episodes,
     asked at every (re)start, so the budget starts where the run is; ``journal``: the episode
     journal's file."""
-    port = pick_free_port()
-    host = listen_host(config)
+    listen = FreePort(listen_host(config))
 
     def command() -> list[str]:
         cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
-        cmd += ["--host", host, "--port", str(port)] + (
-            [] if host == "127.0.0.1" else ["--allow-remote"]
+        cmd += ["--host", listen.host, "--port", str(listen.port)] + (
+            [] if listen.host == "127.0.0.1" else ["--allow-remote"]
         )
         cmd += ["--log-dir", str(log_dir), "--log-level", "warning"]
         cmd += ["--engine-backend", config.inference.backend]
@@ -221,7 +241,7 @@ def gateway_child(
             cmd += ["--engine", url]
         return cmd
 
-    admin = GatewayAdmin(f"http://{host}:{port}", admin_token)
+    admin = GatewayAdmin(listen.url, admin_token)
 
     async def started(child: Child) -> None:
         admin.url = child.url or admin.url  # the node's address, once the gateway said it
@@ -233,7 +253,8 @@ def gateway_child(
         command=command,
         log_path=log_dir / "gateway.out",
         env={"AREAL_ADMIN_TOKEN": admin_token, "AREAL_GATEWAY_KEY": gateway_key},
-        url=admin.url,
+        url=listen.url,
+        new_port=listen.pick_again,
         start_timeout=120.0,
         after_start=started,
         stage=1,

@@ -24,13 +24,14 @@ from pathlib import Path
 
 from areal.core.launcher import Launcher, LocalLauncher, Placement
 from areal.core.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, on_node
-from areal.core.process import ServerProcess
+from areal.core.process import PortTakenError, ServerProcess
 
 log = logging.getLogger("areal.supervisor")
 
 Hook = Callable[["Child"], Awaitable[None]]
 
 PROCESS_ENV = "AREAL_PROCESS"  # a child's name, in its environment
+PORT_TRIES = 3  # ports a child's first start tries, when another process takes the one picked
 
 
 class ChildFailed(RuntimeError):
@@ -61,10 +62,19 @@ class Child:
     up: bool = False
     process: ServerProcess | None = None
     url_template: str | None = None  # the url as given, while ``url`` is where it is now
+    # Picks the child another free port (its command has it from then on) and returns its url:
+    # a first start whose port another process took in the meantime tries again there. Later
+    # restarts keep the port, which the rest of the run knows the child by.
+    new_port: Callable[[], str] | None = None
 
     def __post_init__(self) -> None:
-        if self.url is not None and NODE_HOST in self.url:
-            self.url_template = self.url
+        if self.url is not None:
+            self.move_to(self.url)
+
+    def move_to(self, url: str) -> None:
+        """Where the child listens from its next start on (NODE_HOST: its node's address)."""
+        self.url = url
+        self.url_template = url if NODE_HOST in url else None
 
     @property
     def running(self) -> bool:
@@ -99,7 +109,7 @@ class Supervisor:
             group = [c for c in self.children if c.stage == stage]
             for child in group:
                 self._spawn(child)
-            await asyncio.gather(*(self._become_healthy(child) for child in group))
+            await asyncio.gather(*(self._first_start(child) for child in group))
 
     async def watch(self) -> None:
         """Run until cancelled; raises :class:`ChildFailed` when a child is beyond saving."""
@@ -137,7 +147,12 @@ class Supervisor:
             command = self.launcher.wrap(child.placement, command)
         stop = getattr(self.launcher, "stop_signal", signal.SIGTERM) if placed else signal.SIGTERM
         child.process = ServerProcess(
-            command, log_path=child.log_path, env=env, name=child.name, stop_signal=stop
+            command,
+            log_path=child.log_path,
+            env=env,
+            name=child.name,
+            stop_signal=stop,
+            serves_here=not placed,
         )
         child.process.start()
         if not placed and child.process.pid is not None:
@@ -152,6 +167,26 @@ class Supervisor:
                 )
         if self.on_spawn is not None:
             self.on_spawn(child)
+
+    async def _first_start(self, child: Child) -> None:
+        """Become healthy; on a port another process took after it was picked (each test worker,
+        each run on a shared machine picks its own), start again on another one."""
+        for _ in range(PORT_TRIES - 1):
+            try:
+                await self._become_healthy(child)
+                return
+            except ChildFailed as err:
+                if child.new_port is None or not isinstance(err.__cause__, PortTakenError):
+                    raise
+            assert child.process is not None
+            child.process.stop(timeout=1.0)
+            taken = child.url
+            child.move_to(child.new_port())
+            log.warning(
+                "%s: %s was taken by another process; trying %s", child.name, taken, child.url
+            )
+            self._spawn(child)
+        await self._become_healthy(child)
 
     async def _become_healthy(self, child: Child) -> None:
         process = child.process

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import urllib.parse
 from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import ServerProcess, start_on_free_port
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
@@ -225,8 +226,16 @@ def launch(
     """
     cfg = _as_config(config)
     check_sglang_importable(cfg.python_executable or sys.executable, env)
-    if cfg.port == 0:
-        cfg = cfg.model_copy(update={"port": pick_free_port(cfg.host)})
+    if cfg.port == 0:  # on a free port, another one if that is taken before SGLang binds it
+        local = urllib.parse.urlsplit(cfg.url).hostname or "127.0.0.1"
+        return start_on_free_port(
+            lambda port: build_command(cfg.model_copy(update={"port": port})),
+            host=local,
+            log_path=log_path,
+            timeout=timeout,
+            env=env,
+            name="sglang",
+        )
     server = ServerProcess(build_command(cfg), log_path=log_path, env=env, name="sglang")
     server.start()
     try:
