@@ -11,14 +11,13 @@ import pytest
 
 from areal.cli.main import main
 from areal.core.model_source import ModelSourceError
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import start_on_free_port
 from areal.gateway.server import serve
 
 
 @pytest.mark.slow
 def test_serve_inference_serves_a_hub_id_from_its_snapshot(hub_model, tmp_path: Path) -> None:
-    port = pick_free_port()
-    command = [sys.executable, "-m", "areal", "serve", "inference", "--port", str(port)]
+    command = [sys.executable, "-m", "areal", "serve", "inference"]
     command += [
         "--model",
         hub_model.repo_id,
@@ -27,11 +26,14 @@ def test_serve_inference_serves_a_hub_id_from_its_snapshot(hub_model, tmp_path: 
         "--log-level",
         "warning",
     ]
-    proc = ServerProcess(command, log_path=tmp_path / "serve.log", name="serve").start()
-    url = f"http://127.0.0.1:{port}"
+    proc = start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp_path / "serve.log",
+        timeout=90,
+        name="serve",
+    )
     try:
-        proc.wait_healthy(url, timeout=90)
-        info = httpx.get(f"{url}/model_info", timeout=10, trust_env=False).json()
+        info = httpx.get(f"{proc.url}/model_info", timeout=10, trust_env=False).json()
     finally:
         proc.stop(timeout=20)
     assert Path(info["model_path"]) == hub_model.main

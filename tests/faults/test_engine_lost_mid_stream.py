@@ -20,7 +20,7 @@ import yaml
 
 from areal.core.episode_journal import EpisodeBooks, read_journal
 from areal.core.plugins import registry
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import ServerProcess, start_on_free_port
 from areal.plugins.models.tiny import init_tiny
 
 ADMIN = "midstream-admin-token-0123456789"
@@ -29,31 +29,36 @@ POLICY = "policy"
 
 
 def _start_engine(model: Path, logs: Path) -> tuple[ServerProcess, str]:
-    port = pick_free_port()
     launcher = registry("inference_backends").get("embedded").load_launcher()
-    command = launcher(
-        {"model_path": str(model), "port": port, "log_level": "warning", "max_total_tokens": 8192}
+    options = {"model_path": str(model), "log_level": "warning", "max_total_tokens": 8192}
+    engine = start_on_free_port(
+        lambda port: list(launcher({**options, "port": port})),
+        log_path=logs / "engine.log",
+        timeout=120,
+        name="engine",
     )
-    engine = ServerProcess(list(command), log_path=logs / "engine.log", name="engine").start()
-    url = f"http://127.0.0.1:{port}"
-    engine.wait_healthy(url, timeout=120)
-    return engine, url
+    assert engine.url is not None
+    return engine, engine.url
 
 
 def _start_gateway(engine_url: str, tmp: Path) -> tuple[ServerProcess, str]:
     router = tmp / "router.yaml"
     routing = {"policy_model": {"model_id": POLICY, "max_tokens": 4096}}
     router.write_text(yaml.safe_dump({"model_routing": routing}))
-    port = pick_free_port()
     command = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
-    command += ["--port", str(port), "--engine", engine_url, "--log-dir", str(tmp / "logs")]
+    command += ["--engine", engine_url, "--log-dir", str(tmp / "logs")]
     command += ["--sink", "jsonl", "--sink-address", str(tmp / "trajectories.jsonl")]
+    # A start that lost its port to another process books only its boot here: no episode.
     command += ["--episode-journal", str(tmp / "episodes.journal")]
     env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
-    gateway = ServerProcess(command, log_path=tmp / "logs" / "gateway.out", env=env).start()
-    url = f"http://127.0.0.1:{port}"
-    gateway.wait_healthy(url, timeout=120)
-    return gateway, url
+    gateway = start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp / "logs" / "gateway.out",
+        timeout=120,
+        env=env,
+    )
+    assert gateway.url is not None
+    return gateway, gateway.url
 
 
 def _session(gateway: str) -> tuple[str, str]:

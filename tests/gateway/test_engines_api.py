@@ -210,9 +210,9 @@ def test_a_dead_engine_gets_no_traffic_and_comes_back_when_it_answers(
 ) -> None:
     """Two engines: one behind a proxy that dies and comes back on the same port."""
     direct = engine[0]
-    port = pick_free_port()
-    proxy = ServerThread(EngineRecorder(direct).app(), "127.0.0.1", port).start()
-    flaky = proxy.url
+    # Port 0: bound at once, so no other process can take it between picking and binding.
+    proxy = ServerThread(EngineRecorder(direct).app(), "127.0.0.1", 0).start()
+    flaky, port = proxy.url, proxy.port
     assert bare.attach(flaky).status_code == 201 and bare.attach(direct).status_code == 201
     proxy.stop()
     for _ in range(4):  # every call is served: a call that finds the proxy dead moves over

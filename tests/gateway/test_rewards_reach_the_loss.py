@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import torch
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import start_on_free_port
 from areal.core.registry import Registry
 from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.losses.ppo import decoupled_ppo_loss
@@ -77,16 +77,19 @@ def test_turn_rewards_and_discount_reach_the_advantages(
     )
     router = tmp_path / "router.yaml"
     router.write_text("model_routing:\n  policy_model: {model_id: areal-tiny, max_tokens: 4}\n")
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
     with ZmqTrajectorySource("tcp://127.0.0.1:*") as source:
-        command = [*SERVER, "--config", str(router), "--engine", engine[0], "--port", str(port)]
+        command = [*SERVER, "--config", str(router), "--engine", engine[0]]
         command += ["--log-dir", str(tmp_path / "logs"), "--sink", "zmq"]
         command += ["--sink-address", source.address, "--discount", "0.5"]
-        with ServerProcess(
-            command, log_path=tmp_path / "gw.out", env={"AREAL_ADMIN_TOKEN": ADMIN}, name="gw"
+        with start_on_free_port(
+            lambda port: [*command, "--port", str(port)],
+            log_path=tmp_path / "gw.out",
+            timeout=120,
+            env={"AREAL_ADMIN_TOKEN": ADMIN},
+            name="gw",
         ) as proc:
-            proc.wait_healthy(url, timeout=120)
+            assert proc.url is not None
+            url = proc.url
             episode(url, turn_reward=0.2, reward=1.0, discard=False)
             episode(url, turn_reward=0.1, reward=0.0, discard=False)
             episode(url, turn_reward=0.9, reward=1.0, discard=True)  # a tombstone, no samples

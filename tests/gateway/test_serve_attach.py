@@ -18,7 +18,7 @@ from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, _router
 
 from areal.cli.main import main
 from areal.core.http_server import ServerThread
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import ServerProcess, pick_free_port, start_on_free_port
 from areal.gateway.app import build_app
 from areal.gateway.server import build_state
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
@@ -57,14 +57,20 @@ def published_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def attach_command(model: str, gateway_url: str, port: int) -> list[str]:
+    command = [sys.executable, "-m", "areal", "serve", "inference", "--model", model]
+    command += ["--port", str(port), "--max-total-tokens", "4096", "--log-level", "warning"]
+    return [*command, "--attach", gateway_url]
+
+
 def serve_attached(
     model: str, gateway_url: str, log: Path, token: str | None = ADMIN_TOKEN
 ) -> tuple[ServerProcess, str]:
+    """An engine started, not waited for: one that fails to attach exits, maybe before a
+    health check would see it up (``start_on_free_port`` would take that for a failed start)."""
     port = pick_free_port()
-    command = [sys.executable, "-m", "areal", "serve", "inference", "--model", model]
-    command += ["--port", str(port), "--max-total-tokens", "4096", "--log-level", "warning"]
-    command += ["--attach", gateway_url]
     env = {"AREAL_ADMIN_TOKEN": token} if token else {}
+    command = attach_command(model, gateway_url, port)
     return ServerProcess(command, log_path=log, env=env, name="engine").start(), (
         f"http://127.0.0.1:{port}"
     )
@@ -136,7 +142,15 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
         timeout=30,
     )
     assert published.status_code == 200, published.text
-    proc, url = serve_attached(gateway_model_dir, gateway, tmp_path / "engine.log")
+    proc = start_on_free_port(
+        lambda port: attach_command(gateway_model_dir, gateway, port),
+        log_path=tmp_path / "engine.log",
+        timeout=120,
+        env={"AREAL_ADMIN_TOKEN": ADMIN_TOKEN},
+        name="engine",
+    )
+    assert proc.url is not None
+    url = proc.url
     try:
         line = wait_for_line(proc, "attached")
         assert line == (f"attached {url} to the gateway at {gateway}, serving weights version 3")

@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import pick_free_port, start_on_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,14 +46,18 @@ def is_up(url: str) -> bool:
 @pytest.mark.slow
 @pytest.mark.usefixtures("clean_env")
 def test_seed_command_with_an_embedded_engine(gateway_model_dir: str, tmp_path: Path) -> None:
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [*SERVER, "--config", ROUTER, "--model", gateway_model_dir, "--port", str(port)]
+    command = [*SERVER, "--config", ROUTER, "--model", gateway_model_dir]
     command += ["--log-dir", str(tmp_path / "logs"), "--log-level", "info"]
-    proc = ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway").start()
+    proc = start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp_path / "gateway.out",
+        timeout=180,
+        name="gateway",
+    )
+    assert proc.url is not None
+    url = proc.url
     try:
-        proc.wait_healthy(url, timeout=180)
-        output = proc.log_tail(200)
+        output = proc.output()  # this start's: one that lost its port printed its own key
         keys = KEY_LINE.findall(output)
         assert len(keys) == 1, output  # printed once
         key = keys[0]
@@ -77,12 +81,15 @@ def test_areal_serve_gateway_with_an_engine_url(
 ) -> None:
     monkeypatch.setenv("AREAL_GATEWAY_KEY", "chosen-gateway-key-0123456789")
     monkeypatch.delenv("AREAL_ADMIN_TOKEN", raising=False)
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [*CLI, "--config", ROUTER, "--engine", engine[0], "--port", str(port)]
-    command += ["--log-dir", str(tmp_path / "logs")]
-    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
-        proc.wait_healthy(url, timeout=120)
+    command = [*CLI, "--config", ROUTER, "--engine", engine[0], "--log-dir", str(tmp_path / "logs")]
+    with start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp_path / "gateway.out",
+        timeout=120,
+        name="gateway",
+    ) as proc:
+        assert proc.url is not None
+        url = proc.url
         resp = models(url, "chosen-gateway-key-0123456789")
         assert resp.status_code == 200 and resp.json()["data"][0]["id"] == "areal-tiny"
         assert not KEY_LINE.search(proc.log_tail(200))  # a chosen key is not printed
@@ -131,14 +138,18 @@ def test_seed_command_starts_with_no_engine(
     monkeypatch.setenv("AREAL_GATEWAY_KEY", "seed-gateway-key-0123456789")
     monkeypatch.setenv("AREAL_ADMIN_TOKEN", "seed-admin-token-0123456789")
     monkeypatch.setenv("TAOTOKEN_API_KEY", "sk-unused-upstream-key")
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [*SERVER, "--config", SEED_ROUTER, "--port", str(port), "--log-level", "info"]
+    command = [*SERVER, "--config", SEED_ROUTER, "--log-level", "info"]
     auth = {"Authorization": "Bearer seed-gateway-key-0123456789"}
     admin = {"Authorization": "Bearer seed-admin-token-0123456789"}
     policy, *_ = ids = seed_model_ids()
-    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
-        proc.wait_healthy(url, timeout=120)
+    with start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp_path / "gateway.out",
+        timeout=120,
+        name="gateway",
+    ) as proc:
+        assert proc.url is not None
+        url = proc.url
         listed = httpx.get(f"{url}/gateway/v1/models", headers=auth, timeout=10).json()["data"]
         assert sorted(m["id"] for m in listed) == sorted(ids)
         chat = {"model": policy, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
@@ -178,13 +189,22 @@ def test_unset_key_variable_starts_with_one_warning(
     for i, command in enumerate(
         ([*SERVER, "--config", SEED_ROUTER], [*CLI, "--config", SEED_ROUTER])
     ):
-        port = pick_free_port()
-        url = f"http://127.0.0.1:{port}"
         logs = tmp_path / f"logs{i}"
         out = tmp_path / f"gateway{i}.out"
-        command = [*command, "--port", str(port), "--log-dir", str(logs)]
-        with ServerProcess(command, log_path=out, name="gateway") as proc:
-            proc.wait_healthy(url, timeout=60)
+        with start_on_free_port(
+            lambda port, command=command, logs=logs: [
+                *command,
+                "--log-dir",
+                str(logs),
+                "--port",
+                str(port),
+            ],
+            log_path=out,
+            timeout=60,
+            name="gateway",
+        ) as proc:
+            assert proc.url is not None
+            url = proc.url
             headers = {"Authorization": f"Bearer {secrets['AREAL_GATEWAY_KEY']}"}
             judge = {
                 "model": "your-judge-model-id",
@@ -201,7 +221,7 @@ def test_unset_key_variable_starts_with_one_warning(
         assert "TAOTOKEN_API_KEY" in error["message"] and "taotoken.net" in error["message"]
         assert messages.status_code == 502 and messages.json()["type"] == "error"
         assert "TAOTOKEN_API_KEY" in messages.json()["error"]["message"]
-        output = out.read_text()
+        output = proc.output()  # a start that lost its port said "error:" and warned too
         warnings = [line for line in output.splitlines() if " WARNING " in line]
         assert len(warnings) == 1, output
         assert (
@@ -210,8 +230,8 @@ def test_unset_key_variable_starts_with_one_warning(
         assert "Traceback" not in output and "error:" not in output
         gateway_log = (logs / "gateway.log").read_text()
         assert "model=your-judge-model-id route=taotoken.net status=502" in gateway_log
-        for value in secrets.values():
-            assert value not in output and value not in gateway_log
+        for value in secrets.values():  # in no start's output
+            assert value not in out.read_text() and value not in gateway_log
 
 
 def test_help_is_light() -> None:

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anthropic
 import httpx
@@ -25,7 +26,7 @@ from aiohttp import ClientSession, web
 
 from areal.cli.serve_cmd import app as serve_app
 from areal.core.http_server import ServerThread
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import start_on_free_port
 from areal.core.staleness import StalenessBudget
 from areal.gateway.app import build_app
 from areal.gateway.policy import Generation
@@ -82,10 +83,12 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
 ) -> None:
     router = tmp_path / "router.yaml"
     router.write_text("model_routing:\n  policy_model: {model_id: areal-tiny, max_tokens: 8}\n")
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
+
+    def journal(port: int | None) -> Path:
+        return tmp_path / f"episodes-{port}.journal"
+
     with ZmqTrajectorySource("tcp://127.0.0.1:*", queue_max_size=4) as source:
-        command = [*SERVER, "--config", str(router), "--engine", engine[0], "--port", str(port)]
+        command = [*SERVER, "--config", str(router), "--engine", engine[0]]
         command += ["--log-dir", str(tmp_path / "logs"), "--sink", "zmq"]
         # A bound of 5: the engine's tokens are version 0, 4 behind the clock, still trainable.
         command += ["--sink-address", source.address, "--staleness-threshold", "5"]
@@ -93,10 +96,17 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
         command += ["--discount", "0.5", "--session-idle-timeout", "30"]
         # A restarted gateway: the trainer had received 15 episodes and dropped 1 of them.
         command += ["--start-consumed", "15", "--start-dropped", "1"]
-        command += ["--episode-journal", str(tmp_path / "episodes.journal")]
         env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
-        with ServerProcess(command, log_path=tmp_path / "gateway.out", env=env, name="gateway") as proc:  # fmt: skip
-            proc.wait_healthy(url, timeout=120)
+        # One journal per port: a start that lost its port to another process booted ("b") too.
+        with start_on_free_port(
+            lambda port: [*command, "--port", str(port), "--episode-journal", str(journal(port))],
+            log_path=tmp_path / "gateway.out",
+            timeout=120,
+            env=env,
+            name="gateway",
+        ) as proc:
+            assert proc.url is not None
+            url = proc.url
             headers = {"Authorization": f"Bearer {ADMIN}"}
             status = httpx.get(f"{url}/rl/sessions", headers=headers).json()
             # capacity = min((threshold 5 + version 4 + 1) * batch 2 - (15 - 1), max_concurrent 8)
@@ -139,7 +149,7 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
         "accepted_total": 16,
         "released": 1,
     }
-    assert (tmp_path / "episodes.journal").read_bytes() == b"bsa"
+    assert journal(urlsplit(url).port).read_bytes() == b"bsa"
 
 
 def one_line_error(command: list[str]) -> str:

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from tests.run.test_runner import _children, _wait_for, make_config, trained
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import pick_free_port, start_on_free_port
 from areal.run.runner import RunError, RunSummary, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,14 +33,17 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The article's first step: a gateway on its own, with no engine."""
     monkeypatch.setenv("AREAL_ADMIN_TOKEN", ADMIN_TOKEN)
     monkeypatch.setenv("AREAL_GATEWAY_KEY", GATEWAY_KEY)
-    port = pick_free_port()
-    url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "areal.gateway.server", "--config"]
-    command += [str(ROOT / "configs" / "router.yaml"), "--port", str(port)]
+    command += [str(ROOT / "configs" / "router.yaml")]
     command += ["--log-dir", str(tmp_path / "gateway-logs")]
-    with ServerProcess(command, log_path=tmp_path / "gateway.out", name="gateway") as proc:
-        proc.wait_healthy(url, timeout=120)
-        yield url
+    with start_on_free_port(
+        lambda port: [*command, "--port", str(port)],
+        log_path=tmp_path / "gateway.out",
+        timeout=120,
+        name="gateway",
+    ) as proc:
+        assert proc.url is not None
+        yield proc.url
 
 
 def admin_get(url: str, path: str) -> Any:

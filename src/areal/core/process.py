@@ -265,7 +265,7 @@ class ServerProcess:
             code = self._proc.poll()
             if code is not None:
                 what = f"exited with code {code} before {health_url} was healthy"
-                if _ADDRESS_IN_USE in self._this_start_output().lower():
+                if _ADDRESS_IN_USE in self.output().lower():
                     raise PortTakenError(self._failure(f"{what}: its port was taken"))
                 raise ServerExitedError(self._failure(what))
             status = _health_status(health_url, timeout=max(0.1, min(5.0, interval * 8)))
@@ -304,8 +304,9 @@ class ServerProcess:
                 raise TimeoutError(self._failure(f"printed no {prefix!r} in {timeout:g}s"))
             time.sleep(interval)
 
-    def _this_start_output(self) -> str:
-        """What this start has logged so far (a restart appends to the earlier starts' log)."""
+    def output(self) -> str:
+        """What this start has logged so far (the log also holds earlier starts': a restart, or
+        a start that found its port taken, appends to it)."""
         with open(self.log_path, "rb") as fh:
             fh.seek(self._log_start)
             return fh.read().decode("utf-8", errors="replace")

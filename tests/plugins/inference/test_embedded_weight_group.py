@@ -13,34 +13,37 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from areal.core.process import pick_free_port
 from areal.core.weight_group import new_weight_group
 from areal.plugins.models.hf_io import to_checkpoint
 
+TIMEOUT = datetime.timedelta(seconds=60)
 
-def _trainer_group(port: int, group_name: str, world_size: int = 2) -> dist.ProcessGroup:
+
+def _trainer_store(world_size: int = 2) -> dist.TCPStore:
+    """The store rank 0 owns, on port 0: bound to a port the OS picks at once, so no other
+    process can take it between picking and binding (``store.port`` says which)."""
+    return dist.TCPStore("127.0.0.1", 0, world_size, True, timeout=TIMEOUT, wait_for_workers=False)
+
+
+def _trainer_group(store: dist.TCPStore, group_name: str, world_size: int = 2) -> dist.ProcessGroup:
     """Rank 0 as areal's trainer forms it: SGLang's PrefixStore scheme on a store it owns."""
-    timeout = datetime.timedelta(seconds=60)
-    store = dist.TCPStore(
-        "127.0.0.1", port, world_size, True, timeout=timeout, wait_for_workers=False
-    )
     return new_weight_group(
-        store, rank=0, world_size=world_size, group_name=group_name, backend="gloo", timeout=timeout
+        store, rank=0, world_size=world_size, group_name=group_name, backend="gloo", timeout=TIMEOUT
     )
 
 
 def _join(srv: Any, pool: ThreadPoolExecutor, group_name: str) -> dist.ProcessGroup:
-    port = pick_free_port()
+    store = _trainer_store()
     body = {
         "master_address": "127.0.0.1",
-        "master_port": port,
+        "master_port": store.port,
         "rank_offset": 1,
         "world_size": 2,
         "group_name": group_name,
         "backend": "gloo",
     }
     joined = pool.submit(httpx.post, f"{srv.url}/init_weights_update_group", json=body, timeout=60)
-    group = _trainer_group(port, group_name)
+    group = _trainer_group(store, group_name)
     resp = joined.result(timeout=60)
     assert resp.status_code == 200 and resp.json()["success"], resp.text
     return group

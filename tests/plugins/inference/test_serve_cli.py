@@ -16,6 +16,7 @@ from areal.core.process import (
     ServerExitedError,
     ServerProcess,
     pick_free_port,
+    start_on_free_port,
 )
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
 
@@ -29,17 +30,14 @@ def _config(model_path: str, port: int) -> EmbeddedServerConfig:
 
 
 def _start(model_path: str, tmp_path: Path) -> tuple[ServerProcess, str]:
-    port = pick_free_port()
-    proc = ServerProcess(
-        build_command(_config(model_path, port)), log_path=tmp_path / "serve.log", name="serve"
-    ).start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        proc.wait_healthy(url, timeout=STARTUP_S)
-    except BaseException:
-        proc.stop()
-        raise
-    return proc, url
+    proc = start_on_free_port(
+        lambda port: build_command(_config(model_path, port)),
+        log_path=tmp_path / "serve.log",
+        timeout=STARTUP_S,
+        name="serve",
+    )
+    assert proc.url is not None
+    return proc, proc.url
 
 
 def _stop_timed(proc: ServerProcess, timeout: float) -> tuple[int | None, float]:

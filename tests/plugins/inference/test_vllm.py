@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from areal.core.engine_client import engine_client
-from areal.core.process import ServerProcess, pick_free_port
+from areal.core.process import start_on_free_port
 from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.inference.vllm_client import VLLMClient, vllm_sampling
 from areal.plugins.models.tiny import init_tiny
@@ -52,10 +52,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def vllm_url(
     checkpoints: dict[str, str], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
-    port = pick_free_port()
     options = {
         "model_path": checkpoints["a"],
-        "port": port,
         "max_running_requests": 16,
         "seed": 0,
         "log_level": "warning",
@@ -63,15 +61,18 @@ def vllm_url(
         "python_executable": _vllm_python(),
     }
     log = tmp_path_factory.mktemp("vllm-log") / "vllm.log"
-    server = ServerProcess(engine_command(options), log_path=log, env=SERVER_ENV, name="vllm")
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    try:
-        server.wait_healthy(url, 600)
+    try:  # stopped on failure; started again on another port if another process took this one
+        server = start_on_free_port(
+            lambda port: engine_command({**options, "port": port}),
+            log_path=log,
+            timeout=600,
+            env=SERVER_ENV,
+            name="vllm",
+        )
     except BaseException:
-        server.stop()
         raise AssertionError(f"vLLM did not start; its log:\n{log.read_text()[-4000:]}") from None
-    yield url
+    assert server.url is not None
+    yield server.url
     server.stop()
 
 

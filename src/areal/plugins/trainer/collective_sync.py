@@ -5,9 +5,9 @@ No file system in the path: the trainer (rank 0 of a group it owns with one rank
 broadcasts the weights in buckets while each engine's HTTP call for that bucket is in flight.
 The story of one :meth:`CollectiveWeightSync.publish`:
 
-1. **join** (first publish, or after the engines changed): a fresh group — a TCPStore on a free
-   port, the trainer as rank 0, engine ``i``'s ``tp_size`` ranks from ``1 + i * tp_size``
-   (``/init_weights_update_group``). The store is wrapped and the group formed exactly as SGLang's
+1. **join** (first publish, or after the engines changed): a fresh group — a TCPStore on a port
+   the OS picks as it binds, the trainer as rank 0, engine ``i``'s ``tp_size`` ranks from
+   ``1 + i * tp_size`` (``/init_weights_update_group``). The store is wrapped and the group formed exactly as SGLang's
    ``init_custom_process_group`` does (:mod:`areal.core.weight_group`), so real SGLang joins.
 2. **gather**: the model's weights as Hugging Face tensors; a sharded model's DTensors are
    gathered in full (``full_tensor()``, a collective every trainer rank joins).
@@ -40,7 +40,6 @@ import torch.distributed as dist
 
 from areal.core.engine_client import EngineClient
 from areal.core.inference_client import PauseMode
-from areal.core.process import pick_free_port
 from areal.core.weight_group import new_weight_group
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import to_checkpoint
@@ -196,9 +195,15 @@ class CollectiveWeightSync(EngineCalls):
         """A new group with every engine: rank 0 here (the store's owner), engine i's ranks
         from ``1 + i * tp_size``."""
         urls = tuple(self.engine_urls)
-        port = pick_free_port(self.master_address)
         name = f"areal-weights-{secrets.token_hex(4)}"
         world = len(urls) * self.tp_size + 1
+        timeout = datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
+        # Bound on a port the OS picks as it binds: no other process can take it in between.
+        store = await asyncio.to_thread(
+            dist.TCPStore, self.master_address, 0, world, True, timeout=timeout,
+            wait_for_workers=False,
+        )  # fmt: skip
+        port = store.port
 
         def join(rank: int) -> Callable[[EngineClient], Awaitable[dict[str, Any]]]:
             return lambda c: c.init_weights_update_group(
@@ -215,8 +220,9 @@ class CollectiveWeightSync(EngineCalls):
             for rank, url in zip(self._rank_offsets(len(urls)), urls, strict=True)
         ]
         try:
-            made = asyncio.to_thread(self._make_group, port, world, name)
-            self._store, self._group = await self._watch("join", made, joins, urls)
+            made = asyncio.to_thread(self._make_group, store, world, name, timeout)
+            self._group = await self._watch("join", made, joins, urls)
+            self._store = store
             for joined in joins:
                 await joined
         except BaseException:
@@ -228,21 +234,16 @@ class CollectiveWeightSync(EngineCalls):
     def _rank_offsets(self, engines: int) -> list[int]:
         return [1 + i * self.tp_size for i in range(engines)]
 
-    def _make_group(self, port: int, world: int, name: str) -> tuple[Any, Any]:
-        """Rank 0: the store's owner, then SGLang's group on it (NCCL checked by bench/gpu).
+    def _make_group(self, store: Any, world: int, name: str, timeout: datetime.timedelta) -> Any:
+        """Rank 0's group on its store: SGLang's group scheme (NCCL checked by bench/gpu).
 
         The group's own timeout is the watchdog's plus ``GROUP_TIMEOUT_SLACK_S``: a stalled
         broadcast is named by the watchdog (which phase, which bucket, which engine), and the
         group's timeout only ends the abandoned thread afterwards. With equal timeouts, a busy
         event loop let gloo's bare "timed out" error win the race."""
-        timeout = datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
-        store = dist.TCPStore(
-            self.master_address, port, world, True, timeout=timeout, wait_for_workers=True
-        )
-        group = new_weight_group(
+        return new_weight_group(
             store, rank=0, world_size=world, group_name=name, backend=self.backend, timeout=timeout
         )
-        return store, group
 
     # --- one bucket ---------------------------------------------------------------------------
 
