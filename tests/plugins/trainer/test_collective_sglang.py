@@ -11,7 +11,6 @@ from pathlib import Path
 
 import torch
 
-from areal.core.process import pick_free_port
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
 RECEIVE = Path(__file__).parents[2] / "sglang" / "receive.py"
@@ -25,7 +24,8 @@ def test_sglang_ranks_join_the_trainers_group_and_receive_its_broadcast(
     )
     world = 1 * 2 + 1  # engines * tp_size + the trainer
     assert sync._rank_offsets(1) == [1]
-    port, name = pick_free_port(), "areal-weights-test"
+    store, name = sync._new_store(world), "areal-weights-test"
+    port = store.port
     ranks = [
         subprocess.Popen(
             [str(sglang_venv_python), str(RECEIVE), "127.0.0.1", str(port), str(world),
@@ -38,7 +38,7 @@ def test_sglang_ranks_join_the_trainers_group_and_receive_its_broadcast(
         for tp_rank in range(2)
     ]  # fmt: skip
     try:
-        _store, group = sync._make_group(port, world, name)
+        group = sync._make_group(store, world, name)
         sent = torch.arange(5, dtype=torch.float32) * 1.5
         group.broadcast(sent, 0).wait()
         answers = [rank.communicate(timeout=120) for rank in ranks]

@@ -197,12 +197,7 @@ class CollectiveWeightSync(EngineCalls):
         urls = tuple(self.engine_urls)
         name = f"areal-weights-{secrets.token_hex(4)}"
         world = len(urls) * self.tp_size + 1
-        timeout = datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
-        # Bound on a port the OS picks as it binds: no other process can take it in between.
-        store = await asyncio.to_thread(
-            dist.TCPStore, self.master_address, 0, world, True, timeout=timeout,
-            wait_for_workers=False,
-        )  # fmt: skip
+        store = await asyncio.to_thread(self._new_store, world)
         port = store.port
 
         def join(rank: int) -> Callable[[EngineClient], Awaitable[dict[str, Any]]]:
@@ -220,7 +215,7 @@ class CollectiveWeightSync(EngineCalls):
             for rank, url in zip(self._rank_offsets(len(urls)), urls, strict=True)
         ]
         try:
-            made = asyncio.to_thread(self._make_group, store, world, name, timeout)
+            made = asyncio.to_thread(self._make_group, store, world, name)
             self._group = await self._watch("join", made, joins, urls)
             self._store = store
             for joined in joins:
@@ -234,15 +229,30 @@ class CollectiveWeightSync(EngineCalls):
     def _rank_offsets(self, engines: int) -> list[int]:
         return [1 + i * self.tp_size for i in range(engines)]
 
-    def _make_group(self, store: Any, world: int, name: str, timeout: datetime.timedelta) -> Any:
-        """Rank 0's group on its store: SGLang's group scheme (NCCL checked by bench/gpu).
+    def _group_timeout(self) -> datetime.timedelta:
+        """The watchdog's update timeout plus ``GROUP_TIMEOUT_SLACK_S``: a stalled broadcast is
+        named by the watchdog (which phase, which bucket, which engine), and the group's timeout
+        only ends the abandoned thread afterwards. With equal timeouts, a busy event loop let
+        gloo's bare "timed out" error win the race."""
+        return datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
 
-        The group's own timeout is the watchdog's plus ``GROUP_TIMEOUT_SLACK_S``: a stalled
-        broadcast is named by the watchdog (which phase, which bucket, which engine), and the
-        group's timeout only ends the abandoned thread afterwards. With equal timeouts, a busy
-        event loop let gloo's bare "timed out" error win the race."""
+    def _new_store(self, world: int) -> Any:
+        """Rank 0's store, on a port the OS picks as it binds (``store.port``), so no other
+        process can take the port between a pick and the bind."""
+        return dist.TCPStore(
+            self.master_address, 0, world, True, timeout=self._group_timeout(),
+            wait_for_workers=False,
+        )  # fmt: skip
+
+    def _make_group(self, store: Any, world: int, name: str) -> Any:
+        """Rank 0's group on its store: SGLang's scheme (NCCL checked by bench/gpu)."""
         return new_weight_group(
-            store, rank=0, world_size=world, group_name=name, backend=self.backend, timeout=timeout
+            store,
+            rank=0,
+            world_size=world,
+            group_name=name,
+            backend=self.backend,
+            timeout=self._group_timeout(),
         )
 
     # --- one bucket ---------------------------------------------------------------------------
