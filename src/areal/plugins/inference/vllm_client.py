@@ -449,8 +449,7 @@ class VLLMClient(InferenceClient):
             raise ValueError("vLLM reloads the checkpoint's own format; load_format is SGLang's")
         if abort_all_requests:
             await self.abort_request(abort_all=True)
-        rpc = {"method": "areal_reload_weights", "kwargs": {"weights_path": model_path}}
-        await self._post_json("/collective_rpc", rpc)
+        await self._rpc("areal_reload_weights", {"weights_path": model_path})
         await self.flush_cache()  # refused while frozen requests hold blocks: they keep theirs
         if weight_version is not None:
             await self.update_weight_version(weight_version, abort_all_requests=False)
@@ -466,22 +465,75 @@ class VLLMClient(InferenceClient):
             await self._post_json("/update_weight_version", {"new_version": new_version}),
         )
 
-    async def init_weights_update_group(self, **kwargs: Any) -> dict[str, Any]:
-        raise _no_collective(self.base_url)
+    # --- the collective weight sync, through areal's worker extension -------------------------
 
-    async def update_weights_from_distributed(self, **kwargs: Any) -> dict[str, Any]:
-        raise _no_collective(self.base_url)
+    async def init_weights_update_group(
+        self,
+        *,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> dict[str, Any]:
+        """Every worker joins the trainer's group (SGLang's scheme), as ``rank_offset`` plus its
+        tensor-parallel rank; the call returns once all have."""
+        kwargs = {
+            "master_address": master_address,
+            "master_port": master_port,
+            "rank_offset": rank_offset,
+            "world_size": world_size,
+            "group_name": group_name,
+            "backend": backend,
+        }
+        await self._rpc("areal_init_weights_update_group", kwargs)
+        return {"success": True, "message": f"joined {group_name}"}
+
+    async def update_weights_from_distributed(
+        self,
+        *,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        group_name: str = "weight_update_group",
+        flush_cache: bool = True,
+        abort_all_requests: bool = False,
+        weight_version: str | None = None,
+        load_format: str | None = None,
+    ) -> dict[str, Any]:
+        """One bucket, received by broadcast while rank 0 sends it. vLLM reloads a sync's
+        buckets as one checkpoint (a layer is processed once all its weights came, whichever
+        buckets held them), so the bucket that ends the sync must say so: the one with
+        ``weight_version`` or ``flush_cache`` (the trainer's last; the earlier ones pass
+        ``flush_cache=False``). Then the prefix cache is dropped and the version set, as after
+        a reload from disk."""
+        if load_format not in (None, "flattened_bucket"):
+            raise ValueError(f"load_format {load_format!r}: vLLM takes tensors or one flat bucket")
+        if abort_all_requests:
+            await self.abort_request(abort_all=True)
+        finish = flush_cache or weight_version is not None
+        kwargs = {
+            "group_name": group_name,
+            "names": names,
+            "dtypes": dtypes,
+            "shapes": shapes,
+            "flattened": load_format == "flattened_bucket",
+            "finish": finish,
+        }
+        await self._rpc("areal_update_weights_from_distributed", kwargs)
+        if finish:
+            await self.flush_cache()
+        if weight_version is not None:
+            await self.update_weight_version(weight_version, abort_all_requests=False)
+        return {"success": True, "message": f"loaded {len(names)} tensors"}
 
     async def destroy_weights_update_group(
         self, group_name: str = "weight_update_group"
     ) -> dict[str, Any]:
-        raise _no_collective(self.base_url)
+        await self._rpc("areal_destroy_weights_update_group", {"group_name": group_name})
+        return {"success": True, "message": f"left {group_name}"}
 
-
-def _no_collective(url: str) -> InferenceError:
-    return InferenceError(
-        None,
-        "areal does not drive vLLM's NCCL weight-transfer engine yet; "
-        "use inference.weight_sync: disk with inference.backend: vllm",
-        url,
-    )
+    async def _rpc(self, method: str, kwargs: dict[str, Any]) -> Any:
+        """A method of areal's worker extension on every worker (``/collective_rpc``)."""
+        return await self._post_json("/collective_rpc", {"method": method, "kwargs": kwargs})

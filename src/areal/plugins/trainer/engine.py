@@ -321,7 +321,7 @@ def make_weight_sync(setup: EngineSetup, weights_dir: Path) -> WeightSync:
     if inference.weight_sync == "collective":
         from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
-        backend = collective_backend(inference.backend)
+        backend = collective_backend(inference.backend, gpus=torch.cuda.is_available())
         return CollectiveWeightSync(
             [],
             backend=backend,

@@ -17,22 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from areal.core.weight_group import new_weight_group
+from areal.core.weight_group import new_weight_group, receive_tensors
 from areal.plugins.inference.embedded.requests import RequestError
-
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
-
-
-def parse_dtype(name: str) -> torch.dtype:
-    key = name.removeprefix("torch.")
-    if key not in _DTYPES:
-        raise RequestError(f"dtype {name!r} is not supported; use one of {', '.join(_DTYPES)}")
-    return _DTYPES[key]
 
 
 class WeightUpdateGroups:
@@ -85,23 +71,14 @@ class WeightUpdateGroups:
     ) -> dict[str, torch.Tensor]:
         """Tensors broadcast by rank 0, in the order of ``names`` (or one flat bucket)."""
         group = self._get(group_name)
-        if not len(names) == len(dtypes) == len(shapes):
+        if len(names) != len(shapes):
             raise RequestError("names, dtypes and shapes must have the same length")
-        types = [parse_dtype(d) for d in dtypes]
-        if flattened:
-            if len(set(types)) > 1:
-                raise RequestError("a flattened bucket needs one dtype for all tensors")
-            numels = [int(torch.Size(s).numel()) for s in shapes]
-            flat = torch.empty(sum(numels), dtype=types[0])
-            group.broadcast(flat, 0).wait()
-            parts = flat.split(numels)
-            return {n: p.view(s).clone() for n, p, s in zip(names, parts, shapes, strict=True)}
-        out: dict[str, torch.Tensor] = {}
-        for name, dtype, shape in zip(names, types, shapes, strict=True):
-            tensor = torch.empty(shape, dtype=dtype)
-            group.broadcast(tensor, 0).wait()
-            out[name] = tensor
-        return out
+        try:
+            tensors = receive_tensors(group, dtypes=dtypes, shapes=shapes, flattened=flattened)
+        except ValueError as err:  # bad metadata, found before anything was received
+            raise RequestError(str(err)) from err
+        # A flat bucket's views are copied out, so the model holds no view of the bucket.
+        return {n: t.clone() if flattened else t for n, t in zip(names, tensors, strict=True)}
 
     def destroy(self, group_name: str) -> None:
         with self._lock:

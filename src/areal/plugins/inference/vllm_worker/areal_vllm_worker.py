@@ -1,47 +1,191 @@
 """Loaded by vLLM's workers (``--worker-extension-cls``), not by areal: it runs in vLLM's own
-venv, where areal is not installed, so it imports nothing of areal's.
+venv, where areal is not installed, so it imports nothing of areal's as a package (the weight
+group's file is loaded by its path, below).
 
-vLLM 0.32's in-place ``reload_weights`` leaves a tied LM head (one that shares the input
-embedding's weight, as small Qwen models do) computing with the old weights: the checkpoint names
-only the embedding, so only the embedding's post-load processing runs again, and the head keeps
-the kernel state derived from the old weight (on CPU, the packed copy its GEMM uses). The logits
-then come from a mix of two checkpoints. :meth:`AReaLWorkerExtension.areal_reload_weights` notes
+**Weights from disk.** vLLM 0.32's in-place ``reload_weights`` leaves a tied LM head (one that
+shares the input embedding's weight, as small Qwen models do) computing with the old weights: the
+checkpoint names only the embedding, so only the embedding's post-load processing runs again, and
+the head keeps the kernel state derived from the old weight (on CPU, the packed copy its GEMM
+uses). The logits then come from a mix of two checkpoints. :meth:`areal_reload_weights` notes
 which modules share a parameter before the reload, ties them again after it if the reload split
 them, and re-runs post-load processing on every one of them.
+
+**Weights by broadcast** (areal's collective weight sync, as SGLang receives it): the trainer is
+rank 0 of a group formed key for key as SGLang forms it (``areal/core/weight_group.py``, loaded
+from areal's source tree beside this file), each worker rank ``rank_offset`` plus its
+tensor-parallel rank. A sync sends its weights in buckets, one ``/collective_rpc`` call per
+bucket while rank 0 broadcasts it; the model takes them in checkpoint format through vLLM's
+layerwise reload, which processes a layer (fused projections, the CPU's packed GEMM copy) once
+all its weights arrived, so a layer split over two buckets is fine. The call that ends the sync
+(``finish``) finalizes the reload and ties shared parameters again, as above.
 """
 
 from __future__ import annotations
 
+import datetime
+import functools
+import importlib.util
+from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+# areal/plugins/inference/vllm_worker/ -> areal/core/weight_group.py
+WEIGHT_GROUP_PY = Path(__file__).resolve().parents[3] / "core" / "weight_group.py"
+
+
+@functools.cache
+def _weight_group() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("areal_weight_group", WEIGHT_GROUP_PY)
+    if spec is None or spec.loader is None:
+        raise RuntimeError(f"cannot load areal's weight group from {WEIGHT_GROUP_PY}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _shared_parameters(model: Any) -> list[tuple[int, list[tuple[Any, str]]]]:
+    """(id of the parameter, its (module, name) owners) for every parameter owned twice."""
+    owners: dict[int, list[tuple[Any, str]]] = {}
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            owners.setdefault(id(param), []).append((module, name))
+    return [(pid, group) for pid, group in owners.items() if len(group) > 1]
+
+
+def _tie_again(shared: list[tuple[int, list[tuple[Any, str]]]]) -> int:
+    """After a reload: the members of each shared parameter hold one tensor again, with its
+    post-load processing run on each; returns how many modules were processed again."""
+    retied = 0
+    for old_id, group in shared:
+        # A member the reload gave a new tensor holds the checkpoint's values (else the values
+        # were copied into the shared tensor itself).
+        fresh = [getattr(m, n) for m, n in group if id(getattr(m, n)) != old_id]
+        for module, name in group:
+            if fresh and getattr(module, name) is not fresh[0]:
+                setattr(module, name, fresh[0])
+            # Post-load processing derives kernel state from the weight (on CPU, a packed copy
+            # for the GEMM): the member the checkpoint does not name never got it.
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+                retied += 1
+    return retied
 
 
 class AReaLWorkerExtension:
     """Methods areal calls on every worker through ``/collective_rpc``."""
 
     model_runner: Any
+    vllm_config: Any
 
     def areal_reload_weights(self, weights_path: str) -> int:
         """``reload_weights`` from ``weights_path`` keeping tied parameters tied; returns how
         many modules were tied again."""
-        model = self.model_runner.get_model()
-        owners: dict[int, list[tuple[Any, str]]] = {}
-        for module in model.modules():
-            for name, param in module.named_parameters(recurse=False):
-                owners.setdefault(id(param), []).append((module, name))
-        shared = [(pid, group) for pid, group in owners.items() if len(group) > 1]
+        shared = _shared_parameters(self.model_runner.get_model())
         self.model_runner.reload_weights(weights_path=weights_path)
-        retied = 0
-        for old_id, group in shared:
-            # A member the reload gave a new tensor holds the checkpoint's values (else the
-            # values were copied into the shared tensor itself).
-            fresh = [getattr(m, n) for m, n in group if id(getattr(m, n)) != old_id]
-            for module, name in group:
-                if fresh and getattr(module, name) is not fresh[0]:
-                    setattr(module, name, fresh[0])
-                # Post-load processing derives kernel state from the weight (on CPU, a packed
-                # copy for the GEMM): the member the checkpoint does not name never got it.
-                method = getattr(module, "quant_method", None)
-                if method is not None and hasattr(method, "process_weights_after_loading"):
-                    method.process_weights_after_loading(module)
-                    retied += 1
-        return retied
+        return _tie_again(shared)
+
+    # --- weights by broadcast -----------------------------------------------------------------
+
+    def _areal_state(self) -> dict[str, Any]:
+        # groups: name -> (group, device); shared: the tied parameters while a sync runs
+        return self.__dict__.setdefault("_areal", {"groups": {}, "shared": None})
+
+    def areal_init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str,
+        backend: str,
+        timeout_s: float = 300.0,
+    ) -> int:
+        """Join the trainer's group as ``rank_offset`` + this worker's tensor-parallel rank;
+        returns that rank. A sync cut short in an earlier group is finished first (its model
+        left half reloaded would not run)."""
+        import torch
+        import torch.distributed as dist
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        state = self._areal_state()
+        if group_name in state["groups"]:
+            raise ValueError(f"weight update group {group_name!r} already exists")
+        self._areal_finish_reload()
+        rank = rank_offset + get_tensor_model_parallel_rank()
+        if not 0 < rank < world_size:
+            raise ValueError(f"rank {rank} must be in [1, world_size={world_size})")
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = dist.TCPStore(master_address, master_port, world_size, False, timeout=timeout)
+        group = _weight_group().new_weight_group(
+            store,
+            rank=rank,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+            timeout=timeout,
+        )
+        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
+        state["groups"][group_name] = (group, device or torch.device("cpu"))
+        return rank
+
+    def areal_update_weights_from_distributed(
+        self,
+        group_name: str,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        flattened: bool,
+        finish: bool,
+    ) -> int:
+        """Receive one bucket from rank 0 and load it; ``finish``: the sync's last bucket, the
+        reload is finalized. Returns how many tensors were loaded."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+        state = self._areal_state()
+        if group_name not in state["groups"]:
+            raise ValueError(f"no weight update group named {group_name!r}; join it first")
+        if len(names) != len(shapes):
+            raise ValueError("names, dtypes and shapes must have the same length")
+        group, device = state["groups"][group_name]
+        model = self.model_runner.get_model()
+        try:
+            tensors = _weight_group().receive_tensors(
+                group, dtypes=dtypes, shapes=shapes, flattened=flattened, device=device
+            )
+            with set_current_vllm_config(self.vllm_config):
+                if state["shared"] is None:  # the sync's first bucket
+                    state["shared"] = _shared_parameters(model)
+                    initialize_layerwise_reload(model)
+                model.load_weights(list(zip(names, tensors, strict=True)))
+        except BaseException:  # a broadcast cut short: the group is spent, the model must run
+            state["groups"].pop(group_name, None)
+            self._areal_finish_reload()
+            raise
+        if finish:
+            self._areal_finish_reload()
+        return len(names)
+
+    def _areal_finish_reload(self) -> None:
+        """End the reload a sync began: layers that got all their weights run on them, the
+        others on what they had; shared parameters tied again; the model runner's caches of
+        derived state reset, as its own ``reload_weights`` does."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+
+        state = self._areal_state()
+        shared, state["shared"] = state["shared"], None
+        if shared is None:
+            return
+        with set_current_vllm_config(self.vllm_config):
+            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
+        _tie_again(shared)
+        for reset in ("reset_lora_state", "reset_encoder_cache", "reset_mm_cache"):
+            getattr(self.model_runner, reset, lambda: None)()
+
+    def areal_destroy_weights_update_group(self, group_name: str) -> bool:
+        state = self._areal_state()
+        if state["groups"].pop(group_name, None) is None:
+            raise ValueError(f"no weight update group named {group_name!r}")
+        return True
