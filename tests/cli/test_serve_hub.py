@@ -11,7 +11,7 @@ import pytest
 
 from areal.cli.main import main
 from areal.core.model_source import ModelSourceError
-from areal.core.process import start_on_free_port
+from areal.core.process import start_on_free_port, with_port
 from areal.gateway.server import serve
 
 
@@ -27,7 +27,7 @@ def test_serve_inference_serves_a_hub_id_from_its_snapshot(hub_model, tmp_path: 
         "warning",
     ]
     proc = start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "serve.log",
         timeout=90,
         name="serve",

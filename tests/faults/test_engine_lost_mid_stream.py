@@ -20,7 +20,7 @@ import yaml
 
 from areal.core.episode_journal import EpisodeBooks, read_journal
 from areal.core.plugins import registry
-from areal.core.process import ServerProcess, start_on_free_port
+from areal.core.process import ServerProcess, start_on_free_port, with_port
 from areal.plugins.models.tiny import init_tiny
 
 ADMIN = "midstream-admin-token-0123456789"
@@ -52,7 +52,7 @@ def _start_gateway(engine_url: str, tmp: Path) -> tuple[ServerProcess, str]:
     command += ["--episode-journal", str(tmp / "episodes.journal")]
     env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
     gateway = start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp / "logs" / "gateway.out",
         timeout=120,
         env=env,

@@ -35,7 +35,7 @@ from aiohttp import web
 
 from areal.core.bind import is_loopback, remote_bind_refusal
 from areal.core.http_server import ServerThread
-from areal.core.process import ServerProcess, pick_free_port, start_on_free_port
+from areal.core.process import ServerProcess, pick_free_port, start_on_free_port, with_port
 from areal.gateway.app import build_app
 from areal.gateway.middleware import HttpLimits, is_rl_path
 from areal.gateway.router_config import RouterConfig
@@ -438,7 +438,7 @@ def test_allow_remote_binds_every_interface(tmp_path: Path) -> None:
     command += ["--host", "0.0.0.0", "--allow-remote", "--log-dir", str(tmp_path / "logs")]
     # Healthy on 127.0.0.1 while bound to every interface (it raises otherwise).
     start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "gateway.out",
         timeout=60,
         name="gateway",

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import torch
 
-from areal.core.process import start_on_free_port
+from areal.core.process import start_on_free_port, with_port
 from areal.core.registry import Registry
 from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.losses.ppo import decoupled_ppo_loss
@@ -82,7 +82,7 @@ def test_turn_rewards_and_discount_reach_the_advantages(
         command += ["--log-dir", str(tmp_path / "logs"), "--sink", "zmq"]
         command += ["--sink-address", source.address, "--discount", "0.5"]
         with start_on_free_port(
-            lambda port: [*command, "--port", str(port)],
+            with_port(command),
             log_path=tmp_path / "gw.out",
             timeout=120,
             env={"AREAL_ADMIN_TOKEN": ADMIN},

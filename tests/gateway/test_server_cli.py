@@ -13,7 +13,7 @@ import httpx
 import pytest
 import yaml
 
-from areal.core.process import pick_free_port, start_on_free_port
+from areal.core.process import pick_free_port, start_on_free_port, with_port
 from areal.plugins.inference.embedded.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ def test_seed_command_with_an_embedded_engine(gateway_model_dir: str, tmp_path: 
     command = [*SERVER, "--config", ROUTER, "--model", gateway_model_dir]
     command += ["--log-dir", str(tmp_path / "logs"), "--log-level", "info"]
     proc = start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "gateway.out",
         timeout=180,
         name="gateway",
@@ -83,7 +83,7 @@ def test_areal_serve_gateway_with_an_engine_url(
     monkeypatch.delenv("AREAL_ADMIN_TOKEN", raising=False)
     command = [*CLI, "--config", ROUTER, "--engine", engine[0], "--log-dir", str(tmp_path / "logs")]
     with start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "gateway.out",
         timeout=120,
         name="gateway",
@@ -143,7 +143,7 @@ def test_seed_command_starts_with_no_engine(
     admin = {"Authorization": "Bearer seed-admin-token-0123456789"}
     policy, *_ = ids = seed_model_ids()
     with start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "gateway.out",
         timeout=120,
         name="gateway",
@@ -192,13 +192,7 @@ def test_unset_key_variable_starts_with_one_warning(
         logs = tmp_path / f"logs{i}"
         out = tmp_path / f"gateway{i}.out"
         with start_on_free_port(
-            lambda port, command=command, logs=logs: [
-                *command,
-                "--log-dir",
-                str(logs),
-                "--port",
-                str(port),
-            ],
+            with_port([*command, "--log-dir", str(logs)]),
             log_path=out,
             timeout=60,
             name="gateway",

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from tests.run.test_runner import _children, _wait_for, make_config, trained
 
-from areal.core.process import pick_free_port, start_on_free_port
+from areal.core.process import pick_free_port, start_on_free_port, with_port
 from areal.run.runner import RunError, RunSummary, train
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -37,7 +37,7 @@ def gateway(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     command += [str(ROOT / "configs" / "router.yaml")]
     command += ["--log-dir", str(tmp_path / "gateway-logs")]
     with start_on_free_port(
-        lambda port: [*command, "--port", str(port)],
+        with_port(command),
         log_path=tmp_path / "gateway.out",
         timeout=120,
         name="gateway",

@@ -61,6 +61,12 @@ def pick_free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
+def with_port(command: Sequence[str]) -> Callable[[int], list[str]]:
+    """``command`` with ``--port PORT`` appended, for :func:`start_on_free_port` (areal's
+    servers and most others take their port so)."""
+    return lambda port: [*command, "--port", str(port)]
+
+
 def start_on_free_port(
     command_for: Callable[[int], Sequence[str]],
     *,
