@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import contextlib
-import http.server
 import os
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from tests.run.test_reachability import serve
 
 from areal.core import process
 from areal.core.port_owner import group_listens_on
@@ -67,27 +66,11 @@ def _child_pid(log: Path) -> int:
     raise AssertionError(f"no child pid in {log}")
 
 
-class _Health(http.server.BaseHTTPRequestHandler):
-    def do_GET(self) -> None:
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @contextlib.contextmanager
 def someone_else_answering_health() -> Iterator[int]:
     """Another process's server on a port (the test's own process: not the server's group),
     answering 200 on every path, as another run's gateway or engine would on ``/health``."""
-    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    thread = threading.Thread(target=other.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(other.server_address[1])
-    finally:
-        other.shutdown()
-        other.server_close()
+    yield from serve(200, b"")
 
 
 def test_pick_free_port_is_bindable() -> None:
