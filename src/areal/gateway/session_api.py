@@ -60,6 +60,8 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                 # for the live monitor: in-flight episodes per rollout worker
                 "open_by_worker": _count_by_worker(open_sessions),
                 "budget": sessions.budget.snapshot().to_json(),
+                # long polls (``wait_s``) held for a slot now: workers the budget holds back
+                "waiting": sessions.waiting,
                 "discount": sessions.discount,
                 "idle_timeout": sessions.idle_timeout,
                 "expired": sessions.expired,

@@ -90,6 +90,7 @@ class SessionsStatus(TypedDict, total=False):
     open: list[str]
     open_by_worker: dict[str, int]  # in-flight episodes per rollout worker
     budget: Budget
+    waiting: int  # long polls held for a slot now: the workers the budget holds back
     discount: float
     idle_timeout: float | None
     expired: int
