@@ -288,8 +288,13 @@ def test_idle_sessions_are_reaped_and_give_their_slot_back(start_gateway: Any) -
         assert ended["status"] == "ended" and ended["expired"] is True and ended["sent"] is False
         error_of(get(gw, "/v1/models", alive["api_key"]), 401)
         listing = get(gw, "/rl/sessions", gw.admin).json()
-        assert (listing["expired"], listing["idle_timeout"]) == (1, timeout)
-        assert listing["budget"]["rejected"] == 1 and listing["budget"]["running"] == 1
+        # The new session is idle too: a test process stalled past the timeout since it was
+        # opened (a loaded machine; seen once) lets the reaper end it as well, which the same
+        # snapshot shows (it is no longer open), and the counts must say exactly that.
+        also_reaped = resp.json()["session_id"] not in listing["open"]
+        assert (listing["expired"], listing["idle_timeout"]) == (1 + also_reaped, timeout)
+        assert listing["budget"]["rejected"] == 1
+        assert listing["budget"]["running"] == (0 if also_reaped else 1)
 
 
 def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(start_gateway: Any) -> None:
