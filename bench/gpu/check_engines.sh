@@ -2,8 +2,9 @@
 # SGLang and vLLM on one GPU, as areal drives them (not run in CI; sized for < 8 minutes on one
 # H100/H200-class GPU). One line per check:
 #   launch, generate with log-probs, streams, pause modes, weights from disk, per-token versions
-#   across an update (engines_check.py, per backend); NCCL weight update from a trainer rank
-#   (check_nccl_sync.py: SGLang; vLLM's NCCL engine is not driven by areal yet, reported as SKIP);
+#   across an update (engines_check.py, per backend); NCCL weight update from a trainer rank on
+#   GPU 0 to each engine on GPU 1 (check_nccl_sync.py; SKIP with one GPU: NCCL refuses two ranks
+#   of a group on one device);
 #   a 3-step `areal train` per backend on a random-init 0.5B-class Qwen3.
 # Needs: an NVIDIA GPU; areal with SGLang in $PYTHON (pip install 'areal[sglang]'); vLLM in
 # $VLLM_PYTHON (default: $PYTHON).
@@ -25,9 +26,13 @@ echo "INFO $(nvidia-smi -L | head -1); work dir $WORK"
 step() {  # step NAME SECONDS CMD...: one line, PASS or FAIL, the log kept in $WORK/NAME.log
     local name="$1" limit="$2"
     shift 2
-    local start=$SECONDS
-    if timeout "$limit" "$@" >"$WORK/$name.log" 2>&1; then
+    local start=$SECONDS rc
+    timeout "$limit" "$@" >"$WORK/$name.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
         echo "PASS $name ($((SECONDS - start))s)"
+    elif [ "$rc" -eq 2 ] && grep -q '^SKIP' "$WORK/$name.log"; then  # the check says why not
+        grep -m1 '^SKIP' "$WORK/$name.log"
     else
         echo "FAIL $name ($((SECONDS - start))s): see $WORK/$name.log"
         grep -E '^(PASS|FAIL)' "$WORK/$name.log" | sed 's/^/    /' | tail -20
@@ -62,9 +67,9 @@ print(f"PASS {model.num_parameters() / 1e6:.0f}M parameters at {out}")
 PY
 
 step sglang-engine 240 "$PYTHON" bench/gpu/engines_check.py --backend sglang --model "$WORK/model" --workdir "$WORK/sglang"
-step sglang-nccl-update 180 "$PYTHON" bench/gpu/check_nccl_sync.py --workdir "$WORK/nccl"
+step sglang-nccl-update 180 "$PYTHON" bench/gpu/check_nccl_sync.py --backend sglang --workdir "$WORK/nccl-sglang"
 step vllm-engine 240 "$PYTHON" bench/gpu/engines_check.py --backend vllm --python "$VLLM_PYTHON" --model "$WORK/model" --workdir "$WORK/vllm"
-echo "SKIP vllm-nccl-update: areal does not drive vLLM's NCCL weight-transfer engine yet (weight_sync: disk)"
+step vllm-nccl-update 240 "$PYTHON" bench/gpu/check_nccl_sync.py --backend vllm --python "$VLLM_PYTHON" --workdir "$WORK/nccl-vllm"
 
 for backend in sglang vllm; do
     step "train-3-steps-$backend" 300 "$PYTHON" -m areal train configs/quickstart.yaml \

@@ -1,12 +1,15 @@
-"""Collective weight sync over NCCL to a real SGLang server (GPU machine; not run in CI).
+"""Collective weight sync over NCCL to a real SGLang or vLLM server (GPU machine; not run in CI).
 
-The trainer (this process, on the GPU) and SGLang (its own process, same GPU) form a group through
-SGLang's ``/init_weights_update_group``; :class:`~areal.plugins.trainer.collective_sync.
-CollectiveWeightSync` then broadcasts perturbed weights in buckets, and the server must report the
-new version and generate what the trainer's model predicts greedily (first tokens; bf16/fp32
-numerics may part later). Prints PASS/FAIL lines; exits 1 on failure.
+The trainer (this process, on GPU 0) and the engine (its own process, on GPU 1: NCCL refuses two
+ranks of one group on one device) form a group through the engine's join call (SGLang's
+``/init_weights_update_group``; vLLM's ``/collective_rpc`` into areal's worker extension);
+:class:`~areal.plugins.trainer.collective_sync.CollectiveWeightSync` then broadcasts perturbed
+weights in buckets, and the server must report the new version and generate what the trainer's
+model predicts greedily (first tokens; bf16/fp32 numerics may part later). Prints PASS/FAIL
+lines; exits 1 on failure, 2 (SKIP) with fewer than two GPUs.
 
-    python bench/gpu/check_nccl_sync.py [--workdir DIR] [--mem-fraction-static 0.3]
+    python bench/gpu/check_nccl_sync.py [--backend sglang|vllm] [--python VLLM_PYTHON]
+        [--workdir DIR] [--mem-fraction-static 0.3]
 """
 
 from __future__ import annotations
@@ -23,12 +26,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_check import make_tiny_model
 
-from areal.core.inference_client import InferenceClient
-from areal.plugins.inference.sglang_backend import SGLangServerConfig, launch
+from areal.core.engine_client import engine_client
+from areal.core.process import ServerProcess, start_on_free_port
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+ENGINE_GPU = {"CUDA_VISIBLE_DEVICES": "1"}  # the trainer keeps GPU 0
 
 
 def predicted(model: torch.nn.Module, n: int) -> list[int]:
@@ -40,25 +44,31 @@ def predicted(model: torch.nn.Module, n: int) -> list[int]:
     return ids[len(PROMPT) :]
 
 
-async def check(url: str, model_dir: Path) -> str:
+async def check(backend: str, url: str, model_dir: Path) -> str:
     model = load_model(model_dir, device="cuda")
     generator = torch.Generator(device="cuda").manual_seed(1)
     with torch.no_grad():
         for p in model.parameters():
             p.add_(torch.randn(p.shape, generator=generator, device="cuda") * 0.05)
-    sync = CollectiveWeightSync([url], backend="nccl", bucket_bytes=4 * 1024**2, update_timeout=120)
+    sync = CollectiveWeightSync(
+        [url], backend="nccl", bucket_bytes=4 * 1024**2, update_timeout=120, engine_backend=backend
+    )
     try:
         seconds = await sync.publish(model, 1)
         phases = dict(sync.last_phases)
     finally:
         await sync.close()
-    async with InferenceClient(url, timeout=120) as client:
+    client = engine_client(backend, url, timeout=120)
+    try:
         out = await client.generate(
             input_ids=PROMPT,
             sampling_params={"max_new_tokens": 4, "temperature": 0, "ignore_eos": True},
         )
-    if out.weight_version != "1":
-        raise AssertionError(f"the server serves version {out.weight_version!r}, not '1'")
+    finally:
+        await client.aclose()
+    versions = set(out.token_versions()) if out.spans_known else {out.weight_version}
+    if versions != {"1"}:
+        raise AssertionError(f"the server's tokens carry versions {versions}, not '1'")
     want = predicted(model, 4)
     if out.output_ids[:2] != want[:2]:
         raise AssertionError(f"greedy tokens {out.output_ids} != the trainer's {want}")
@@ -66,28 +76,58 @@ async def check(url: str, model_dir: Path) -> str:
     return f"published in {seconds:.2f}s ({shown}); greedy {out.output_ids} vs {want}"
 
 
+def start_engine(args: argparse.Namespace, model_dir: Path, workdir: Path) -> ServerProcess:
+    if args.backend == "sglang":
+        from areal.plugins.inference.sglang_backend import SGLangServerConfig, launch
+
+        config = SGLangServerConfig(
+            model_path=str(model_dir), port=0, mem_fraction_static=args.mem_fraction_static
+        )
+        return launch(config, workdir / "sglang.log", timeout=600, env=ENGINE_GPU)
+    from areal.plugins.inference.vllm_backend import SERVER_ENV, engine_command
+
+    options = {
+        "model_path": str(model_dir),
+        "mem_fraction_static": args.mem_fraction_static,
+        "python_executable": args.python or sys.executable,
+        "log_level": "warning",
+    }
+    return start_on_free_port(
+        lambda port: engine_command({**options, "port": port}),
+        log_path=workdir / "vllm.log",
+        timeout=600,
+        env={**SERVER_ENV, **ENGINE_GPU},
+        name="vllm",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--backend", choices=["sglang", "vllm"], default="sglang")
+    parser.add_argument("--python", help="vLLM's interpreter (default: this one)")
     parser.add_argument("--workdir", type=Path)
     parser.add_argument("--mem-fraction-static", type=float, default=0.3)
     args = parser.parse_args()
+    if torch.cuda.device_count() < 2:
+        print(f"SKIP {args.backend} nccl weight sync: needs 2 GPUs (NCCL refuses two ranks on one)")
+        return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="areal-nccl-sync-"))
     model_dir = make_tiny_model(workdir / "tiny-model")
-    config = SGLangServerConfig(
-        model_path=str(model_dir), port=0, mem_fraction_static=args.mem_fraction_static
-    )
     started = time.monotonic()
-    server = launch(config, workdir / "sglang.log", timeout=600)
-    print(f"PASS launch ({time.monotonic() - started:.1f}s) {server.url}", flush=True)
+    server = start_engine(args, model_dir, workdir)
+    print(
+        f"PASS launch {args.backend} ({time.monotonic() - started:.1f}s) {server.url}", flush=True
+    )
     try:
-        note = asyncio.run(check(server.url or config.url, model_dir))
+        assert server.url is not None
+        note = asyncio.run(check(args.backend, server.url, model_dir))
     except Exception as exc:
-        print(f"FAIL nccl weight sync: {type(exc).__name__}: {exc}", flush=True)
+        print(f"FAIL {args.backend} nccl weight sync: {type(exc).__name__}: {exc}", flush=True)
         print(server.log_tail())
         return 1
     finally:
         server.stop()
-    print(f"PASS nccl weight sync: {note}", flush=True)
+    print(f"PASS {args.backend} nccl weight sync: {note}", flush=True)
     return 0
 
 
