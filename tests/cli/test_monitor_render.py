@@ -18,7 +18,14 @@ import pytest
 from rich.console import Console, RenderableType
 from rich.panel import Panel
 
-from areal.cli.monitor.render import curves_panel, header, render, sparkline, sync_panel
+from areal.cli.monitor.render import (
+    curves_panel,
+    header,
+    render,
+    sparkline,
+    sync_panel,
+    workers_panel,
+)
 from areal.cli.monitor.source import read_records
 from areal.cli.monitor.state import MonitorState
 from areal.core import hookspecs
@@ -118,6 +125,18 @@ def test_the_weight_sync_panel_says_when_the_engines_loaded_beside_the_next_step
     state.feed({**sync, "step": 4, "version": 4, "save_seconds": 0.01, "overlapped": 1})
     row = next(line for line in text_of(sync_panel(state)).splitlines() if "version 4" in line)
     assert "0.070 s" in row and "beside the next step" in row
+
+
+def test_the_workers_panel_counts_the_polls_the_staleness_budget_holds() -> None:
+    """Rollout workers held back (their long polls for a slot) when the run counts them; a run
+    recorded before it did shows no row."""
+    state = MonitorState()
+    accounting = {"event": "accounting", "step": 1, "time": 1.0, "episodes_running": 8}
+    state.feed({**accounting, "rollout0_running": 8, "rollout0_episodes": 40})
+    assert "waiting" not in text_of(workers_panel(state))
+    state.feed({**accounting, "step": 2, "time": 2.0, "sessions_waiting": 3})
+    row = next(line for line in text_of(workers_panel(state)).splitlines() if "waiting" in line)
+    assert "3" in row and "for the staleness budget" in row
 
 
 def test_task_success_is_a_curve_when_the_run_reports_it() -> None:

@@ -86,6 +86,12 @@ def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     assert all(0.0 <= h["success"] <= 1.0 for h in summary.history)
     assert all(" success=" in line for line in lines if line.startswith("[train] step="))
     assert (tmp_path / "logs" / "metrics.jsonl").is_file()
+    # The polls the staleness budget held, as the gateway counted them at each step's end: at
+    # most one per episode slot of the run's workers.
+    events = [json.loads(line) for line in (tmp_path / "logs" / "metrics.jsonl").open()]
+    held = [e["sessions_waiting"] for e in events if e.get("event") == "accounting"]
+    slots = config.async_.rollout_workers * config.agent.concurrency
+    assert len(held) == 3 and all(isinstance(n, int) and 0 <= n <= slots for n in held), held
     checkpoint = latest_checkpoint(tmp_path / "out")
     assert checkpoint is not None and checkpoint.name == "step-000003"
     # Every trained trajectory is recorded once, with the task it answered.

@@ -716,6 +716,8 @@ class _Run:
                 "queue_full_seconds": round(observed.full_seconds(), 3),
                 "tokens_trained": self.tokens_trained,
                 "sessions_expired": int(status.get("expired", 0)),
+                # workers' long polls held for a slot: rollouts the staleness budget holds back
+                "sessions_waiting": int(status.get("waiting", 0)),
                 "restarts": sum(c.restarts for c in children),
             }
         )

@@ -144,6 +144,10 @@ def workers_panel(state: MonitorState) -> Panel:
     table.add_row(
         "all", f"{_int(acc, 'episodes_running')}", f"{_int(acc, 'trajectories_received')}"
     )
+    if "sessions_waiting" in acc:  # runs recorded before it was counted have no row
+        waiting = _int(acc, "sessions_waiting")
+        style = "" if waiting in ("0", "-") else "yellow"
+        table.add_row("waiting", Text(waiting, style=style), "for the staleness budget")
     return Panel(table, title="rollout workers")
 
 
