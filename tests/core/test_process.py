@@ -15,7 +15,7 @@ import pytest
 from tests.run.test_reachability import serve
 
 from areal.core import process
-from areal.core.port_owner import group_listens_on
+from areal.core.ports import group_listens_on
 from areal.core.process import (
     PortTakenError,
     ServerExitedError,

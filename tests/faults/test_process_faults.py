@@ -26,8 +26,8 @@ from typing import Any
 
 import pytest
 
+from areal.core.ports import port_holders
 from areal.run.checkpoint import latest_checkpoint, load_checkpoint
-from areal.run.ports import port_holders
 
 SEED = int(os.environ.get("AREAL_FAULT_SEED") or random.randrange(1_000_000))
 WATCHDOG_S = 5  # inference.weight_sync_timeout_s: a healthy sync's calls answer in ~10 ms here

@@ -31,7 +31,6 @@ from pathlib import Path
 from typing import IO, Any
 
 from areal.core.parent_death import guarded
-from areal.core.port_owner import group_listens_on
 
 LOG_TAIL_LINES = 40
 # How long to wait for a SIGKILLed process to be gone: it cannot refuse, but on a loaded machine
@@ -104,7 +103,7 @@ class ServerProcess:
     server is killed when this process dies, by any signal (:mod:`areal.core.parent_death`).
     ``serves_here``: the command itself listens, on this machine (False for a launcher's wrapper
     that runs the server elsewhere), so a health check can tell its answers from another
-    process's on the same port (:mod:`areal.core.port_owner`).
+    process's on the same port (:mod:`areal.core.ports`).
     """
 
     def __init__(
@@ -278,6 +277,8 @@ class ServerProcess:
             if status == "HTTP 200":
                 if not self.serves_here or port is None:
                     return
+                from areal.core.ports import group_listens_on  # psutil: only when asked
+
                 if group_listens_on(port, self._proc.pid) is not False:
                     return
                 status = f"another process answers on port {port}"

@@ -75,7 +75,7 @@ def _health(url: str) -> str | None:
 
 
 def _holders(port: int) -> list[str]:
-    from areal.run.ports import port_holders
+    from areal.core.ports import port_holders
 
     return [holder.describe() for holder in port_holders(port)]
 

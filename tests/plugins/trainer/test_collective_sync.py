@@ -16,12 +16,12 @@ import httpx
 import pytest
 import torch
 
+from areal.core.ports import port_holders
 from areal.gateway.server import embedded_engine
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 from areal.plugins.trainer.weight_sync import WeightSyncError
-from areal.run.ports import port_holders
 
 
 @pytest.fixture(scope="module")
