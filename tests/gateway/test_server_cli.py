@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -93,10 +94,26 @@ def test_areal_serve_gateway_with_an_engine_url(
         resp = models(url, "chosen-gateway-key-0123456789")
         assert resp.status_code == 200 and resp.json()["data"][0]["id"] == "areal-tiny"
         assert not KEY_LINE.search(proc.log_tail(200))  # a chosen key is not printed
+        assert f"listening on {url}" in proc.output()  # said once bound
         started = time.monotonic()
         code = proc.stop(timeout=20)
     assert time.monotonic() - started < 10 and code is not None
     assert "path=/v1/models" in (tmp_path / "logs" / "gateway.log").read_text()
+
+
+def test_a_gateway_on_a_taken_port_says_so_and_never_that_it_listens(
+    engine: tuple[str, InferenceServer], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("AREAL_GATEWAY_KEY", "chosen-gateway-key-0123456789")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        command = [*CLI, "--config", ROUTER, "--engine", engine[0], "--port", str(port)]
+        command += ["--log-dir", str(tmp_path / "logs")]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "address already in use" in result.stderr and "listening on" not in result.stderr
 
 
 def one_line_error(command: list[str]) -> str:

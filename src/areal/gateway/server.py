@@ -300,12 +300,12 @@ def serve(
         else:
             where = "no engine yet (policy calls answer 503 until one attaches: POST /rl/engines)"
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
-        log.info("listening on %s://%s:%d", "https" if tls else "http", host, port)
         _more_file_descriptors()
         # Trajectories leave as one payload buffer per queue message (up to ~1 MB): glibc would
         # map each fresh and fault its pages in on every message (areal.core.heap).
         kept = keep_freed_memory()
         log.info("heap: %s", "freed memory kept (glibc)" if kept else "the allocator's defaults")
+        scheme = "https" if tls else "http"
         app = build_app(state, limits)
         loop = new_event_loop()
         log.info("event loop: %s", loop_name(loop))
@@ -315,7 +315,8 @@ def serve(
             host=host,
             port=port,
             ssl_context=tls,
-            print=None,
+            # aiohttp's "running" message: said once the socket is bound (a bind fails before)
+            print=lambda _: log.info("listening on %s://%s:%d", scheme, host, port),
             access_log=None,
             loop=loop,
         )
