@@ -41,6 +41,8 @@ KILLED_EXIT_S = 30.0
 # aiohttp's messages alike.
 _ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
 
+PORT_TRIES = 3  # ports a server's first start tries when another process takes the one picked
+
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
 
@@ -72,7 +74,7 @@ def start_on_free_port(
     log_path: str | os.PathLike[str],
     timeout: float,
     host: str = "127.0.0.1",
-    tries: int = 3,
+    tries: int = PORT_TRIES,
     **options: Any,
 ) -> ServerProcess:
     """A server started with ``command_for(port)`` on a port picked free, returned healthy (its

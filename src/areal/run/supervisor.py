@@ -24,14 +24,13 @@ from pathlib import Path
 
 from areal.core.launcher import Launcher, LocalLauncher, Placement
 from areal.core.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, on_node
-from areal.core.process import PortTakenError, ServerProcess
+from areal.core.process import PORT_TRIES, PortTakenError, ServerProcess
 
 log = logging.getLogger("areal.supervisor")
 
 Hook = Callable[["Child"], Awaitable[None]]
 
 PROCESS_ENV = "AREAL_PROCESS"  # a child's name, in its environment
-PORT_TRIES = 3  # ports a child's first start tries, when another process takes the one picked
 
 
 class ChildFailed(RuntimeError):

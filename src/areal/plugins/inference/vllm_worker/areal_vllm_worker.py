@@ -125,8 +125,11 @@ class AReaLWorkerExtension:
             backend=backend,
             timeout=timeout,
         )
-        device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else None
-        state["groups"][group_name] = (group, device or torch.device("cpu"))
+        on_gpu = backend == "nccl"
+        device = (
+            torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+        )
+        state["groups"][group_name] = (group, device)
         return rank
 
     def areal_update_weights_from_distributed(
