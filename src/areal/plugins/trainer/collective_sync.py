@@ -305,7 +305,9 @@ class CollectiveWeightSync(EngineCalls):
         which: str = "",
     ) -> Any:
         """``work`` (rank 0's side) under the phase's timeout; an engine call that fails first
-        is raised as it is; a stall names the engines that had not answered."""
+        is raised as it is; a stall names the engines that had not answered. An engine call
+        that timed out (its own timeout is the phase's too) is one that has not answered: which
+        of the two timers fires first is chance, the error is the watchdog's either way."""
         timeout = self.timeouts[phase]
         task = asyncio.ensure_future(work)
         pending: set[asyncio.Future[Any]] = {task, *(calls or [])}
@@ -317,23 +319,31 @@ class CollectiveWeightSync(EngineCalls):
             done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             for finished in done:
                 pending.discard(finished)
-                if finished is not task and finished.exception() is not None:
+                failed = finished is not task and finished.exception() is not None
+                if failed and not _timed_out(finished):
                     raise finished.exception()  # type: ignore[misc]
         if not task.done():
             self._abandoned.append(task)  # its thread ends at the group's timeout; close() waits
             members = list(urls or self._members)
             offsets = self._rank_offsets(len(members))
             waiting = [
-                f"rank {offsets[i]} ({members[i]})"
+                i
                 for i, call in enumerate(calls or [])
-                if not call.done() and i < len(members)
+                if (not call.done() or _timed_out(call)) and i < len(members)
             ]
             bucket = f" of bucket {which}" if which else ""
-            who = ", ".join(waiting) or "no engine call was pending"
+            who = ", ".join(f"rank {offsets[i]} ({members[i]})" for i in waiting)
             raise WeightSyncError(
                 phase,
-                None,
+                members[waiting[0]] if waiting else None,  # the engine a supervisor may restart
                 f"rank 0 (the trainer) stalled {timeout:g} s in the {phase}{bucket}; "
-                f"not answered: {who}",
+                f"not answered: {who or 'no engine call was pending'}",
+                stalled=bool(waiting),
             )
         return task.result()
+
+
+def _timed_out(call: asyncio.Future[Any]) -> bool:
+    """Did this engine call end by its own timeout (no answer), rather than by an error?"""
+    exc = call.exception() if call.done() and not call.cancelled() else None
+    return isinstance(exc, WeightSyncError) and exc.stalled
