@@ -211,3 +211,30 @@ def test_a_client_that_goes_away_aborts_its_generation(start_server: Any) -> Non
             assert srv.server.engine.stats()["running"] == 1 and not other.done()
         _post(srv.url, "/abort_request", {"abort_all": True})
         assert other.result(timeout=30).json()["meta_info"]["finish_reason"]["type"] == "abort"
+
+
+def test_a_control_call_whose_client_goes_away_leaves_the_engine_serving(
+    start_server: Any,
+) -> None:
+    """A ``/pause_generation`` whose client gives up while the engine thread is busy (here: held
+    by a call of our own) is cancelled with its handler; the engine must skip it when its turn
+    comes, not die setting the result of a cancelled future (a trainer whose weight-sync call
+    timed out once killed the engine that way), and must not pause for a caller that left."""
+    import threading
+
+    with start_server() as srv:
+        engine = srv.server.engine
+        held, release = threading.Event(), threading.Event()
+        busy = engine.call(lambda: (held.set(), release.wait(30)))
+        assert held.wait(10)
+        with httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
+            try:
+                client.post(f"{srv.url}/pause_generation", json={"mode": "abort"})
+                raise AssertionError("the pause answered while the engine thread was held")
+            except httpx.ReadTimeout:
+                pass  # the client gives up and closes: the server cancels its handler
+        time.sleep(0.3)  # the disconnect reaches the server
+        release.set()
+        busy.result(timeout=10)
+        out = srv.generate(input_ids=[3, 1, 4], sampling_params={"max_new_tokens": 4})
+        assert len(out["output_ids"]) == 4 and engine.alive and not engine.paused

@@ -204,10 +204,13 @@ class Engine:
         self._inbox.put(lambda: self._enqueue(req, emit))
 
     def call(self, fn: Callable[[], Any]) -> Future[Any]:
-        """Run ``fn`` on the engine thread between steps; the future carries its result."""
+        """Run ``fn`` on the engine thread between steps; the future carries its result. A call
+        cancelled before its turn (its HTTP client went away) is skipped: nobody waits for it."""
         fut: Future[Any] = Future()
 
         def run() -> None:
+            if not fut.set_running_or_notify_cancel():
+                return
             try:
                 fut.set_result(fn())
             except BaseException as exc:  # handed to the caller, never kills the loop
