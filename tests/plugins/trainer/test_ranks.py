@@ -5,9 +5,10 @@
   tp=2 (DCP reshards); a killed follower fails the run. The nano model's rewards are all 0 there,
   so the weights do not move: those tests check the wiring, not the numbers.
 - The numbers: this file is also the ranks' script (``__main__``): rank 0 drives a
-  :class:`RankGroup` (dp=2) through steps with real advantages, the follower runs
-  :func:`follow`; the published shadow is compared with the single-process step, and a resumed
-  group with the one that went on.
+  :class:`RankGroup` (dp=2, or pp=2 on a 4-layer nano with an untied LM head) through steps
+  with real advantages and the KL-to-reference penalty (the group loads its own reference model,
+  pipelined under pp), the follower runs :func:`follow`; the published shadow is compared with
+  the single-process step, and a resumed group with the one that went on.
 """
 
 from __future__ import annotations
@@ -194,10 +195,13 @@ def test_a_node_of_two_gets_one_rank_and_a_command_torchrun_accepts(tmp_path: Pa
     ]
 
 
-def test_a_rank_group_trains_like_one_process_and_resumes_exactly(tmp_path: Path) -> None:
+@pytest.mark.parametrize("layout", ["dp2", "pp2"])
+def test_a_rank_group_trains_like_one_process_and_resumes_exactly(
+    tmp_path: Path, layout: str
+) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AREAL_DIST_TIMEOUT_S": "60"}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    command += ["--nproc-per-node", "2", __file__, str(tmp_path)]
+    command += ["--nproc-per-node", "2", __file__, str(tmp_path), layout]
     done = subprocess.run(command, capture_output=True, text=True, timeout=180, env=env)
     assert done.returncode == 0, done.stderr[-4000:]
     result = torch.load(tmp_path / "result.pt")
@@ -242,7 +246,25 @@ def _max_diff(a: Any, b: Any) -> float:
     return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
 
 
-def _ranks_main(out: Path) -> None:
+def _write_model(model_dir: Path, layout: str) -> None:
+    """The nano checkpoint; for ``pp2`` with 4 layers and an untied LM head (a pipeline puts
+    the embedding and the head on different stages)."""
+    import dataclasses
+
+    from areal.plugins.models.hf_io import save_model
+    from areal.plugins.models.qwen3 import Qwen3ForCausalLM
+    from areal.plugins.models.tiny import init_tiny, tiny_config
+
+    init_tiny(model_dir, size="nano")
+    if layout == "pp2":
+        config = tiny_config("nano")
+        config = dataclasses.replace(config, tie_word_embeddings=False, num_hidden_layers=4)
+        model = Qwen3ForCausalLM(config)
+        model.init_weights(generator=torch.Generator().manual_seed(0))
+        save_model(model, model_dir)
+
+
+def _ranks_main(out: Path, layout: str) -> None:
     """Both ranks' script (see the module docstring); rank 0 writes ``result.pt``."""
     import copy
 
@@ -251,7 +273,6 @@ def _ranks_main(out: Path) -> None:
     from areal.core.run_config import run_config_from_dict
     from areal.core.train_engine import EngineSetup
     from areal.plugins.models.hf_io import load_model
-    from areal.plugins.models.tiny import init_tiny
     from areal.plugins.trainer.ranks import RankGroup, Start, follow, init_ranks
     from areal.plugins.trainer.step import train_step
 
@@ -260,7 +281,11 @@ def _ranks_main(out: Path) -> None:
             {
                 "model": {"path": str(out / "model"), "dtype": "float32"},
                 "dataset": {"name": "tool_then_answer"},
-                "train": {"device": "cpu", "parallelism": {"dp": 2}, "learning_rate": LR},
+                "train": {
+                    "device": "cpu",
+                    "parallelism": {layout[:2]: 2},
+                    "learning_rate": LR,
+                },
                 "async": {"train_workers": 2},
             }
         ),
@@ -269,7 +294,7 @@ def _ranks_main(out: Path) -> None:
     if int(os.environ["RANK"]):
         follow(config)
         return
-    init_tiny(out / "model", size="nano")
+    _write_model(out / "model", layout)
     ranks = init_ranks(config)
     # With the KL term: the group shards its own reference model (the starting weights).
     model_dir = str(out / "model")
@@ -311,7 +336,7 @@ def _ranks_main(out: Path) -> None:
 
 
 if __name__ == "__main__":
-    _ranks_main(Path(sys.argv[1]))
+    _ranks_main(Path(sys.argv[1]), sys.argv[2])
 
 
 def test_a_checkpoint_resumes_only_with_its_own_kind_of_trainer(tmp_path: Path) -> None:

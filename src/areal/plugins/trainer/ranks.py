@@ -137,12 +137,6 @@ class ShardedPolicy:
     """This rank's shards of the policy, its optimizer and the step's layout."""
 
     def __init__(self, ranks: Ranks, setup: EngineSetup, start: Start) -> None:
-        dims = ranks.mesh.dims
-        if setup.algorithm.kl_coef and dims.pp_enabled:
-            raise ValueError(
-                "algorithm.kl_coef: the KL reference model is not pipelined; set it to 0 or "
-                "train.parallelism.pp: 1"
-            )
         self.ranks = ranks
         self.mesh = ranks.mesh
         dtype = getattr(torch, setup.model.dtype)

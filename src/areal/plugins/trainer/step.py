@@ -101,6 +101,11 @@ class StepLayout(Protocol):
         """:func:`token_logprobs` of every pack (called under ``no_grad``)."""
         ...
 
+    def holds_logprobs(self, model: DecoderForCausalLM) -> bool:
+        """Whether :meth:`logprobs` computes them on this rank; a pipeline's other stages get
+        placeholders (its last stage has the LM head), which nothing may sum."""
+        ...
+
     def forward_backward(
         self,
         model: DecoderForCausalLM,
@@ -134,6 +139,9 @@ class SingleProcess:
 
     def logprobs(self, model: DecoderForCausalLM, packs: Sequence[PackedBatch]) -> list[Tensor]:
         return [token_logprobs(model, p, self.attention(p)) for p in packs]
+
+    def holds_logprobs(self, model: DecoderForCausalLM) -> bool:
+        return True
 
     def forward_backward(
         self,
@@ -405,12 +413,16 @@ def reference_kl(
     """``[n_samples]``: Σ over each sample's generated tokens of log π_behav − log π_ref, the k1
     estimate of KL(π ‖ π_ref) along the sampled sequence (the rollout's own log-probs stand for
     π, as in AReaL and InstructGPT). Under a ``layout`` each rank adds its own tokens, then the
-    sums are all-reduced."""
+    sums are all-reduced; in a pipeline only the last stage's ranks have log-probs to add."""
     layout = layout if layout is not None else SingleProcess()
     total = torch.zeros(n_samples, dtype=torch.float32)
+    adds = layout.holds_logprobs(reference)
     with torch.no_grad():
         for packs in minibatches:
-            for p, ref in zip(packs, layout.logprobs(reference, packs), strict=True):
+            computed = layout.logprobs(reference, packs)  # every rank: a pipeline's schedule
+            if not adds:
+                continue
+            for p, ref in zip(packs, computed, strict=True):
                 diff = torch.where(p.loss_mask, p.behavior_logprobs - ref, 0.0)
                 total.index_add_(0, p.sample_index.cpu(), diff.cpu())
     return layout.all_reduce(total)

@@ -45,6 +45,7 @@ LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
         "moe_dp2_ep2": {"dp": 2, "ep": 2},
         "untied_pp2": {"pp": 2},
         "untied_pp2_zero_bubble": {"pp": 2},
+        "untied_pp2_kl": {"pp": 2},
     },
     4: {
         "dp4": {"dp": 4},
@@ -75,6 +76,20 @@ STEP_ARGS: dict[str, Any] = {
     "behavior_weight_cap": 5.0,
 }
 LR = 0.5
+# Layouts whose name ends in ``_kl`` also lower the rewards by the KL to a reference model (a
+# second model, ``KL_REFERENCE_SEED``'s weights, parallelized the same way).
+KL_ARGS: dict[str, Any] = {"kl_coef": 0.5}
+KL_REFERENCE_SEED = 1
+
+
+def step_args(layout: str) -> dict[str, Any]:
+    """The train step's arguments for ``layout`` (the KL coefficient for a ``_kl`` one)."""
+    return {**STEP_ARGS, **(KL_ARGS if layout.endswith("_kl") else {})}
+
+
+def reference_model(kind: str) -> DecoderForCausalLM:
+    """The KL reference of a ``_kl`` layout: another model of the same kind, frozen."""
+    return build_model(seed=KL_REFERENCE_SEED, kind=kind).eval().requires_grad_(False)
 
 
 def model_kind(layout: str) -> str:
@@ -183,6 +198,10 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
         pipeline_stages_per_rank=per_rank,
     )
     parallelize(model, mesh, options)
+    reference = None
+    if name.endswith("_kl"):  # parallelized before it is frozen, as the trainer's reference is
+        reference = parallelize(build_model(seed=KL_REFERENCE_SEED, kind=model_kind(name)), mesh)
+        reference.eval().requires_grad_(False)
     # Loss-parallel: with TP the LM head's output stays sharded along the vocabulary.
     weight = getattr(model.lm_head, "weight", None)
     names = getattr(getattr(weight, "device_mesh", None), "mesh_dim_names", None) or ()
@@ -197,7 +216,8 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
         samples,
         group_ids=groups,
         layout=make_layout(mesh),
-        **STEP_ARGS,
+        reference=reference,
+        **step_args(name),
     )
     seconds = time.perf_counter() - start
     params = full_parameters(model)
@@ -229,8 +249,18 @@ def _full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
 CHECKPOINT_CASES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
     "dense": ({"dp": 2, "tp": 2}, {"dp": 4}),
     "moe": ({"dp": 4, "ep": 2}, {"dp": 2, "cp": 2, "ep": 4}),
-    "untied": ({"dp": 2, "pp": 2}, {"dp": 4}),
+    "untied": ({"dp": 2, "pp": 2}, {"tp": 2, "pp": 2}),
 }
+
+
+def _groups(optimizer: torch.optim.Optimizer) -> list[Any]:
+    """Every rank's optimizer hyperparameters (its groups less their parameters), in rank order."""
+    import torch.distributed as dist
+
+    mine = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+    every: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    return every
 
 
 def _run_checkpoints(out: Path) -> None:
@@ -265,7 +295,11 @@ def _run_checkpoints(out: Path) -> None:
         model = parallelize(build_model(seed=5, kind=kind), mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         step = load_distributed(out / f"dcp-{kind}", model, optimizer)
-        resumed = {"params": full_parameters(model), "optim": _full_optimizer(model, optimizer)}
+        resumed = {
+            "params": full_parameters(model),
+            "optim": _full_optimizer(model, optimizer),
+            "groups": _groups(optimizer),
+        }
         if rank0:
             torch.save({"saved": saved, "resumed": resumed, "step": step}, out / f"ckpt-{kind}.pt")
         if kind == "dense":

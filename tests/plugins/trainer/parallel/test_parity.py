@@ -1,7 +1,7 @@
 """One RL train step under dp (FSDP2), tp, cp, ep, pp and their combinations (dp×tp, dp×cp,
-tp×cp, dp×ep, dp×cp×ep, dp×pp, tp×pp, cp×pp, dp×pp×ep), HSDP, activation checkpointing and four
-pipeline schedules, on real gloo ranks, against the same step in one process: loss and updated
-parameters agree to 1e-5. The dense layouts train the nano Qwen3 (tied embeddings), the ``moe_``
+tp×cp, dp×ep, dp×cp×ep, dp×pp, tp×pp, cp×pp, dp×pp×ep, pp with the KL-to-reference penalty),
+HSDP, activation checkpointing and four pipeline schedules, on real gloo ranks, against the same
+step in one process: loss and updated parameters agree to 1e-5. The dense layouts train the nano Qwen3 (tied embeddings), the ``moe_``
 ones its Qwen3-MoE twin, the ``untied_`` ones (pipelines) the nano with an untied LM head.
 The dp2 step also runs as two torchrun "nodes" on loopback (one rank each, areal's own torchrun
 command with multi-node flags, static and c10d rendezvous): the path of several machines.
@@ -42,15 +42,25 @@ _spec.loader.exec_module(worker)
 
 @pytest.fixture(scope="module")
 def references() -> dict[str, dict[str, Any]]:
-    """The single-process step of each model kind (dense, moe, untied)."""
+    """The single-process step of each model kind (dense, moe, untied), and of the untied one
+    with the KL-to-reference penalty (``untied_kl``)."""
     torch.set_num_threads(1)
     out = {}
-    for kind in ("dense", "moe", "untied"):
+    for key in ("dense", "moe", "untied", "untied_kl"):
+        kind = worker.model_kind(key)
         model = worker.build_model(kind=kind)
         samples, groups = worker.build_samples(model)
         optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR)
-        stats = train_step(model, optimizer, samples, group_ids=groups, **worker.STEP_ARGS)
-        out[kind] = {"stats": stats, "params": worker.full_parameters(model)}
+        reference = worker.reference_model(kind) if key.endswith("_kl") else None
+        stats = train_step(
+            model,
+            optimizer,
+            samples,
+            group_ids=groups,
+            reference=reference,
+            **worker.step_args(key),
+        )
+        out[key] = {"stats": stats, "params": worker.full_parameters(model)}
     return out
 
 
@@ -70,8 +80,12 @@ def test_step_matches_single_process(
 def check_step(got: dict[str, Any], references: dict[str, dict[str, Any]], layout: str) -> None:
     """``got`` (rank 0's file of one layout) is the single-process step of the layout's model."""
     kind = worker.model_kind(layout)
-    reference = references[kind]
+    reference = references[kind + ("_kl" if layout.endswith("_kl") else "")]
     ref = reference["stats"]
+    # The KL to the reference model: summed over every sample's tokens once, whatever the layout
+    # (a pipeline's first stage has no log-probs to add); 0 without the penalty.
+    assert got["stats"]["kl_ref"] == pytest.approx(ref["kl_ref"], abs=1e-6)
+    assert (ref["kl_ref"] != 0) == layout.endswith("_kl")
     assert got["stats"]["n_valid_tokens"] == ref["n_valid_tokens"]
     assert got["stats"]["n_tokens"] == ref["n_tokens"]
     assert got["stats"]["n_minibatches"] == ref["n_minibatches"] == 2

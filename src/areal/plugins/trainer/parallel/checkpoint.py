@@ -33,11 +33,18 @@ from areal.plugins.models.hf_io import iter_checkpoint, model_class_for, save_mo
 __all__ = ["export_hf", "load_distributed", "load_hf", "save_distributed"]
 
 
+# The optimizer's state flattened to one entry per parameter name, its hyperparameters too
+# (``param_groups.<name>.lr``), as torchtitan saves it: pipeline stages hold different parameters,
+# and a group saved by its index (``param_groups.0``) would be one rank's, its ``params`` naming
+# that stage's parameters, so every other stage loaded its group without lr, betas, eps.
+FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
 def save_distributed(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
 ) -> None:
     """Write model, optimizer and step as a DCP checkpoint directory (every rank its shards)."""
-    model_state, optim_state = get_state_dict(model, optimizer)
+    model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": step}
     dcp.save(state, checkpoint_id=str(path))
 
@@ -46,14 +53,21 @@ def load_distributed(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> int:
     """Load a :func:`save_distributed` checkpoint into ``model``/``optimizer`` in whatever layout
-    they have now; return the saved step."""
+    they have now; return the saved step. A checkpoint of an earlier areal (groups by index,
+    never right for a pipeline) still loads as it was saved."""
     if not Path(path).is_dir():
         raise FileNotFoundError(f"no distributed checkpoint at {path}")
-    model_state, optim_state = get_state_dict(model, optimizer)
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    options = StateDictOptions() if "optim.param_groups.0.params" in saved else FLAT
+    model_state, optim_state = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": 0}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
     )
     return int(state["step"])
 
@@ -77,8 +91,22 @@ def export_hf(model: DecoderForCausalLM, out_dir: str | Path) -> None:
 
 def load_hf(model: DecoderForCausalLM, model_dir: str | Path) -> None:
     """Load a Hugging Face checkpoint into a (sharded) model: every rank reads the files and
-    keeps its own shards."""
+    keeps its own shards; a pipeline stage skips the other stages' weights (any other name the
+    model lacks is still an error)."""
     tensors: dict[str, Any] = dict(to_native(iter_checkpoint(model_dir)))
     if model.config.tie_word_embeddings:
         tensors.setdefault("lm_head.weight", tensors["model.embed_tokens.weight"])
+    for name in _other_stages_names(model, tensors):
+        del tensors[name]
     set_model_state_dict(model, tensors, options=StateDictOptions(full_state_dict=True))
+
+
+def _other_stages_names(model: DecoderForCausalLM, tensors: dict[str, Any]) -> list[str]:
+    """The names in ``tensors`` that the whole model has and this (pipeline-pruned) one does
+    not: the weights of the stages other ranks hold."""
+    own = set(model.state_dict())
+    if own >= tensors.keys():
+        return []
+    with torch.device("meta"):
+        whole = set(model_class_for(model.config)(model.config).state_dict())
+    return [name for name in tensors if name not in own and name in whole]

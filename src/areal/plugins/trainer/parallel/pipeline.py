@@ -21,8 +21,9 @@ layout under ``pp > 1``: the last stage's forward ends with the LM head and retu
 tokens' log-probs, and the RL loss runs on them there; the schedule's ``target`` carries only each
 microbatch's index, and the loss function reads that pack's RL inputs from the step (loss kwargs
 are not split per microbatch). The proximal log-probs come from a forward-only pass of the same
-schedule (``eval``). Each pack's loss is already divided by the minibatch's global token count, so
-the schedule does not scale the gradients (``scale_grads=False``).
+schedule (``eval``), as do the KL reference model's (a second pipelined model; only the last
+stage's ranks add their KL). Each pack's loss is already divided by the minibatch's global token
+count, so the schedule does not scale the gradients (``scale_grads=False``).
 """
 
 from __future__ import annotations
@@ -281,6 +282,9 @@ class PipelineLayout(MeshLayout):
         if not _holds(model, last=True):
             return [torch.zeros(p.n_tokens) for p in packs]
         return list(logprobs.unbind(0))
+
+    def holds_logprobs(self, model: DecoderForCausalLM) -> bool:
+        return _holds(model, last=True)
 
     def forward_backward(
         self,
