@@ -2,7 +2,8 @@
 
 - ``areal train`` with ``async.train_workers: 2``: rank 0 runs the engine, gateway, rollout worker
   and trainer loop, the follower trains its shard; a dp=2 run stopped by Ctrl-C is resumed with
-  tp=2 (DCP reshards); a killed follower fails the run. The nano model's rewards are all 0 there,
+  tp=2 (DCP reshards); a killed follower fails a pp=2 run (after two steps through the pipeline,
+  with the KL penalty on a pipelined reference). The nano model's rewards are all 0 there,
   so the weights do not move: those tests check the wiring, not the numbers.
 - The numbers: this file is also the ranks' script (``__main__``): rank 0 drives a
   :class:`RankGroup` (dp=2, or pp=2 on a 4-layer nano with an untied LM head) through steps
@@ -37,9 +38,17 @@ LR = 1e-3
 STEP = {"mini_batch_size": 4, "max_grad_norm": 1.0, "behavior_weight_cap": 5.0}
 
 
-def write_config(tmp: Path, parallelism: dict[str, int], max_steps: int) -> Path:
+def write_config(
+    tmp: Path, parallelism: dict[str, int], max_steps: int, *, pipelined: bool = False
+) -> Path:
+    """A run's config; ``pipelined``: the 4-layer untied nano (see :func:`_write_model`) with
+    the KL penalty, whose reference model is pipelined too."""
+    model: dict[str, Any] = {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"}
+    if pipelined:
+        _write_model(tmp / "model", "pp2")
+        del model["init_tiny"]
     data: dict[str, Any] = {
-        "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
+        "model": model,
         "dataset": {"name": "tool_then_answer", "seed": 0},
         "train": {
             "device": "cpu",
@@ -48,7 +57,7 @@ def write_config(tmp: Path, parallelism: dict[str, int], max_steps: int) -> Path
             "mini_batch_size": 4,
             "max_steps": max_steps,
         },
-        "algorithm": {"group_size": 2},
+        "algorithm": {"group_size": 2, "kl_coef": 0.05 if pipelined else 0.0},
         "sampling": {"max_new_tokens": 8},
         "inference": {"max_total_tokens": 4096},
         "async": {
@@ -83,11 +92,14 @@ def synced_versions(tmp: Path) -> list[int]:
     return [int(e["version"]) for e in events if e.get("event") == "sync"]
 
 
-def _start(tmp: Path, out: Path) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
-    """``areal train`` (dp=2) for many steps, once it has trained 2; with every process it
-    started."""
+def _start(
+    tmp: Path, out: Path, parallelism: dict[str, int] | None = None
+) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
+    """``areal train`` (dp=2, or ``parallelism``: pp runs the pipelined model) for many steps,
+    once it has trained 2; with every process it started."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "AREAL_DIST_TIMEOUT_S": "60"}
-    config = write_config(tmp, {"dp": 2}, max_steps=1000)
+    parallelism = parallelism or {"dp": 2}
+    config = write_config(tmp, parallelism, max_steps=1000, pipelined="pp" in parallelism)
     command = [sys.executable, "-m", "areal", "train", str(config), "-o", str(out)]
     with open(tmp / "stderr.txt", "w") as stderr:  # a file: a full pipe would block the run
         proc = subprocess.Popen(command, stderr=stderr, text=True, env=env)
@@ -146,7 +158,9 @@ def test_two_ranks_train_stop_on_ctrl_c_and_resume_in_another_layout(tmp_path: P
 
 
 def test_a_dead_follower_fails_the_run_with_a_clear_error(tmp_path: Path) -> None:
-    proc, processes = _start(tmp_path, tmp_path / "out")
+    """Under pp=2 with the KL penalty (the run trains 2 steps through the pipeline first, its
+    policy and reference each loaded stage by stage), then the follower stage is killed."""
+    proc, processes = _start(tmp_path, tmp_path / "out", {"pp": 2})
     _rank(processes, 1).kill()
     assert proc.wait(timeout=120) == 1
     stderr = (tmp_path / "stderr.txt").read_text()
