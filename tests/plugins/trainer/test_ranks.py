@@ -6,8 +6,8 @@
   with the KL penalty on a pipelined reference). The nano model's rewards are all 0 there,
   so the weights do not move: those tests check the wiring, not the numbers.
 - The numbers: this file is also the ranks' script (``__main__``): rank 0 drives a
-  :class:`RankGroup` (dp=2, or pp=2 on a 4-layer nano with an untied LM head) through steps
-  with real advantages and the KL-to-reference penalty (the group loads its own reference model,
+  :class:`RankGroup` (dp=2, or pp=2: the nano's tied LM head a copy on the last stage) through
+  steps with real advantages and the KL-to-reference penalty (the group loads its own reference model,
   pipelined under pp), the follower runs :func:`follow`; the published shadow is compared with
   the single-process step, and a resumed group with the one that went on.
 """
@@ -45,7 +45,7 @@ def write_config(
     the KL penalty, whose reference model is pipelined too."""
     model: dict[str, Any] = {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"}
     if pipelined:
-        _write_model(tmp / "model", "pp2")
+        _write_model(tmp / "model", untied=True)
         del model["init_tiny"]
     data: dict[str, Any] = {
         "model": model,
@@ -260,9 +260,9 @@ def _max_diff(a: Any, b: Any) -> float:
     return max(float((sa[k] - sb[k]).abs().max()) for k in sa)
 
 
-def _write_model(model_dir: Path, layout: str) -> None:
-    """The nano checkpoint; for ``pp2`` with 4 layers and an untied LM head (a pipeline puts
-    the embedding and the head on different stages)."""
+def _write_model(model_dir: Path, *, untied: bool = False) -> None:
+    """The nano checkpoint (its LM head tied to the embedding); ``untied``: with 4 layers and
+    an untied LM head."""
     import dataclasses
 
     from areal.plugins.models.hf_io import save_model
@@ -270,7 +270,7 @@ def _write_model(model_dir: Path, layout: str) -> None:
     from areal.plugins.models.tiny import init_tiny, tiny_config
 
     init_tiny(model_dir, size="nano")
-    if layout == "pp2":
+    if untied:
         config = tiny_config("nano")
         config = dataclasses.replace(config, tie_word_embeddings=False, num_hidden_layers=4)
         model = Qwen3ForCausalLM(config)
@@ -308,7 +308,7 @@ def _ranks_main(out: Path, layout: str) -> None:
     if int(os.environ["RANK"]):
         follow(config)
         return
-    _write_model(out / "model", layout)
+    _write_model(out / "model")
     ranks = init_ranks(config)
     # With the KL term: the group shards its own reference model (the starting weights).
     model_dir = str(out / "model")

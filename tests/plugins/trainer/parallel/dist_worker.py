@@ -46,6 +46,7 @@ LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
         "untied_pp2": {"pp": 2},
         "untied_pp2_zero_bubble": {"pp": 2},
         "untied_pp2_kl": {"pp": 2},
+        "pp2": {"pp": 2},
     },
     4: {
         "dp4": {"dp": 4},
@@ -61,6 +62,8 @@ LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
         "untied_tp2_pp2": {"tp": 2, "pp": 2},
         "untied_cp2_pp2": {"cp": 2, "pp": 2},
         "moe_dp2_pp2_ep2": {"dp": 2, "pp": 2, "ep": 2},
+        "dp2_pp2": {"dp": 2, "pp": 2},
+        "tp2_pp2": {"tp": 2, "pp": 2},
     },
 }
 # layouts run with another pipeline schedule than 1F1B
@@ -245,11 +248,15 @@ def _full_optimizer(model: torch.nn.Module, optimizer: torch.optim.Optimizer) ->
     return merge_ranks(dict(state))
 
 
-# model kind -> (layout saved in, layout resumed in): DCP must reshard between them.
+# case (its model kind by the name's prefix) -> (layout saved in, layout resumed in): DCP must
+# reshard between them. The dense model ties its LM head: under pp its two copies live on two
+# stages, so the tied cases go into and out of a pipeline.
 CHECKPOINT_CASES: dict[str, tuple[dict[str, int], dict[str, int]]] = {
     "dense": ({"dp": 2, "tp": 2}, {"dp": 4}),
     "moe": ({"dp": 4, "ep": 2}, {"dp": 2, "cp": 2, "ep": 4}),
     "untied": ({"dp": 2, "pp": 2}, {"tp": 2, "pp": 2}),
+    "tied_into_pp": ({"dp": 4}, {"dp": 2, "pp": 2}),
+    "tied_out_of_pp": ({"tp": 2, "pp": 2}, {"dp": 4}),
 }
 
 
@@ -280,7 +287,8 @@ def _run_checkpoints(out: Path) -> None:
     from areal.plugins.trainer.step import train_step
 
     rank0 = dist.get_rank() == 0
-    for kind, (save_in, resume_in) in CHECKPOINT_CASES.items():
+    for case, (save_in, resume_in) in CHECKPOINT_CASES.items():
+        kind = model_kind(case)
         mesh = _mesh(save_in)
         model = build_model(seed=0, kind=kind)
         samples, groups = build_samples(model)
@@ -288,21 +296,21 @@ def _run_checkpoints(out: Path) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
         layout = make_layout(mesh)
         train_step(model, optimizer, samples, group_ids=groups, layout=layout, **STEP_ARGS)
-        save_distributed(out / f"dcp-{kind}", model, optimizer, step=7)
+        save_distributed(out / f"dcp-{case}", model, optimizer, step=7)
         saved = {"params": full_parameters(model), "optim": _full_optimizer(model, optimizer)}
 
         mesh = _mesh(resume_in)
         model = parallelize(build_model(seed=5, kind=kind), mesh)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        step = load_distributed(out / f"dcp-{kind}", model, optimizer)
+        step = load_distributed(out / f"dcp-{case}", model, optimizer)
         resumed = {
             "params": full_parameters(model),
             "optim": _full_optimizer(model, optimizer),
             "groups": _groups(optimizer),
         }
         if rank0:
-            torch.save({"saved": saved, "resumed": resumed, "step": step}, out / f"ckpt-{kind}.pt")
-        if kind == "dense":
+            torch.save({"saved": saved, "resumed": resumed, "step": step}, out / f"ckpt-{case}.pt")
+        if case == "dense":
             export_hf(model, out / "hf")
 
     model = parallelize(build_model(seed=9), _mesh({"dp": 2, "tp": 2}))

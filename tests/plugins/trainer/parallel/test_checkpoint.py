@@ -1,6 +1,7 @@
 """Checkpoints of a sharded model, from the 4-rank launch: DCP saved in one layout resumes in
 another bit for bit (model and AdamW state, and every rank's hyperparameters): dense dp2×tp2 ->
-dp4, MoE dp4×ep2 -> dp2×cp2×ep4, pipelined dp2×pp2 -> tp2×pp2. HF safetensors exported from the dp4 model load back bit-identical, by
+dp4, MoE dp4×ep2 -> dp2×cp2×ep4, pipelined dp2×pp2 -> tp2×pp2, and a tied LM head into a
+pipeline (dp4 -> dp2×pp2, its copy on the last stage) and out of one (tp2×pp2 -> dp4). HF safetensors exported from the dp4 model load back bit-identical, by
 ``hf_io.load_model`` and into a dp2×tp2 model."""
 
 from __future__ import annotations
@@ -16,15 +17,23 @@ from areal.plugins.models.hf_io import load_model
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("kind", ["dense", "moe", "untied"])
-def test_dcp_resumes_in_another_layout(launch: Callable[[int], Path], kind: str) -> None:
-    got = torch.load(launch(4) / f"ckpt-{kind}.pt")
+@pytest.mark.parametrize("case", ["dense", "moe", "untied", "tied_into_pp", "tied_out_of_pp"])
+def test_dcp_resumes_in_another_layout(launch: Callable[[int], Path], case: str) -> None:
+    got = torch.load(launch(4) / f"ckpt-{case}.pt")
     saved, resumed = got["saved"], got["resumed"]
     assert got["step"] == 7
     assert saved["params"].keys() == resumed["params"].keys()
     for name, tensor in saved["params"].items():
         assert torch.equal(resumed["params"][name], tensor), name
-    tied = {"lm_head.weight"} if kind == "dense" else set()  # one parameter, one state
+    if case != "moe" and case != "untied":  # one tied matrix: one state (two copies under pp)
+        for view in (saved, resumed):
+            head = view["optim"].pop("lm_head.weight", None)  # the last stage's copy
+            if head is not None:
+                embedding = view["optim"]["model.embed_tokens.weight"]
+                assert all(torch.equal(head[k], embedding[k]) for k in embedding)
+        tied = {"lm_head.weight"}
+    else:
+        tied = set()
     assert set(saved["optim"]) == set(saved["params"]) - tied
     assert saved["optim"].keys() == resumed["optim"].keys()
     for name, state in saved["optim"].items():

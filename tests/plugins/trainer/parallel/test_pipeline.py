@@ -64,9 +64,19 @@ def test_stages_chain_to_the_whole_model_with_its_names() -> None:
     torch.testing.assert_close(out[0], expected)
 
 
+def test_a_tied_head_is_a_copy_on_the_last_stage() -> None:
+    """The first stage keeps the embedding, the last the LM head, which is the same matrix."""
+    first, last = Qwen3ForCausalLM(tiny_config("nano")), Qwen3ForCausalLM(tiny_config("nano"))
+    last.load_state_dict(first.state_dict())
+    embedding = first.model.embed_tokens.weight.detach().clone()
+    split_stage(first, 0, 2)
+    split_stage(last, 1, 2)
+    assert first.lm_head is None and first.model.embed_tokens is not None
+    assert last.model.embed_tokens is None
+    assert torch.equal(last.lm_head.weight, embedding)
+
+
 def test_refusals_name_the_key() -> None:
-    with pytest.raises(ValueError, match=r"train\.parallelism\.pp.*tie_word_embeddings"):
-        split_stage(Qwen3ForCausalLM(tiny_config("nano")), 0, 2)
     with pytest.raises(ValueError, match=r"train\.parallelism\.pp: 4 stages.*3 layers"):
         split_stage(_untied(3), 0, 4)
 

@@ -40,11 +40,16 @@ __all__ = ["export_hf", "load_distributed", "load_hf", "save_distributed"]
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
+HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
+
+
 def save_distributed(
     path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int
 ) -> None:
     """Write model, optimizer and step as a DCP checkpoint directory (every rank its shards)."""
     model_state, optim_state = get_state_dict(model, optimizer, options=FLAT)
+    if _holds_tied_copy(model):
+        optim_state = _renamed(optim_state, HEAD, EMBEDDING)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": step}
     dcp.save(state, checkpoint_id=str(path))
 
@@ -60,16 +65,43 @@ def load_distributed(
     saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     options = StateDictOptions() if "optim.param_groups.0.params" in saved else FLAT
     model_state, optim_state = get_state_dict(model, optimizer, options=options)
+    copy = options is FLAT and _holds_tied_copy(model)
+    if copy:
+        optim_state = _renamed(optim_state, HEAD, EMBEDDING)
     state: dict[str, Any] = {"model": model_state, "optim": optim_state, "step": 0}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(
         model,
         optimizer,
         model_state_dict=state["model"],
-        optim_state_dict=state["optim"],
+        optim_state_dict=_renamed(state["optim"], EMBEDDING, HEAD) if copy else state["optim"],
         options=options,
     )
     return int(state["step"])
+
+
+def _holds_tied_copy(model: torch.nn.Module) -> bool:
+    """Whether this rank holds a tied LM head without its embedding (a pipeline's last stage).
+    Its optimizer state is saved under the embedding's name, as one process saves a tied
+    matrix's, so a checkpoint resumes with or without a pipeline (the first stage's copy is the
+    same values, and DCP keeps one)."""
+    config = getattr(model, "config", None)
+    if config is None or not config.tie_word_embeddings:
+        return False
+    body = getattr(model, "model", None)
+    return getattr(model, "lm_head", None) is not None and getattr(body, "embed_tokens", 1) is None
+
+
+def _renamed(optim_state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
+    """A flattened optimizer state (``state.<name>.exp_avg``, ``param_groups.<name>.lr``) with
+    the parameter ``old`` named ``new``."""
+    out = {}
+    for key, value in optim_state.items():
+        for prefix in ("state.", "param_groups."):
+            if key.startswith(f"{prefix}{old}."):
+                key = f"{prefix}{new}{key[len(prefix) + len(old) :]}"
+        out[key] = value
+    return out
 
 
 def export_hf(model: DecoderForCausalLM, out_dir: str | Path) -> None:

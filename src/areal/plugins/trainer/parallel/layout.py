@@ -89,7 +89,10 @@ def append_padding(batch: PackedBatch | None, count: int) -> PackedBatch:
 
 
 def clip_grad_norm(
-    parameters: Sequence[Tensor], max_norm: float, across: dist.ProcessGroup | None = None
+    parameters: Sequence[Tensor],
+    max_norm: float,
+    across: dist.ProcessGroup | None = None,
+    also_clip: Sequence[Tensor] = (),
 ) -> float:
     """Clip by the global 2-norm of gradients that may be DTensors on different meshes.
 
@@ -97,7 +100,8 @@ def clip_grad_norm(
     FSDP×TP weights and expert-parallel ones, say), so the norm is taken per (mesh, placements)
     group, each made a plain tensor (``full_tensor``: the reduction across that group's ranks),
     combined here, and each group is scaled by the same factor. ``across``: ranks holding other
-    parameters altogether (pipeline stages), whose squared norms are added.
+    parameters altogether (pipeline stages), whose squared norms are added. ``also_clip``: scaled
+    by the same factor, not counted (a tied weight's second copy).
     """
     groups: dict[object, list[Tensor]] = {}
     for p in parameters:
@@ -114,7 +118,7 @@ def clip_grad_norm(
     if across is not None:
         dist.all_reduce(squares, group=across)
     total = squares.sqrt()
-    for params in groups.values():
+    for params in [*groups.values(), *([p] for p in also_clip if p.grad is not None)]:
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     return float(total)
 

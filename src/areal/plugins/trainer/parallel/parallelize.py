@@ -128,9 +128,10 @@ def apply_tp(model: DecoderForCausalLM, tp_mesh: DeviceMesh) -> None:
         # the [tokens, vocab] logits whole.
         top["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, top)
-    if tied:
+    if tied and body.embed_tokens is not None and model.lm_head is not None:
         # Both shard the [vocab, hidden] matrix along vocab (Shard(0)), so they stay one tensor.
-        model.lm_head.weight = model.model.embed_tokens.weight
+        # (Pipeline stages hold one each: their gradients are summed, see pipeline.py.)
+        model.lm_head.weight = body.embed_tokens.weight
     for _, layer in _layer_items(model):
         if not isinstance(layer, DecoderLayer):
             raise TypeError("apply_tp must run before activation checkpointing and compile")

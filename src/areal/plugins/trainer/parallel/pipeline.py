@@ -14,6 +14,11 @@ weight gradients, the weight part filling the bubble) with one or more stages pe
 round-robin (rank r holds stages r, r + pp, ...). The V-shaped ZBV schedule is left out: torch
 cannot run it forward-only, which the proximal log-probs need.
 
+A model that ties its LM head to its embedding keeps one copy on the first stage's ranks and one
+on the last's (loaded from the same checkpoint tensor), as Megatron-LM does: after each backward
+the two gradients are summed between those ranks (:func:`tied_group`), so both copies take the
+same update; the gradient norm counts the pair once.
+
 One microbatch is one pack; its positions, sample boundaries (``segments``), target ids and loss
 mask (as each trained position's sampling temperature, 0 where nothing is trained) travel with
 the hidden states from stage to stage. :class:`PipelineLayout` is the step's
@@ -69,6 +74,7 @@ __all__ = [
     "stage_ids",
     "stage_layers",
     "stage_modules",
+    "tied_group",
 ]
 
 # The stage modules, and the schedule they were built for, of each pruned decoder.
@@ -128,12 +134,6 @@ def prune_to_stages(
     """Keep only this rank's stages' modules in ``model`` (in place); return their specs."""
     config = model.config
     num_stages = pp * per_rank
-    if config.tie_word_embeddings:
-        raise ValueError(
-            "train.parallelism.pp: the model ties its LM head to its embedding "
-            "(tie_word_embeddings), which live on the first and the last stage; use pp: 1 "
-            "or a checkpoint with an untied LM head"
-        )
     if config.num_hidden_layers < num_stages:
         raise ValueError(
             f"train.parallelism.pp: {num_stages} stages but the model has only "
@@ -261,6 +261,8 @@ class PipelineLayout(MeshLayout):
         self.pp_size = mesh.dims.pp
         self.pp_rank = mesh["pp"].get_local_rank()
         self._pp_group = mesh["pp"].get_group()
+        self._tied: dist.ProcessGroup | None = None  # made at the first tied model's backward
+        self._copy: Tensor | None = None  # the last stage's copy of a tied embedding
 
     def packs(
         self, samples: Sequence[Sample], start: int, max_tokens: int | None
@@ -299,9 +301,39 @@ class PipelineLayout(MeshLayout):
         schedule = self._schedule(model, packs, loss_fn=loss_fn)
         target = torch.arange(len(packs))[:, None] if _holds(model, last=True) else None
         schedule.step(*self._inputs(model, packs), target=target)
+        if model.config.tie_word_embeddings:
+            self._sum_tied_grads(model)
 
     def clip_grad_norm(self, parameters: list[Tensor], max_norm: float) -> float:
-        return clip_grad_norm(parameters, max_norm, across=self._pp_group)
+        """The norm over every stage's gradients, a tied LM head's copy left out (it is the
+        embedding's, counted on the first stage), but clipped like the rest."""
+        copy = self._copy
+        counted = [p for p in parameters if p is not copy]
+        extra = [copy] if copy is not None and any(p is copy for p in parameters) else []
+        return clip_grad_norm(counted, max_norm, across=self._pp_group, also_clip=extra)
+
+    def _sum_tied_grads(self, model: DecoderForCausalLM) -> None:
+        """Sum the embedding's gradient (first stage) and the LM head's (last stage): the two
+        copies of one tied matrix then take the same step. Every rank calls this."""
+        if self._tied is None:
+            self._tied = tied_group(self.mesh)
+        body = model.model
+        weight = body.embed_tokens.weight if body.embed_tokens is not None else None
+        if model.lm_head is not None:
+            weight = model.lm_head.weight
+            self._copy = weight  # the last stage's copy: left out of the norm
+        if weight is None:
+            return  # a middle stage: not in the group
+        grad = weight.grad
+        if grad is None:  # no gradient reached it (nothing trained): the same on both ends
+            return
+        if isinstance(grad, DTensor):
+            if isinstance(weight, DTensor) and grad.placements != weight.placements:
+                # Under TP the embedding's gradient comes back replicated: shard it as the
+                # weight is (a local slice), so both ends hold the same rows.
+                grad = weight.grad = grad.redistribute(placements=weight.placements)
+            grad = grad.to_local()
+        dist.all_reduce(grad, group=self._tied)
 
     def all_reduce(self, tensor: Tensor) -> Tensor:
         """Sum over dp × cp and over the stages (only the last stage computed the loss)."""
@@ -354,6 +386,21 @@ class PipelineLayout(MeshLayout):
             "ZeroBubble": pipelining.ScheduleInterleavedZeroBubble,
         }[name]
         return multi(stages, len(packs), **options)
+
+
+def tied_group(mesh: ParallelMesh) -> dist.ProcessGroup | None:
+    """The group of this rank's first and last pipeline stage (its dp, tp, cp coordinates
+    fixed): where a tied embedding's two copies live. Every rank makes every such group (a
+    collective); a middle stage's rank belongs to none (``None``)."""
+    dense = mesh.dense
+    pp_dim = list(dense.mesh_dim_names or ()).index("pp")
+    rows = dense.mesh.movedim(pp_dim, -1).reshape(-1, mesh.dims.pp).tolist()
+    mine = None
+    for row in rows:
+        group = dist.new_group([row[0], row[-1]])
+        if dist.get_rank() in (row[0], row[-1]):
+            mine = group
+    return mine
 
 
 def _holds(model: nn.Module, *, last: bool) -> bool:
