@@ -38,8 +38,7 @@ __all__ = ["export_hf", "load_distributed", "load_hf", "save_distributed"]
 # and a group saved by its index (``param_groups.0``) would be one rank's, its ``params`` naming
 # that stage's parameters, so every other stage loaded its group without lr, betas, eps.
 FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
-
-
+# A tied matrix's two names: a pipeline's last stage saves the head's state under the embedding's.
 HEAD, EMBEDDING = "lm_head.weight", "model.embed_tokens.weight"
 
 
@@ -85,11 +84,9 @@ def _holds_tied_copy(model: torch.nn.Module) -> bool:
     Its optimizer state is saved under the embedding's name, as one process saves a tied
     matrix's, so a checkpoint resumes with or without a pipeline (the first stage's copy is the
     same values, and DCP keeps one)."""
-    config = getattr(model, "config", None)
-    if config is None or not config.tie_word_embeddings:
+    if not isinstance(model, DecoderForCausalLM) or not model.config.tie_word_embeddings:
         return False
-    body = getattr(model, "model", None)
-    return getattr(model, "lm_head", None) is not None and getattr(body, "embed_tokens", 1) is None
+    return model.lm_head is not None and model.model.embed_tokens is None
 
 
 def _renamed(optim_state: dict[str, Any], old: str, new: str) -> dict[str, Any]:
