@@ -254,7 +254,8 @@ def test_show_reports_errors_as_one_line(capsys: pytest.CaptureFixture[str]) -> 
     assert capsys.readouterr().err == (
         "error: configs/quickstart.yaml: train.lr: unknown key; known keys: engine, device, "
         "parallelism, global_batch_size, mini_batch_size, learning_rate, max_steps, "
-        "max_grad_norm, seed, cpu_affinity\n"
+        "max_grad_norm, seed, cpu_affinity, activation_checkpointing, compile, param_dtype, "
+        "reduce_dtype\n"
     )
 
 

@@ -284,7 +284,8 @@ def test_group_size_must_divide_the_batches() -> None:
 
 def test_unknown_keys_list_the_known_ones() -> None:
     assert errors_of(["train.parallelism.dq=2"]) == [
-        "train.parallelism.dq: unknown key; did you mean dp? known keys: dp, tp, pp, cp, ep, dp_replicate"
+        "train.parallelism.dq: unknown key; did you mean dp? known keys: dp, tp, pp, cp, ep, "
+        "dp_replicate, pipeline_schedule, pipeline_stages_per_rank"
     ]
     assert errors_of(["asyn.enabled=false"]) == [
         "asyn: unknown key; did you mean async? known keys: model, dataset, train, algorithm, "
@@ -430,3 +431,23 @@ def test_every_key_is_documented() -> None:
     text = (ROOT / "docs" / "training.md").read_text()
     missing = [k for k in _all_keys(RunConfig) if not re.search(rf"`{re.escape(k)}`", text)]
     assert not missing, f"docs/training.md does not describe: {missing}"
+
+
+def test_the_sharded_trainers_options_are_checked_against_each_other() -> None:
+    """A one-stage schedule with several stages per rank, and a sharded-trainer option with one
+    trainer worker (where it would do nothing), are refused naming the key and the fix."""
+    assert errors_of(["train.parallelism.pipeline_stages_per_rank=2"]) == [
+        "train.parallelism.pipeline_stages_per_rank: 1F1B runs one stage per rank, not 2; use "
+        "pipeline_schedule Interleaved1F1B or ZeroBubble, or 1 stage per rank"
+    ]
+    assert errors_of(["train.activation_checkpointing=true"]) == [
+        "train.activation_checkpointing: applies to the sharded trainer, which runs with "
+        "async.train_workers > 1 (and train.parallelism to match); with one worker leave it at "
+        "its default"
+    ]
+    assert errors_of(["train.parallelism.pipeline_schedule=ZBV"])[0].startswith(
+        "train.parallelism.pipeline_schedule: "
+    )
+    sharded = ["async.train_workers=2", "train.parallelism.pp=2", "train.param_dtype=bfloat16"]
+    config = load_run_config(QUICKSTART, [*sharded, "train.parallelism.pipeline_schedule=GPipe"])
+    assert config.train.param_dtype == "bfloat16"

@@ -60,6 +60,13 @@ class _Section(BaseModel):
 # --- the seed article's sections --------------------------------------------------------------
 
 
+# The pipeline schedules (areal.plugins.trainer.parallel.pipeline.SCHEDULES; named here so that
+# reading a config never imports torch).
+PipelineSchedule = Literal["1F1B", "GPipe", "Interleaved1F1B", "ZeroBubble"]
+SINGLE_STAGE_SCHEDULES = ("1F1B", "GPipe")
+TrainDtype = Literal["float32", "bfloat16", "float16"]
+
+
 class ParallelismConfig(_Section):
     """Parallel sizes of the trainer, torchtitan style.
 
@@ -77,6 +84,14 @@ class ParallelismConfig(_Section):
         default=1,
         ge=1,
         description="HSDP: replicas of the dp ranks (dp = dp_replicate × FSDP shards); divides dp.",
+    )
+    pipeline_schedule: PipelineSchedule = Field(
+        default="1F1B",
+        description="With pp > 1: 1F1B or GPipe (one stage per rank), Interleaved1F1B or "
+        "ZeroBubble (pipeline_stages_per_rank stages per rank).",
+    )
+    pipeline_stages_per_rank: int = Field(
+        default=1, ge=1, description="With pp > 1: pipeline stages each rank holds."
     )
 
     @property
@@ -108,6 +123,24 @@ class TrainConfig(_Section):
     seed: int = Field(default=0, description="Seed of the trainer (and of the engines' sampling).")
     cpu_affinity: list[int] | None = Field(
         default=None, description="CPU cores the trainer process runs on (default: any)."
+    )
+    # The sharded trainer's options (async.train_workers > 1), as torchtitan's.
+    activation_checkpointing: bool = Field(
+        default=False,
+        description="Recompute each decoder layer in backward: one layer's activations held, "
+        "not all (sharded trainer).",
+    )
+    compile: bool = Field(
+        default=False, description="torch.compile each decoder layer (sharded trainer)."
+    )
+    param_dtype: TrainDtype = Field(
+        default="float32",
+        description="FSDP2 mixed precision: the dtype layers compute in (the sharded weights stay "
+        "in model.dtype; bfloat16 on GPUs; sharded trainer).",
+    )
+    reduce_dtype: TrainDtype = Field(
+        default="float32",
+        description="FSDP2 mixed precision: the dtype gradients are reduced in (sharded trainer).",
     )
 
 
@@ -507,6 +540,25 @@ class RunConfig(_Section):
                 "launcher.listen: node spreads the run over machines, but launcher.name is local "
                 "(every process on this one); pick a launcher that places processes (ray, slurm) "
                 "or keep listen: loopback"
+            )
+        if par.pipeline_schedule in SINGLE_STAGE_SCHEDULES and par.pipeline_stages_per_rank > 1:
+            found.append(
+                f"train.parallelism.pipeline_stages_per_rank: {par.pipeline_schedule} runs one "
+                f"stage per rank, not {par.pipeline_stages_per_rank}; use pipeline_schedule "
+                "Interleaved1F1B or ZeroBubble, or 1 stage per rank"
+            )
+        sharded_only = {
+            "activation_checkpointing": train.activation_checkpointing,
+            "compile": train.compile,
+            "param_dtype": train.param_dtype != "float32",
+            "reduce_dtype": train.reduce_dtype != "float32",
+        }
+        if run.train_workers == 1 and any(sharded_only.values()):
+            key = next(k for k, on in sharded_only.items() if on)
+            found.append(
+                f"train.{key}: applies to the sharded trainer, which runs with "
+                "async.train_workers > 1 (and train.parallelism to match); with one worker "
+                "leave it at its default"
             )
         if par.dp % par.dp_replicate:
             found.append(

@@ -39,14 +39,23 @@ STEP = {"mini_batch_size": 4, "max_grad_norm": 1.0, "behavior_weight_cap": 5.0}
 
 
 def write_config(
-    tmp: Path, parallelism: dict[str, int], max_steps: int, *, pipelined: bool = False
+    tmp: Path, parallelism: dict[str, Any], max_steps: int, *, pipelined: bool = False
 ) -> Path:
     """A run's config; ``pipelined``: the 4-layer untied nano (see :func:`_write_model`) with
     the KL penalty, whose reference model is pipelined too."""
     model: dict[str, Any] = {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"}
+    train_options: dict[str, Any] = {}
     if pipelined:
         _write_model(tmp / "model", untied=True)
         del model["init_tiny"]
+        # Two stages per rank, interleaved, each layer recomputed in backward: the sharded
+        # trainer's options as a run config gives them.
+        parallelism = {
+            **parallelism,
+            "pipeline_schedule": "Interleaved1F1B",
+            "pipeline_stages_per_rank": 2,
+        }
+        train_options = {"activation_checkpointing": True}
     data: dict[str, Any] = {
         "model": model,
         "dataset": {"name": "tool_then_answer", "seed": 0},
@@ -56,6 +65,7 @@ def write_config(
             "global_batch_size": 4,
             "mini_batch_size": 4,
             "max_steps": max_steps,
+            **train_options,
         },
         "algorithm": {"group_size": 2, "kl_coef": 0.05 if pipelined else 0.0},
         "sampling": {"max_new_tokens": 8},
@@ -93,7 +103,7 @@ def synced_versions(tmp: Path) -> list[int]:
 
 
 def _start(
-    tmp: Path, out: Path, parallelism: dict[str, int] | None = None
+    tmp: Path, out: Path, parallelism: dict[str, Any] | None = None
 ) -> tuple[subprocess.Popen[str], list[psutil.Process]]:
     """``areal train`` (dp=2, or ``parallelism``: pp runs the pipelined model) for many steps,
     once it has trained 2; with every process it started."""
@@ -164,6 +174,11 @@ def test_a_dead_follower_fails_the_run_with_a_clear_error(tmp_path: Path) -> Non
     _rank(processes, 1).kill()
     assert proc.wait(timeout=120) == 1
     stderr = (tmp_path / "stderr.txt").read_text()
+    # The run config's pipeline schedule and activation checkpointing reached the ranks.
+    assert (
+        "2 trainer ranks: pp 2 (Interleaved1F1B, 2 stages per rank; activation checkpointing; "
+        "compute in float32, gradients reduced in float32)"
+    ) in stderr
     assert "error: trainer ranks: " in stderr and "a follower rank may have died" in stderr
     _, alive = psutil.wait_procs(processes, timeout=10)  # engines, gateway, workers: all gone
     assert not alive, alive

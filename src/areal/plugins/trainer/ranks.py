@@ -39,6 +39,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from areal.core.run_config import TrainConfig
 from areal.core.train_engine import EngineError, EngineSetup, dist_timeout
 from areal.core.types import Sample
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -46,7 +47,7 @@ from areal.plugins.models.hf_io import load_model, model_class_for, read_config
 from areal.plugins.trainer.parallel.checkpoint import load_distributed, load_hf, save_distributed
 from areal.plugins.trainer.parallel.layout import MeshLayout
 from areal.plugins.trainer.parallel.parallel_dims import ParallelDims, ParallelMesh
-from areal.plugins.trainer.parallel.parallelize import parallelize
+from areal.plugins.trainer.parallel.parallelize import ParallelizeOptions, parallelize
 from areal.plugins.trainer.parallel.pipeline import make_layout
 from areal.plugins.trainer.step import train_step
 
@@ -139,6 +140,7 @@ class ShardedPolicy:
     def __init__(self, ranks: Ranks, setup: EngineSetup, start: Start) -> None:
         self.ranks = ranks
         self.mesh = ranks.mesh
+        self.options = parallelize_options(setup.train)
         dtype = getattr(torch, setup.model.dtype)
         torch.manual_seed(setup.train.seed)
         self.model = self._load(start.weights_dir, dtype).train()
@@ -161,7 +163,7 @@ class ShardedPolicy:
             model = model_class_for(config)(config)
         if config.tie_word_embeddings:
             model.lm_head.weight = model.model.embed_tokens.weight
-        model = parallelize(model.to(dtype), self.mesh)
+        model = parallelize(model.to(dtype), self.mesh, self.options)
         model.to_empty(device=self.ranks.device)
         model.reset_buffers()
         load_hf(model, model_dir)
@@ -218,6 +220,7 @@ class RankGroup:
         self._on_device()
         self.commands.send("start", start)
         self.policy = _collective("start", lambda: ShardedPolicy(ranks, setup, start))
+        log.info("%d trainer ranks: %s", ranks.world, describe_layout(setup.train))
         # The unsharded copy the engines are fed from and checkpoints are written from.
         self.shadow = load_model(start.weights_dir, dtype=getattr(torch, setup.model.dtype))
         self.stopped = False
@@ -254,6 +257,37 @@ class RankGroup:
         # Rank 0 calls in from worker threads, and CUDA's current device is per thread.
         if self.ranks.device.type == "cuda":
             torch.cuda.set_device(self.ranks.device)
+
+
+def parallelize_options(train: TrainConfig) -> ParallelizeOptions:
+    """The run config's ``train`` options for :func:`parallelize` (the reference model gets the
+    same: its pipeline must be the policy's)."""
+    par = train.parallelism
+    return ParallelizeOptions(
+        activation_checkpointing=train.activation_checkpointing,
+        compile=train.compile,
+        param_dtype=train.param_dtype,
+        reduce_dtype=train.reduce_dtype,
+        pipeline_schedule=par.pipeline_schedule,
+        pipeline_stages_per_rank=par.pipeline_stages_per_rank,
+    )
+
+
+def describe_layout(train: TrainConfig) -> str:
+    """The layout and options the ranks train with, for the run's log."""
+    par = train.parallelism
+    sizes = [f"{k} {getattr(par, k)}" for k in ("dp", "tp", "pp", "cp") if getattr(par, k) > 1]
+    notes = [f"ep {par.ep}"] if par.ep > 1 else []
+    if par.dp_replicate > 1:
+        notes.append(f"{par.dp_replicate} HSDP replicas")
+    if par.pp > 1:
+        notes.append(f"{par.pipeline_schedule}, {par.pipeline_stages_per_rank} stages per rank")
+    if train.activation_checkpointing:
+        notes.append("activation checkpointing")
+    if train.compile:
+        notes.append("compiled layers")
+    notes.append(f"compute in {train.param_dtype}, gradients reduced in {train.reduce_dtype}")
+    return f"{' × '.join(sizes) or 'dp 1'} ({'; '.join(notes)})"
 
 
 def follow(setup: EngineSetup) -> None:

@@ -97,3 +97,52 @@ def test_schedule_options_are_checked() -> None:
     with pytest.raises(ValueError, match="unknown"):
         check_schedule("ZBV", 2)  # torch cannot run it forward-only
     check_schedule("Interleaved1F1B", 3)
+
+
+def test_the_run_configs_schedules_are_the_pipelines() -> None:
+    """The config names the schedules without importing torch; they must be these."""
+    from typing import get_args
+
+    from areal.core.run_config import SINGLE_STAGE_SCHEDULES, PipelineSchedule
+    from areal.plugins.trainer.parallel import pipeline
+
+    assert set(get_args(PipelineSchedule)) == set(pipeline.SCHEDULES)
+    assert set(SINGLE_STAGE_SCHEDULES) == set(pipeline._SINGLE_STAGE)
+
+
+def test_the_run_configs_train_options_reach_parallelize() -> None:
+    from areal.core.run_config import run_config_from_dict
+    from areal.plugins.trainer.parallel.parallelize import ParallelizeOptions
+    from areal.plugins.trainer.ranks import describe_layout, parallelize_options
+
+    train = {
+        "parallelism": {
+            "dp": 2,
+            "pp": 2,
+            "pipeline_schedule": "ZeroBubble",
+            "pipeline_stages_per_rank": 2,
+        },
+        "activation_checkpointing": True,
+        "compile": True,
+        "param_dtype": "bfloat16",
+    }
+    config = run_config_from_dict(
+        {
+            "model": {"path": "m"},
+            "dataset": {"name": "tool_then_answer"},
+            "train": train,
+            "async": {"train_workers": 4},
+        }
+    )
+    assert parallelize_options(config.train) == ParallelizeOptions(
+        activation_checkpointing=True,
+        compile=True,
+        param_dtype="bfloat16",
+        reduce_dtype="float32",
+        pipeline_schedule="ZeroBubble",
+        pipeline_stages_per_rank=2,
+    )
+    assert describe_layout(config.train) == (
+        "dp 2 × pp 2 (ZeroBubble, 2 stages per rank; activation checkpointing; compiled layers; "
+        "compute in bfloat16, gradients reduced in float32)"
+    )
