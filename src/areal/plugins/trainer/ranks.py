@@ -140,7 +140,7 @@ class ShardedPolicy:
     def __init__(self, ranks: Ranks, setup: EngineSetup, start: Start) -> None:
         self.ranks = ranks
         self.mesh = ranks.mesh
-        self.options = parallelize_options(setup.train)
+        self.options = ParallelizeOptions.from_config(setup.train)
         dtype = getattr(torch, setup.model.dtype)
         torch.manual_seed(setup.train.seed)
         self.model = self._load(start.weights_dir, dtype).train()
@@ -257,20 +257,6 @@ class RankGroup:
         # Rank 0 calls in from worker threads, and CUDA's current device is per thread.
         if self.ranks.device.type == "cuda":
             torch.cuda.set_device(self.ranks.device)
-
-
-def parallelize_options(train: TrainConfig) -> ParallelizeOptions:
-    """The run config's ``train`` options for :func:`parallelize` (the reference model gets the
-    same: its pipeline must be the policy's)."""
-    par = train.parallelism
-    return ParallelizeOptions(
-        activation_checkpointing=train.activation_checkpointing,
-        compile=train.compile,
-        param_dtype=train.param_dtype,
-        reduce_dtype=train.reduce_dtype,
-        pipeline_schedule=par.pipeline_schedule,
-        pipeline_stages_per_rank=par.pipeline_stages_per_rank,
-    )
 
 
 def describe_layout(train: TrainConfig) -> str:

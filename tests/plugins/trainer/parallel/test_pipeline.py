@@ -113,7 +113,7 @@ def test_the_run_configs_schedules_are_the_pipelines() -> None:
 def test_the_run_configs_train_options_reach_parallelize() -> None:
     from areal.core.run_config import run_config_from_dict
     from areal.plugins.trainer.parallel.parallelize import ParallelizeOptions
-    from areal.plugins.trainer.ranks import describe_layout, parallelize_options
+    from areal.plugins.trainer.ranks import describe_layout
 
     train = {
         "parallelism": {
@@ -134,7 +134,7 @@ def test_the_run_configs_train_options_reach_parallelize() -> None:
             "async": {"train_workers": 4},
         }
     )
-    assert parallelize_options(config.train) == ParallelizeOptions(
+    assert ParallelizeOptions.from_config(config.train) == ParallelizeOptions(
         activation_checkpointing=True,
         compile=True,
         param_dtype="bfloat16",

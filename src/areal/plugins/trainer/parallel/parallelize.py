@@ -88,6 +88,20 @@ class ParallelizeOptions:
     pipeline_schedule: str = "1F1B"
     pipeline_stages_per_rank: int = 1
 
+    @classmethod
+    def from_config(cls, train: Any) -> ParallelizeOptions:
+        """From a run config's ``train`` section (:class:`~areal.core.run_config.TrainConfig`);
+        a KL reference model gets the same, since its pipeline must be the policy's."""
+        par = train.parallelism
+        return cls(
+            activation_checkpointing=train.activation_checkpointing,
+            compile=train.compile,
+            param_dtype=train.param_dtype,
+            reduce_dtype=train.reduce_dtype,
+            pipeline_schedule=par.pipeline_schedule,
+            pipeline_stages_per_rank=par.pipeline_stages_per_rank,
+        )
+
 
 Parallelizer = Callable[[DecoderForCausalLM, ParallelMesh, ParallelizeOptions], DecoderForCausalLM]
 
