@@ -48,13 +48,10 @@ def write_config(
     if pipelined:
         _write_model(tmp / "model", untied=True)
         del model["init_tiny"]
-        # Two stages per rank, interleaved, each layer recomputed in backward: the sharded
-        # trainer's options as a run config gives them.
-        parallelism = {
-            **parallelism,
-            "pipeline_schedule": "Interleaved1F1B",
-            "pipeline_stages_per_rank": 2,
-        }
+        # Another schedule than the default, each layer recomputed in backward: the sharded
+        # trainer's options as a run config gives them (several stages per rank, from a config
+        # too, are test_pipeline.py's; their schedules the parity tests').
+        parallelism = {**parallelism, "pipeline_schedule": "GPipe"}
         train_options = {"activation_checkpointing": True}
     data: dict[str, Any] = {
         "model": model,
@@ -176,7 +173,7 @@ def test_a_dead_follower_fails_the_run_with_a_clear_error(tmp_path: Path) -> Non
     stderr = (tmp_path / "stderr.txt").read_text()
     # The run config's pipeline schedule and activation checkpointing reached the ranks.
     assert (
-        "2 trainer ranks: pp 2 (Interleaved1F1B, 2 stages per rank; activation checkpointing; "
+        "2 trainer ranks: pp 2 (GPipe; activation checkpointing; "
         "compute in float32, gradients reduced in float32)"
     ) in stderr
     assert "error: trainer ranks: " in stderr and "a follower rank may have died" in stderr

@@ -267,7 +267,10 @@ def describe_layout(train: TrainConfig) -> str:
     if par.dp_replicate > 1:
         notes.append(f"{par.dp_replicate} HSDP replicas")
     if par.pp > 1:
-        notes.append(f"{par.pipeline_schedule}, {par.pipeline_stages_per_rank} stages per rank")
+        per_rank = par.pipeline_stages_per_rank
+        notes.append(
+            par.pipeline_schedule + (f", {per_rank} stages per rank" if per_rank > 1 else "")
+        )
     if train.activation_checkpointing:
         notes.append("activation checkpointing")
     if train.compile:
