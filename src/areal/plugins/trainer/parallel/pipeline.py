@@ -43,6 +43,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.tensor import DTensor
 
+from areal.core.run_config import SINGLE_STAGE_SCHEDULES
 from areal.core.types import Sample
 from areal.plugins.models.attention import AttentionBackend
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -60,7 +61,7 @@ SCHEDULES = {
     "Interleaved1F1B": "loop",
     "ZeroBubble": "loop",
 }
-_SINGLE_STAGE = ("1F1B", "GPipe")
+_SINGLE_STAGE = SINGLE_STAGE_SCHEDULES  # one list of them, the run config's (no torch there)
 
 __all__ = [
     "SCHEDULES",
@@ -309,7 +310,7 @@ class PipelineLayout(MeshLayout):
         embedding's, counted on the first stage), but clipped like the rest."""
         copy = self._copy
         counted = [p for p in parameters if p is not copy]
-        extra = [copy] if copy is not None and any(p is copy for p in parameters) else []
+        extra = [copy] if copy is not None and len(counted) < len(parameters) else []
         return clip_grad_norm(counted, max_norm, across=self._pp_group, also_clip=extra)
 
     def _sum_tied_grads(self, model: DecoderForCausalLM) -> None:
