@@ -100,6 +100,10 @@ def test_header_that_lies_about_the_records_is_rejected() -> None:
         decode([msgpack.packb(header), *frames[1:]])
     header = msgpack.unpackb(frames[0], strict_map_key=False)
     header["arrays"][0][0] = "<f8"  # ids that would decode as floats
+    with pytest.raises(CodecError, match=r"Invalid enum value '<f8' - at `\$.arrays\[0\]\[0\]`"):
+        decode([msgpack.packb(header), *frames[1:]])
+    header = msgpack.unpackb(frames[0], strict_map_key=False)
+    header["arrays"][0][0] = "u1"  # a known dtype, where the sample's ids should be
     with pytest.raises(CodecError, match="do not match"):
         decode([msgpack.packb(header), *frames[1:]])
 

@@ -310,6 +310,12 @@ def _wrong_type(draw: st.DrawFn, frames: list[bytes]) -> Bad:
 # --- the property --------------------------------------------------------------------------------
 
 
+def split_seqs(frame: bytes) -> list[bytes]:
+    """A reply's seq frame as its 8-byte sequence numbers."""
+    assert len(frame) % 8 == 0, f"a seq frame of {len(frame)} bytes"
+    return [frame[i : i + 8] for i in range(0, len(frame), 8)]
+
+
 def u64(value: int) -> bytes:
     return value.to_bytes(8, "big")
 
@@ -356,12 +362,13 @@ class Producer:
             assert self.sock.poll(REPLY_TIMEOUT_MS), "the consumer did not answer"
             kind, *rest = self.sock.recv_multipart()
             if kind == ACK:
-                acked += rest
+                assert len(rest) == 1, f"an ack is one frame of seqs, got {rest!r}"
+                acked += split_seqs(rest[0])
             else:
-                assert kind == NACK and rest and rest[0], (
-                    f"{kind!r} {rest!r}: a NACK needs a reason"
+                assert kind == NACK and len(rest) == 2 and rest[0], (
+                    f"{kind!r} {rest!r}: a NACK needs a reason and its seqs"
                 )
-                nacked.append((rest[0], rest[1:]))
+                nacked.append((rest[0], split_seqs(rest[1])))
         return acked, nacked
 
     def put(self, bad: Bad | None, before: list[Trajectory], after: list[Trajectory]) -> None:

@@ -396,6 +396,39 @@ def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None
         assert source.get(timeout=1) == trajectory(4)
 
 
+def test_a_decoder_that_fails_unexpectedly_costs_one_trajectory_not_the_queue(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An exception that is not a ``CodecError`` (a bug in the decoder) used to end the socket
+    thread, and with it the queue: now that trajectory is refused and logged, its neighbours in
+    the same message are delivered, and the queue keeps serving."""
+    real_decode = codec.decode
+
+    def buggy_decode(frames: Any) -> Trajectory:
+        got = real_decode(frames)
+        if got.session_id == "p-1":
+            raise RuntimeError("a bug in the decoder")
+        return got
+
+    monkeypatch.setattr(codec, "decode", buggy_decode)
+    with ZmqTrajectorySource(LOOPBACK) as source:
+
+        async def scenario() -> list[BaseException | None]:
+            sink = ZmqTrajectorySink(source.address)
+            puts = [sink.put(trajectory(i)) for i in range(3)]  # one message of three
+            outcomes = await asyncio.gather(*puts, return_exceptions=True)
+            await sink.put(trajectory(3))  # the queue still serves
+            await sink.close()
+            return outcomes
+
+        outcomes = asyncio.run(scenario())
+        assert outcomes[0] is None and outcomes[2] is None
+        assert isinstance(outcomes[1], QueueError)
+        assert "RuntimeError('a bug in the decoder')" in str(outcomes[1])
+        assert drain(source, 3) == [trajectory(0), trajectory(2), trajectory(3)]
+        assert source.rejected == 1
+
+
 def test_the_registered_factory_checks_its_options() -> None:
     with pytest.raises(ValueError, match=r"needs options\.address"):
         make_sink("zmq", {})

@@ -21,16 +21,18 @@ What is guaranteed (docs/training.md, "Trajectory queue"):
   returns the buffer, so a checkpoint can save it); a producer that crashes loses what it had
   sent but not yet seen acknowledged.
 
-Wire format, producer -> consumer: ``[b"areal.put/4", envelope, headers, payloads]``, one
+Wire format, producer -> consumer: ``[b"areal.put/5", envelope, headers, payloads]``, one
 message for every trajectory put while the previous message was going out (up to ``batch_max``
 and about ``batch_bytes``). The envelope is 8-byte big-endian numbers: ``low``, then for each
 trajectory its sequence number, its header's size and its payload's size; ``headers`` is the
 codec's header frames end to end, ``payloads`` its payload frames end to end (each a multiple of
 8 bytes, so every array stays aligned in it). ``low`` is the producer's lowest unacknowledged
-sequence number (the consumer forgets the ids below it). Consumer -> producer: ``[b"A", seq,
-seq, ...]`` (every put of that producer the consumer took since its last reply: one ack message
-per put message, not per trajectory) or ``[b"N", reason, seq, ...]`` for the trajectories of a
-message it cannot decode (no seq when even the envelope is unreadable).
+sequence number (the consumer forgets the ids below it). Consumer -> producer: ``[b"A", seqs]``
+(every put of that producer the consumer took since its last reply: one ack message per put
+message, not per trajectory) or ``[b"N", reason, seqs]`` for the trajectories of a message it
+cannot decode (``[b"N", reason]`` when even the envelope is unreadable); ``seqs`` is their
+sequence numbers end to end, 8-byte big-endian, in one frame (put/4 sent a frame per number:
+each frame costs both sides a Python call).
 
 Why it is cheap: the token arrays go out and come in without a per-token Python object
 (:mod:`areal.plugins.queues.codec`), copied once, into the message's payload frame, and read
@@ -64,7 +66,7 @@ from areal.plugins.queues.codec import CodecError
 
 log = logging.getLogger(__name__)
 
-PUT = b"areal.put/4"
+PUT = b"areal.put/5"
 # Plain ints: pyzmq's enum flags cost microseconds per operation on the hot path.
 _NOBLOCK, _EVENTS = int(zmq.NOBLOCK), int(zmq.EVENTS)
 _POLLIN, _POLLOUT = int(zmq.POLLIN), int(zmq.POLLOUT)
@@ -103,6 +105,11 @@ def _send_frames(sock: zmq.Socket[bytes], frames: list[bytes]) -> None:
     last = len(frames) - 1
     for i, frame in enumerate(frames):
         sock.send(frame, _MORE if i < last else _NOBLOCK, copy=len(frame) < _LEND_BYTES)
+
+
+def _seqs(packed: bytes) -> tuple[int, ...]:
+    """The sequence numbers of a reply's seq frame (8-byte big-endian numbers end to end)."""
+    return struct.unpack(f">{len(packed) // 8}Q", packed[: len(packed) // 8 * 8])
 
 
 @dataclass
@@ -316,16 +323,16 @@ class ZmqTrajectorySink:
             self._on_reply(sock.recv_multipart(_NOBLOCK))
 
     def _on_reply(self, reply: list[bytes]) -> None:
-        if reply[0] == ACK:
-            for seq in reply[1:]:
-                entry = self._pop(int.from_bytes(seq, "big"))
+        if reply[0] == ACK and len(reply) == 2:
+            for seq in _seqs(reply[1]):
+                entry = self._pop(seq)
                 if entry is None:  # a resend's second ack
                     continue
                 self.acked += 1
                 if not entry.future.done():  # done: its put was cancelled
                     entry.future.set_result(None)
-        elif reply[0] == NACK and len(reply) > 2:
-            seqs = [int.from_bytes(seq, "big") for seq in reply[2:]]
+        elif reply[0] == NACK and len(reply) == 3:
+            seqs = _seqs(reply[2])
             self.rejected += sum(1 for seq in seqs if seq in self._pending)
             reason = reply[1].decode(errors="replace")
             self._fail(seqs, QueueError(f"the consumer rejected it: {reason}"))
@@ -588,13 +595,15 @@ class ZmqTrajectorySource:
     @staticmethod
     def _send_acks(sock: zmq.Socket, acks: dict[bytes, list[bytes]]) -> None:
         for producer, seqs in acks.items():
-            sock.send_multipart([producer, ACK, *seqs])
+            _send_frames(sock, [producer, ACK, b"".join(seqs)])
         acks.clear()
 
     def _reject(self, sock: zmq.Socket, producer: bytes, seqs: list[bytes], reason: str) -> None:
         self.rejected += max(1, len(seqs))
         log.warning("rejected a put: %s", reason)
-        sock.send_multipart([producer, NACK, reason.encode(), *seqs])
+        # No seq frame when even the envelope is unreadable: there is none to name.
+        seq_frame = [b"".join(seqs)] if seqs else []
+        _send_frames(sock, [producer, NACK, reason.encode(), *seq_frame])
 
     def _unpack(self, sock: zmq.Socket, frames: list[zmq.Frame], held: deque[_Item]) -> None:
         """A put message's trajectories, each still as its header and its slice of the payload,
@@ -657,9 +666,13 @@ class ZmqTrajectorySource:
         else:
             try:
                 trajectory = codec.decode([item.header, item.payload])
-            except CodecError as err:
+            except Exception as err:  # a decoder's own bug costs this trajectory, not the queue
+                reason = str(err)
+                if not isinstance(err, CodecError):
+                    log.exception("decoding a trajectory failed unexpectedly")
+                    reason = f"decoding failed unexpectedly: {err!r}"
                 message.failed = True
-                self._reject(sock, message.producer, [item.seq], str(err))
+                self._reject(sock, message.producer, [item.seq], reason)
                 return None
             taken = (trajectory, len(item.header) + item.payload.nbytes)
             acked.add(seq)
