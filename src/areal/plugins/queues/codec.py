@@ -38,8 +38,9 @@ from areal.core.types import SAMPLE_DTYPES, Completion, Sample, Trajectory, as_t
 
 FORMAT = "areal.trajectory/2"
 
+WireDtype = Literal["<i4", "u1", "<f4"]
 # (field, wire dtype) of each array, in frame order.
-SAMPLE_ARRAYS = (
+SAMPLE_ARRAYS: tuple[tuple[str, WireDtype], ...] = (
     ("input_ids", "<i4"),
     ("loss_mask", "u1"),
     ("logprobs", "<f4"),
@@ -47,7 +48,7 @@ SAMPLE_ARRAYS = (
 )
 assert [(n, np.dtype(d)) for n, d in SAMPLE_ARRAYS] == list(SAMPLE_DTYPES.items())
 _DTYPES = {dtype: np.dtype(dtype) for _, dtype in SAMPLE_ARRAYS}
-TURN_ARRAYS = (
+TURN_ARRAYS: tuple[tuple[str, WireDtype], ...] = (
     ("prompt_ids", "<i4"),
     ("output_ids", "<i4"),
     ("output_logprobs", "<f4"),
@@ -66,7 +67,6 @@ class CodecError(ValueError):
 Count = Annotated[int, msgspec.Meta(ge=0)]
 # Finite: NaN fails both bounds, the infinities one (an int is taken and becomes a float).
 Number = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
-WireDtype = Literal["<i4", "u1", "<f4"]
 
 
 class SampleHeader(msgspec.Struct, forbid_unknown_fields=True):
@@ -155,11 +155,11 @@ class _Payload:
 
     def __init__(self) -> None:
         self.parts: list[Any] = []  # each array's bytes, then its padding
-        self.layout: list[tuple[str, int]] = []  # (dtype, length) per array
+        self.layout: list[tuple[WireDtype, int]] = []  # (dtype, length) per array
         self.hasher = xxhash.xxh3_64()
         self.size = 0
 
-    def add(self, record: Any, fields: tuple[tuple[str, str], ...], where: str) -> None:
+    def add(self, record: Any, fields: tuple[tuple[str, WireDtype], ...], where: str) -> None:
         for name, dtype in fields:
             values = getattr(record, name)
             if not isinstance(values, np.ndarray):  # a completion's list (a sample has arrays)
