@@ -25,7 +25,10 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def serve(status: int, body: bytes) -> Iterator[int]:
+def serve(status: int, body: bytes, port: int = 0) -> Iterator[int]:
+    """A server in this process answering ``status`` and ``body`` to every GET, on ``port``
+    (0: a free one); yields its port."""
+
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(status)
@@ -35,7 +38,7 @@ def serve(status: int, body: bytes) -> Iterator[int]:
         def log_message(self, *args: object) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

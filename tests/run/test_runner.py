@@ -15,6 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
+from tests.run.test_supervisor import someone_else_on
 
 from areal.core.run_config import RunConfig, run_config_from_dict
 from areal.run.checkpoint import latest_checkpoint, load_checkpoint
@@ -119,10 +120,14 @@ def _wait_for(predicate: Any, timeout: float, what: str, every: float = 0.2) -> 
         time.sleep(every)
 
 
-def test_run_goes_on_when_a_worker_and_the_engine_are_killed(tmp_path: Path) -> None:
+def test_run_goes_on_when_a_worker_and_the_engine_are_killed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     # Steps of the nano model take ~40 ms: with 12 steps, far more than the staleness bound's
     # look-ahead (2 batches) remains to be generated after the kill at step 1, so the run
-    # cannot finish without the restarted engine and worker.
+    # cannot finish without the restarted engine and worker. Meanwhile another process takes
+    # the dead engine's freed port (and answers 200 on /health there): the engine must come
+    # back on another port, and the weight sync and the gateway must follow it there.
     config = make_config(tmp_path, train={"max_steps": 12})
     result: list[RunSummary | BaseException] = []
 
@@ -139,8 +144,12 @@ def test_run_goes_on_when_a_worker_and_the_engine_are_killed(tmp_path: Path) -> 
         _wait_for(
             lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1", 0.01
         )
-        for proc in _children("areal.run.rollout_worker") + _children("serve inference"):
+        (engine,) = _children("serve inference")
+        port = int(engine.cmdline()[engine.cmdline().index("--port") + 1])
+        for proc in [*_children("areal.run.rollout_worker"), engine]:
             proc.send_signal(signal.SIGKILL)
+        with someone_else_on(port):
+            thread.join(timeout=240)
     finally:
         thread.join(timeout=240)
     assert result, "the run did not finish"
@@ -148,8 +157,11 @@ def test_run_goes_on_when_a_worker_and_the_engine_are_killed(tmp_path: Path) -> 
     assert isinstance(summary, RunSummary), summary
     assert summary.steps == 12
     assert summary.restarts.get("engine0") == 1 and summary.restarts.get("rollout0") == 1
-    # The restarted engine serves the trainer's newest weights (its catch-up), and training
-    # went on after the kill.
+    # The restarted engine moved, serves the trainer's newest weights (its catch-up) and the
+    # gateway's traffic: training went on after the kill.
+    assert f"engine0: http://127.0.0.1:{port} was taken by another process" in caplog.text
+    back = re.search(r"engine0 is back \(pid \d+\) on http://127\.0\.0\.1:(\d+)", caplog.text)
+    assert back is not None and int(back.group(1)) != port
     assert sum(line.startswith("[train]") for line in read_log(tmp_path)) == 12
 
 

@@ -4,13 +4,19 @@ log once it has restarted it too often."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.core.test_process import HEALTH_SERVER
+from tests.run.test_reachability import serve
 
+from areal.core.process import pick_free_port
 from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
@@ -128,3 +134,86 @@ def test_a_child_with_cpus_runs_on_those_cores(tmp_path: Path) -> None:
         assert os.sched_getaffinity(child.process.pid) == {core}
     finally:
         supervisor.stop_all(timeout=2)
+
+
+@contextlib.contextmanager
+def someone_else_on(port: int, timeout: float = 10.0) -> Iterator[None]:
+    """Another process's server answering 200 on ``port`` once the dead child's socket has
+    let go of it (as another run's gateway or engine picking that freed port would)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            server = contextlib.contextmanager(serve)(200, b"", port)
+            server.__enter__()
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.02)
+    try:
+        yield
+    finally:
+        server.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("moves", [True, False])
+def test_a_restart_whose_port_was_taken_moves_only_a_child_that_may(
+    moves: bool, tmp_path: Path
+) -> None:
+    """A dead child's port is free for anyone until its restart binds it. An engine (a child
+    that ``moves_when_taken``) restarts on another port and its ``after_start`` learns the new
+    url, which the run's catch-up passes on; any other child keeps the url the rest of the run
+    knows it by, so it fails, naming the taken port."""
+    port = [pick_free_port()]
+
+    def command() -> list[str]:  # binds after 1 s: the stranger gets there first
+        return [sys.executable, "-c", HEALTH_SERVER, str(port[0]), "1"]
+
+    def new_port() -> str:
+        port[0] = pick_free_port()
+        return f"http://127.0.0.1:{port[0]}"
+
+    started: list[str | None] = []
+
+    async def after(child: Child) -> None:
+        started.append(child.url)
+
+    child = Child(
+        name="engine0",
+        command=command,
+        log_path=tmp_path / "engine0.log",
+        url=f"http://127.0.0.1:{port[0]}",
+        new_port=new_port,
+        moves_when_taken=moves,
+        after_start=after,
+        start_timeout=30,
+    )
+    supervisor = Supervisor([child], poll_interval=0.05)
+    first = child.url
+
+    async def scenario() -> None:
+        await supervisor.start_all()
+        assert child.process is not None and child.process.pid is not None
+        watch = asyncio.create_task(supervisor.watch())
+        os.kill(child.process.pid, signal.SIGKILL)
+        taken = int((first or "").rsplit(":", 1)[1])
+        with someone_else_on(taken):
+            if not moves:
+                with pytest.raises(ChildFailed, match="its port was taken"):
+                    await asyncio.wait_for(watch, 60)
+                return
+            for _ in range(600):
+                await asyncio.sleep(0.05)
+                if child.restarts == 1 and child.up:
+                    break
+            watch.cancel()
+            assert child.up and child.url != first and started == [first, child.url]
+            # The restarted child answers at its new url, and the stranger still has the old.
+            assert child.process is not None
+            assert child.process.wait_healthy(child.url or "", timeout=5) is None
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        supervisor.stop_all(timeout=2)
+    assert "address already in use" in (tmp_path / "engine0.log").read_text().lower()

@@ -51,8 +51,10 @@ def engine_child(
     after_start: Callable[[Child], Awaitable[None]] | None = None,
     before_restart: Callable[[Child], Awaitable[None]] | None = None,
 ) -> Child:
-    """Inference engine ``index`` on a port of its own (kept across restarts), on loopback or,
-    with ``launcher.listen: node``, on its node's address (:func:`listen_host`)."""
+    """Inference engine ``index`` on a port of its own, on loopback or, with ``launcher.listen:
+    node``, on its node's address (:func:`listen_host`). A restart keeps the port unless another
+    process took it meanwhile: then the engine moves to another, and ``after_start`` (the
+    runner's catch-up) moves it in the weight sync and the gateway."""
     listen = FreePort(listen_host(config))
     backend = registry("inference_backends").get(config.inference.backend)
     launcher = backend.load_launcher()
@@ -91,6 +93,7 @@ def engine_child(
         },
         url=listen.url,
         new_port=listen.pick_again,
+        moves_when_taken=True,
         start_timeout=ENGINE_READY_TIMEOUT,
         after_start=after_start,
         before_restart=before_restart,

@@ -63,8 +63,12 @@ class Child:
     url_template: str | None = None  # the url as given, while ``url`` is where it is now
     # Picks the child another free port (its command has it from then on) and returns its url:
     # a first start whose port another process took in the meantime tries again there. Later
-    # restarts keep the port, which the rest of the run knows the child by.
+    # restarts keep the port, which the rest of the run knows the child by ...
     new_port: Callable[[], str] | None = None
+    # ... unless the child may move: a restart whose port another process took (a freed port
+    # is anyone's) tries again on another one too. Only for a child whose new url its
+    # ``after_start`` passes on to the rest of the run (an engine: the weight sync, the gateway).
+    moves_when_taken: bool = False
 
     def __post_init__(self) -> None:
         if self.url is not None:
@@ -108,7 +112,7 @@ class Supervisor:
             group = [c for c in self.children if c.stage == stage]
             for child in group:
                 self._spawn(child)
-            await asyncio.gather(*(self._first_start(child) for child in group))
+            await asyncio.gather(*(self._healthy_moving_if_taken(child) for child in group))
 
     async def watch(self) -> None:
         """Run until cancelled; raises :class:`ChildFailed` when a child is beyond saving."""
@@ -167,9 +171,10 @@ class Supervisor:
         if self.on_spawn is not None:
             self.on_spawn(child)
 
-    async def _first_start(self, child: Child) -> None:
+    async def _healthy_moving_if_taken(self, child: Child) -> None:
         """Become healthy; on a port another process took after it was picked (each test worker,
-        each run on a shared machine picks its own), start again on another one."""
+        each run on a shared machine picks its own) or freed, start again on another one (up to
+        ``PORT_TRIES`` ports in all)."""
         for _ in range(PORT_TRIES - 1):
             try:
                 await self._become_healthy(child)
@@ -227,5 +232,8 @@ class Supervisor:
         if child.before_restart is not None:
             await child.before_restart(child)
         self._spawn(child)
-        await self._become_healthy(child)
-        log.warning("%s is back (pid %s)", child.name, child.process.pid)
+        if child.moves_when_taken:
+            await self._healthy_moving_if_taken(child)
+        else:
+            await self._become_healthy(child)
+        log.warning("%s is back (pid %s) on %s", child.name, child.process.pid, child.url)
