@@ -141,19 +141,16 @@ def someone_else_on(port: int, timeout: float = 10.0) -> Iterator[None]:
     """Another process's server answering 200 on ``port`` once the dead child's socket has
     let go of it (as another run's gateway or engine picking that freed port would)."""
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            server = contextlib.contextmanager(serve)(200, b"", port)
-            server.__enter__()
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.02)
-    try:
+    with contextlib.ExitStack() as stack:
+        while True:
+            try:
+                stack.enter_context(contextlib.contextmanager(serve)(200, b"", port))
+                break
+            except OSError:  # the dead child's socket still holds it
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         yield
-    finally:
-        server.__exit__(None, None, None)
 
 
 @pytest.mark.parametrize("moves", [True, False])

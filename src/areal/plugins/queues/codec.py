@@ -170,11 +170,11 @@ class _Payload:
             data = values.data  # its bytes (1-D, contiguous, the wire dtype), no copy
             self.hasher.update(data)
             self.parts.append(data)
-            padding = -data.nbytes % ALIGN
+            padding = _PADDING[: -data.nbytes % ALIGN]
             if padding:
-                self.hasher.update(_PADDING[:padding])
-                self.parts.append(_PADDING[:padding])
-            self.size += data.nbytes + padding
+                self.hasher.update(padding)
+                self.parts.append(padding)
+            self.size += data.nbytes + len(padding)
             self.layout.append((dtype, len(values)))
 
 
