@@ -9,80 +9,28 @@ A control episode streamed before the kill reaches the trajectory file, so the f
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
-import yaml
+from tests.faults.gateway_processes import (
+    POLICY,
+    client,
+    end_session,
+    open_session,
+    start_engine,
+    start_gateway,
+)
 
 from areal.core.episode_journal import EpisodeBooks, read_journal
-from areal.core.plugins import registry
-from areal.core.process import ServerProcess, start_on_free_port, with_port
 from areal.plugins.models.tiny import init_tiny
-
-ADMIN = "midstream-admin-token-0123456789"
-KEY = "midstream-gateway-key-0123456789"
-POLICY = "policy"
-
-
-def _start_engine(model: Path, logs: Path) -> tuple[ServerProcess, str]:
-    launcher = registry("inference_backends").get("embedded").load_launcher()
-    options = {"model_path": str(model), "log_level": "warning", "max_total_tokens": 8192}
-    engine = start_on_free_port(
-        lambda port: list(launcher({**options, "port": port})),
-        log_path=logs / "engine.log",
-        timeout=120,
-        name="engine",
-    )
-    assert engine.url is not None
-    return engine, engine.url
-
-
-def _start_gateway(engine_url: str, tmp: Path) -> tuple[ServerProcess, str]:
-    router = tmp / "router.yaml"
-    routing = {"policy_model": {"model_id": POLICY, "max_tokens": 4096}}
-    router.write_text(yaml.safe_dump({"model_routing": routing}))
-    command = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
-    command += ["--engine", engine_url, "--log-dir", str(tmp / "logs")]
-    command += ["--sink", "jsonl", "--sink-address", str(tmp / "trajectories.jsonl")]
-    # A start that lost its port to another process books only its boot here: no episode.
-    command += ["--episode-journal", str(tmp / "episodes.journal")]
-    env = {"AREAL_ADMIN_TOKEN": ADMIN, "AREAL_GATEWAY_KEY": KEY}
-    gateway = start_on_free_port(
-        with_port(command),
-        log_path=tmp / "logs" / "gateway.out",
-        timeout=120,
-        env=env,
-    )
-    assert gateway.url is not None
-    return gateway, gateway.url
-
-
-def _session(gateway: str) -> tuple[str, str]:
-    answer = httpx.post(
-        f"{gateway}/rl/sessions", headers={"Authorization": f"Bearer {ADMIN}"}, json={}, timeout=30
-    )
-    answer.raise_for_status()
-    return answer.json()["session_id"], answer.json()["api_key"]
 
 
 def _end(gateway: str, session: str) -> dict[str, object]:
-    answer = httpx.post(
-        f"{gateway}/rl/sessions/{session}/end",
-        headers={"Authorization": f"Bearer {ADMIN}"},
-        json={"reward": 1.0},
-        timeout=30,
-    )
+    answer = end_session(gateway, session)
     answer.raise_for_status()
     return dict(answer.json())
-
-
-def _client(gateway: str, key: str) -> openai.OpenAI:
-    # A timeout and no retries: a hang fails the test instead of waiting, a retry hides nothing.
-    return openai.OpenAI(base_url=f"{gateway}/v1", api_key=key, timeout=60, max_retries=0)
 
 
 @pytest.mark.slow
@@ -91,23 +39,23 @@ def test_an_engine_killed_mid_stream_ends_the_stream_cleanly_and_the_episode_unt
 ) -> None:
     model = tmp_path / "model"
     init_tiny(model, size="nano", seed=0)
-    engine, engine_url = _start_engine(model, tmp_path / "logs")
+    engine, engine_url = start_engine(model, tmp_path / "logs")
     gateway = None
     try:
-        gateway, url = _start_gateway(engine_url, tmp_path)
+        gateway, url = start_gateway(engine_url, tmp_path)
         messages = [{"role": "user", "content": "Count to a thousand."}]
 
-        control, key = _session(url)
-        with _client(url, key).chat.completions.create(
+        control, key = open_session(url)
+        with client(url, key).chat.completions.create(
             model=POLICY, messages=messages, stream=True, max_tokens=8
         ) as stream:
             assert [c for c in stream if c.choices and c.choices[0].finish_reason]
         assert _end(url, control)["sent"] is True
 
-        cut, key = _session(url)
+        cut, key = open_session(url)
         received, error = [], None
         # ignore_eos and a long max_tokens: the stream is still going when the engine dies.
-        stream = _client(url, key).chat.completions.create(
+        stream = client(url, key).chat.completions.create(
             model=POLICY,
             messages=messages,
             stream=True,

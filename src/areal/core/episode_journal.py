@@ -1,39 +1,53 @@
-"""The gateway's episode journal: one byte per session event, so a run's books survive a SIGKILL.
+"""The run's episode journal: one line per session event, so a run's books survive a SIGKILL.
 
 A gateway keeps its session counters in memory; killed, it takes them along, and the trainer can
 no longer say how many episodes it had started or had open. So a gateway attached to a run
-appends one byte per event to a file: ``b`` when it boots, ``s`` when it admits a session, ``a``
-when it hands a trajectory to the trainer's queue, ``r`` when a session ends without one
-(discarded, empty, expired, refused as stale, or still open at a clean shutdown). Each byte is
-one ``write(2)`` on an ``O_APPEND`` descriptor: once it returns the byte is in the kernel's page
-cache, which outlives the process, so a SIGKILL loses no event already counted.
+appends one line per event to a file: ``b`` when it boots, ``s ID`` when it admits session
+``ID``, ``a ID`` when the trainer's queue acknowledged its trajectory, ``r ID`` when it ends
+without one (discarded, empty, expired, refused as stale, or still open at a clean shutdown).
+Each line is one ``write(2)`` on an ``O_APPEND`` descriptor: once it returns the line is in the
+kernel's page cache, which outlives the process, so a SIGKILL loses no event already counted.
+
+A gateway killed between the trainer's receipt of a trajectory and its own ``a`` line leaves an
+episode the journal alone would count lost while the trainer counts it received. The trainer
+settles those from its receipts (:meth:`EpisodeBooks.received`) and appends ``t ID`` for each,
+so the books read the same again on ``--resume``. ``t`` lines are rare (one per such episode)
+and short, so the two writers' appends never interleave within a line.
 
 :func:`read_journal` folds the file into :class:`EpisodeBooks`: a ``b`` closes the books of the
 gateway before it, whose sessions still open were lost with it (discarded, from the trainer's
-point of view). One writer at a time: the run starts the next gateway only after the last exits.
+point of view) unless the trainer received them. Journals of older versions (one byte per event,
+no ids) still fold, by counts.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-BOOT, START, ACCEPT, REJECT = b"b", b"s", b"a", b"r"
+BOOT, START, ACCEPT, REJECT, TAKEN = b"b", b"s", b"a", b"r", b"t"
+# How many received episodes the books remember while their ``a`` line has not come (a
+# gateway that writes no journal must not grow the trainer's memory without bound).
+MAX_UNJOURNALED = 100_000
 
 
 class EpisodeJournal:
-    """The gateway's writing end (``path=None``: a gateway outside a run writes nothing)."""
+    """A writing end (``path=None``: a gateway outside a run writes nothing). A gateway's
+    journal notes its boot on opening; the trainer's (``boot=False``) writes only ``t``."""
 
-    def __init__(self, path: str | Path | None) -> None:
+    def __init__(self, path: str | Path | None, *, boot: bool = True) -> None:
         self._fd: int | None = None
         if path is not None:
             self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            self.note(BOOT)
+            if boot:
+                self.note(BOOT)
 
-    def note(self, event: bytes) -> None:
+    def note(self, event: bytes, session_id: str = "") -> None:
         if self._fd is not None:
-            os.write(self._fd, event)
+            os.write(
+                self._fd, b"%s %s\n" % (event, session_id.encode()) if session_id else event + b"\n"
+            )
 
     def close(self) -> None:
         if self._fd is not None:
@@ -46,24 +60,89 @@ class EpisodeBooks:
     """Every episode the run's gateways started, by where it went; ``started`` is their sum."""
 
     started: int = 0
-    accepted: int = 0  # handed to the trainer's queue
+    accepted: int = 0  # received by the trainer's queue
     rejected: int = 0  # ended without a trajectory
-    lost: int = 0  # open on a gateway that died
+    lost: int = 0  # open on a gateway that died, never received
     boots: int = 0
+    # On the current gateway (a dict for its order: settled episodes are noted as they opened).
+    open_ids: dict[str, None] = field(default_factory=dict, repr=False)
+    open_unnamed: int = 0  # the same, from a journal without ids
+    lost_ids: set[str] = field(default_factory=set, repr=False)
+    # Received by the trainer, the journal's word on them still to come (insertion-ordered).
+    unjournaled: dict[str, None] = field(default_factory=dict, repr=False)
+    # Settled by the trainer's receipts, not yet in the journal as ``t`` lines.
+    settled: list[str] = field(default_factory=list, repr=False)
 
     @property
     def running(self) -> int:
         """Open on the gateway that writes the journal now."""
-        return self.started - self.accepted - self.rejected - self.lost
+        return len(self.open_ids) + self.open_unnamed
 
     @property
     def discarded(self) -> int:
         return self.rejected + self.lost
 
+    def fold(self, event: bytes, session_id: str = "") -> None:
+        """One journal event."""
+        if event == BOOT:
+            self.boots += 1
+            self.lost += self.open_unnamed
+            self.open_unnamed = 0
+            for sid in self.open_ids:
+                if sid in self.unjournaled:  # the trainer has it: not lost
+                    del self.unjournaled[sid]
+                    self.accepted += 1
+                    self.settled.append(sid)
+                else:
+                    self.lost += 1
+                    self.lost_ids.add(sid)
+            self.open_ids.clear()
+        elif event == START:
+            self.started += 1
+            if session_id:
+                self.open_ids[session_id] = None
+            else:
+                self.open_unnamed += 1
+        elif event in (ACCEPT, REJECT) and self._close(session_id):
+            if event == ACCEPT:
+                self.accepted += 1
+            else:
+                self.rejected += 1
+        elif event == TAKEN and session_id in self.lost_ids:
+            self._recover(session_id)
+
+    def received(self, session_id: str) -> None:
+        """The trainer received the trajectory of ``session_id``: an episode the journal counts
+        lost is moved to ``accepted`` (and to :attr:`settled`); one it does not know the end of
+        yet is remembered until it does."""
+        if session_id in self.lost_ids:
+            self._recover(session_id)
+            self.settled.append(session_id)
+        elif session_id:
+            self.unjournaled[session_id] = None
+            if len(self.unjournaled) > MAX_UNJOURNALED:
+                del self.unjournaled[next(iter(self.unjournaled))]
+
+    def _close(self, session_id: str) -> bool:
+        """An open episode ends; ``False`` for one the journal does not have open."""
+        if session_id in self.open_ids:
+            del self.open_ids[session_id]
+            self.unjournaled.pop(session_id, None)
+            return True
+        if not session_id and self.open_unnamed:
+            self.open_unnamed -= 1
+            return True
+        return False
+
+    def _recover(self, session_id: str) -> None:
+        self.lost_ids.remove(session_id)
+        self.lost -= 1
+        self.accepted += 1
+
 
 def read_journal(path: str | Path, books: EpisodeBooks | None = None, offset: int = 0) -> int:
-    """Fold the journal from byte ``offset`` into ``books``; returns the offset read up to, so a
-    reader that calls again reads only what was appended since."""
+    """Fold the journal's whole lines from byte ``offset`` into ``books``; returns the offset
+    read up to, so a reader that calls again reads only what was appended since."""
     books = books if books is not None else EpisodeBooks()
     try:
         with open(path, "rb") as f:
@@ -71,15 +150,12 @@ def read_journal(path: str | Path, books: EpisodeBooks | None = None, offset: in
             data = f.read()
     except FileNotFoundError:
         return offset
-    for byte in data:
-        event = bytes((byte,))
-        if event == BOOT:
-            books.lost += books.running
-            books.boots += 1
-        elif event == START:
-            books.started += 1
-        elif event == ACCEPT:
-            books.accepted += 1
-        elif event == REJECT:
-            books.rejected += 1
-    return offset + len(data)
+    end = data.rfind(b"\n") + 1  # a line still being written is read next time
+    for line in data[:end].splitlines():
+        event, _, session_id = line.partition(b" ")
+        if session_id:
+            books.fold(event, session_id.decode())
+        else:  # ``b``, or an older journal's run of one-byte events
+            for byte in event:
+                books.fold(bytes((byte,)))
+    return offset + end

@@ -2,8 +2,9 @@
 
 ``AREAL_TEST_CRASH_AT=checkpoint.synced`` makes the next :func:`crash_point` of that name
 SIGKILL its own process, as a power cut or the OOM killer would: no ``finally``, no ``atexit``,
-no flush. The points sit between the steps of rare, slow operations (a checkpoint's phases),
-never in a per-token or per-sample path; unset, each costs one environment look-up.
+no flush. The points sit between the steps of rare, slow operations (a checkpoint's phases) or
+at most once per episode (the gateway's hand-over of a trajectory), never in a per-token or
+per-sample path; unset, each costs one environment look-up.
 
 :func:`trace` records the points an operation passes, so a test can check that the phases it
 kills at are all the phases there are.

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.core.episode_journal import ACCEPT, REJECT, START, EpisodeJournal
+from areal.core.faults import crash_point
 from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
 from areal.core.trajectory import build_trajectory
@@ -246,7 +247,7 @@ class SessionManager:
         for session in list(self._by_id.values()):
             if session.is_open:
                 self._retire(session)
-                self._finish(accepted=False)
+                self._finish(session, accepted=False)
         if self.sink is not None:
             await self.sink.close()
         self.journal.close()
@@ -289,7 +290,6 @@ class SessionManager:
                 code="staleness_budget_full",
                 headers={"Retry-After": str(wait)},
             )
-        self.journal.note(START)
         session = Session(
             session_id="s_" + secrets.token_hex(8),
             api_key=api_key or "areal-session-" + secrets.token_urlsafe(32),
@@ -298,6 +298,7 @@ class SessionManager:
             hint=hint,
             owner=owner,
         )
+        self.journal.note(START, session.session_id)
         self._by_id[session.session_id] = session
         self._by_key[session.api_key] = session
         if hint:
@@ -390,16 +391,18 @@ class SessionManager:
                 assert self.sink is not None
                 self.delivering += 1
                 try:
+                    crash_point("gateway.handing_over")
                     await self.sink.put(trajectory)
+                    crash_point("gateway.handed_over")
                 finally:
                     self.delivering -= 1
         except Exception as err:
-            self._finish(accepted=False)
+            self._finish(session, accepted=False)
             log.exception("the trajectory sink failed on session %s", session.session_id)
             raise GatewayError(
                 500, f"the trajectory of session {session.session_id} could not be sent: {err}"
             ) from None
-        self._finish(accepted=send)
+        self._finish(session, accepted=send)
         self.capacity_changed()
         if not send:
             await self._send_tombstone(session, trajectory)
@@ -434,10 +437,10 @@ class SessionManager:
         except Exception:
             log.exception("the tombstone of discarded session %s was not sent", session.session_id)
 
-    def _finish(self, *, accepted: bool) -> None:
+    def _finish(self, session: Session, *, accepted: bool) -> None:
         """An episode's outcome, to the budget and the journal."""
         self.budget.finish(accepted=accepted)
-        self.journal.note(ACCEPT if accepted else REJECT)
+        self.journal.note(ACCEPT if accepted else REJECT, session.session_id)
 
     def too_stale(self, session: Session) -> int | None:
         """How many versions the oldest generated token of an open ``session`` is behind the

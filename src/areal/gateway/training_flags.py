@@ -42,7 +42,7 @@ HELP: dict[str, str] = {
     "start_consumed": "Staleness budget: episodes the trainer has already received in this run "
     "(a resume, a restarted gateway), so they count as accepted (default 0).",
     "start_dropped": "Staleness budget: how many of those the trainer dropped as stale (default 0).",
-    "episode_journal": "Append one byte per session event (boot, start, accepted, rejected) to "
+    "episode_journal": "Append one line per session event (boot, start, accepted, rejected) to "
     "this file, so the run's episode books survive a killed gateway (default: none).",
     "discount": "Per-turn discount of the episode reward over earlier samples, in [0, 1] "
     "(default 1).",

@@ -9,7 +9,9 @@ Where each number comes from, so that it survives the process that would otherwi
 
 - ``sent`` and ``discarded``: the gateways' episode journal (:mod:`areal.core.episode_journal`),
   a file the killed gateway cannot take along. ``discarded`` counts the sessions that ended
-  without a trajectory and those still open on a gateway that died (``lost``).
+  without a trajectory and those still open on a gateway that died (``lost``), less those whose
+  trajectory the trainer received all the same (the gateway died before noting its hand-over:
+  the ledger settles them from the queue's receipts and notes them in the journal).
 - ``trained``, ``dropped`` and ``queued``: the trainer's own counters, checkpointed with the loop
   (``queued``: received, not yet trained or dropped: in the queue's buffer or the loop's).
 - ``running``: the rest: started, neither discarded nor received yet (open on the live gateway,
@@ -20,11 +22,13 @@ Where each number comes from, so that it survives the process that would otherwi
 from __future__ import annotations
 
 import logging
+from collections import deque
 from pathlib import Path
 from typing import Any, Protocol
 
-from areal.core.episode_journal import EpisodeBooks, read_journal
+from areal.core.episode_journal import TAKEN, EpisodeBooks, EpisodeJournal, read_journal
 from areal.core.metrics import MetricValue
+from areal.core.types import Trajectory
 
 log = logging.getLogger("areal.train")
 
@@ -63,15 +67,34 @@ class EpisodeLedger:
             journal.unlink(missing_ok=True)
         self.books = EpisodeBooks()
         self._offset = 0
+        self._receipts: deque[str] = deque()  # appended on the queue's thread, read on ours
+
+    def received(self, trajectory: Trajectory) -> None:
+        """The queue's ``on_receipt``: a trajectory the trainer now holds."""
+        if not trajectory.is_tombstone:
+            self._receipts.append(trajectory.session_id)
+
+    def read(self) -> EpisodeBooks:
+        """The books, with what the journal and the queue's receipts said since the last read;
+        the episodes the receipts settled are noted in the journal (``t``), for a resume."""
+        while self._receipts:
+            self.books.received(self._receipts.popleft())
+        self._offset = read_journal(self.journal, self.books, self._offset)
+        if self.books.settled:
+            journal = EpisodeJournal(self.journal, boot=False)
+            for session_id in self.books.settled:
+                journal.note(TAKEN, session_id)
+            journal.close()
+            self.books.settled.clear()
+        return self.books
 
     def values(self, loop: _Loop, queue: _Queue, gateway_running: int) -> dict[str, MetricValue]:
-        self._offset = read_journal(self.journal, self.books, self._offset)
+        books = self.read()
         counters = loop.counters()
         buffered = len(loop.pending())
         received, dropped = consumed(loop, queue)
         queued = queue.buffered - queue.buffered_tombstones + buffered
         trained = counters["trajectories"] - dropped - buffered
-        books = self.books
         running = books.started - books.discarded - received
         if running < 0:
             log.warning(

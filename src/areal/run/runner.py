@@ -270,6 +270,7 @@ class _Run:
             {
                 "address": f"tcp://{setup.listen_address}:*",
                 "queue_max_size": config.async_.queue_max_size,
+                "on_receipt": self.ledger.received,
             },
         )
         sync = self.sync = engine.weight_sync(self.out / "weights")

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import zmq
 
-from areal.core.queue import make_sink
+from areal.core.queue import make_sink, make_source
 from areal.core.types import Completion, Sample, Trajectory
 from areal.plugins.queues import codec
 from areal.plugins.queues.zmq_queue import (
@@ -427,6 +427,31 @@ def test_a_decoder_that_fails_unexpectedly_costs_one_trajectory_not_the_queue(
         assert "RuntimeError('a bug in the decoder')" in str(outcomes[1])
         assert drain(source, 3) == [trajectory(0), trajectory(2), trajectory(3)]
         assert source.rejected == 1
+
+
+def test_on_receipt_sees_each_trajectory_before_its_put_returns_and_cannot_end_the_queue() -> None:
+    """The run's books rely on the order: a put that returned was seen by ``on_receipt`` (the
+    gateway notes its hand-over after the put). An observer that raises costs nothing."""
+    seen: list[str] = []
+
+    def on_receipt(arrived: Trajectory) -> None:
+        seen.append(arrived.session_id)
+        if arrived.session_id == "p-1":
+            raise RuntimeError("a bug in the observer")
+
+    source = make_source("zmq", {"address": LOOPBACK, "on_receipt": on_receipt})
+    with source:
+
+        async def scenario() -> None:
+            sink = ZmqTrajectorySink(source.address)
+            for i in range(3):
+                await sink.put(trajectory(i))
+                assert seen[-1] == f"p-{i}"
+            await sink.close()
+
+        asyncio.run(scenario())
+        assert seen == ["p-0", "p-1", "p-2"]
+        assert drain(source, 3) == [trajectory(0), trajectory(1), trajectory(2)]
 
 
 def test_the_registered_factory_checks_its_options() -> None:

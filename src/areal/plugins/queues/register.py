@@ -20,12 +20,13 @@ def zmq_sink(options: dict[str, Any]) -> ZmqTrajectorySink:
 
 def zmq_source(options: dict[str, Any]) -> ZmqTrajectorySource:
     """The trainer's end: ``options.address`` to bind (``tcp://127.0.0.1:*`` picks a port),
-    ``options.queue_max_size``."""
+    ``options.queue_max_size``, ``options.on_receipt`` (called with each trajectory received)."""
     from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
 
     return ZmqTrajectorySource(
         options.get("address", "tcp://127.0.0.1:*"),
         queue_max_size=int(options.get("queue_max_size", 64)),
+        on_receipt=options.get("on_receipt"),
     )
 
 

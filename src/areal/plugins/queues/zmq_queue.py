@@ -53,7 +53,7 @@ import struct
 import threading
 import uuid
 from collections import deque
-from collections.abc import Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -412,13 +412,24 @@ class ZmqTrajectorySource:
     holds, ``buffered_bytes`` (the buffered trajectories' size on the wire), ``peak_buffered``
     and ``peak_buffered_bytes``.
 
+    ``on_receipt``, when given, is called with each trajectory as it enters the buffer (on the
+    socket thread, before its acknowledgement): the run's books settle from it which episodes a
+    gateway killed mid-hand-over had delivered (:mod:`areal.core.episode_journal`).
+
     A put message may carry more trajectories than the buffer has room for: the rest wait in
     the socket thread, undecoded and unacknowledged (so their ``put`` calls keep waiting), and
     enter the buffer as ``get`` makes room. Beyond the bound, the consumer so holds at most one
     message's worth (the producers' ``batch_max``), as ZeroMQ's pipes hold the rest.
     """
 
-    def __init__(self, address: str, *, queue_max_size: int = 64, ack_linger_ms: int = 500) -> None:
+    def __init__(
+        self,
+        address: str,
+        *,
+        queue_max_size: int = 64,
+        ack_linger_ms: int = 500,
+        on_receipt: Callable[[Trajectory], None] | None = None,
+    ) -> None:
         if queue_max_size < 1:
             raise ValueError(f"queue_max_size must be at least 1, got {queue_max_size}")
         self.queue_max_size = queue_max_size
@@ -427,6 +438,7 @@ class ZmqTrajectorySource:
         self.duplicates = 0
         self.rejected = 0
         self._ack_linger_ms = ack_linger_ms
+        self._on_receipt = on_receipt
         self._buffer: deque[Trajectory] = deque()
         self._sizes: deque[int] = deque()  # wire bytes of each buffered trajectory
         self.buffered_bytes = 0
@@ -698,6 +710,12 @@ class ZmqTrajectorySource:
             self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered_bytes)
             self.received += len(arrived)
             self._cond.notify(len(arrived))
+        if self._on_receipt is not None:
+            for trajectory, _ in arrived:
+                try:
+                    self._on_receipt(trajectory)
+                except Exception:  # the observer's bug must not end the queue
+                    log.exception("on_receipt failed on session %s", trajectory.session_id)
 
 
 @dataclass(slots=True)
