@@ -235,6 +235,46 @@ def test_a_long_poll_opens_as_soon_as_a_slot_frees(start_gateway: Any) -> None:
             )
 
 
+def test_a_long_poll_whose_client_hung_up_opens_no_session(start_gateway: Any) -> None:
+    """A rollout worker killed while its long poll waited for a slot: when the slot frees, the
+    gateway does not open a session for the dead client (nobody would drive or end it, and the
+    restarted worker's discard of its predecessor's sessions has already run: a real run
+    stalled on four such sessions, the budget full of them). The next client gets the slot."""
+    budget = StalenessBudget(max_concurrent=1, retry_after_s=5)
+    with start_gateway(budget=budget) as gw:
+        first = create(gw)
+        outcomes: list[BaseException] = []
+
+        def hang_up() -> None:  # a read timeout closes the connection, mid-poll
+            try:
+                httpx.post(
+                    f"{gw.url}/rl/sessions",
+                    json={"wait_s": 30, "metadata": {"worker": "0"}},
+                    headers=gw.headers(gw.admin),
+                    timeout=httpx.Timeout(30, read=0.5),
+                )
+            except httpx.ReadTimeout as err:
+                outcomes.append(err)
+
+        hung_up = threading.Thread(target=hang_up)
+        hung_up.start()
+        deadline = time.monotonic() + 10
+        while gw.state.sessions.waiting == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gw.state.sessions.waiting == 1, "the long poll never reached the gateway"
+        hung_up.join(timeout=10)
+        assert len(outcomes) == 1  # it hung up
+        time.sleep(0.3)  # the hang-up reaches the gateway
+        post(gw, f"/rl/sessions/{first['session_id']}/end", gw.admin)  # a slot frees
+        deadline = time.monotonic() + 10
+        while gw.state.sessions.waiting and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gw.state.sessions.waiting == 0, "the dead client's poll is still held"
+        listing = httpx.get(f"{gw.url}/rl/sessions", headers=gw.headers(gw.admin)).json()
+        assert listing["open"] == [] and listing["budget"]["running"] == 0, listing
+        assert create(gw)["session_id"]  # the slot is free for the living
+
+
 def test_a_stopping_gateway_answers_its_long_polls_at_once(start_gateway: Any) -> None:
     """Shutdown admits no new episode: a long poll held for a slot gets a 503 in the OpenAI
     error schema as the server starts stopping, rather than holding the shutdown for its wait

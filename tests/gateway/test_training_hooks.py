@@ -150,7 +150,8 @@ def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
         "accepted_total": 16,
         "released": 1,
     }
-    assert journal(urlsplit(url).port).read_bytes() == b"bsa"
+    sid = session["session_id"].encode()
+    assert journal(urlsplit(url).port).read_bytes() == b"b\ns %s\na %s\n" % (sid, sid)
 
 
 def one_line_error(command: list[str]) -> str:

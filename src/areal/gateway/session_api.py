@@ -46,7 +46,12 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         api_key = _fixed_key(body.get("api_key"), request)
         wait_s = _wait_seconds(body.get("wait_s"))
         session = await sessions.open_waiting(
-            wait_s, metadata=metadata, task_id=task_id, hint=hint, api_key=api_key
+            wait_s,
+            gone=lambda: request.transport is None or request.transport.is_closing(),
+            metadata=metadata,
+            task_id=task_id,
+            hint=hint,
+            api_key=api_key,
         )
         request[LOG_FIELDS]["session"] = session.session_id
         return web.json_response({"session_id": session.session_id, "api_key": session.api_key})

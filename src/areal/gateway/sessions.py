@@ -44,6 +44,7 @@ import math
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -305,16 +306,27 @@ class SessionManager:
             self._by_hint[hint] = session
         return session
 
-    async def open_waiting(self, wait_s: float, **fields: Any) -> Session:
+    async def open_waiting(
+        self, wait_s: float, *, gone: Callable[[], bool] = lambda: False, **fields: Any
+    ) -> Session:
         """:meth:`open`, holding the request up to ``wait_s`` seconds while the answer would be
         429 (budget full, fixed key busy): a long poll. A waiter tries again when a slot may have
         freed (:meth:`capacity_changed`: an episode ended, the version moved), so a rollout worker
         starts its episode right then, where waiting out ``Retry-After`` (whole seconds) cost a
         synchronous run ~7 % of its throughput; ``FALLBACK_POLL_S`` covers changes made around
-        this manager (a budget moved directly)."""
+        this manager (a budget moved directly).
+
+        ``gone`` says whether the client has hung up: a waiter whose worker died gives up
+        instead of opening a session nobody will drive (it would hold a budget slot until the
+        idle timeout, and a restarted worker's discard of its predecessor's sessions comes
+        before it: a run once stalled on four such sessions)."""
         deadline = time.monotonic() + wait_s
         while True:
             changed = self._changed
+            if gone():
+                raise GatewayError(
+                    499, "the client closed its connection before a session opened", code="gone"
+                )
             try:
                 return self.open(**fields)
             except GatewayError as err:
