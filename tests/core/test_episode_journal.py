@@ -75,6 +75,27 @@ def test_a_boot_counts_the_open_episodes_lost_unless_the_trainer_has_them(tmp_pa
     assert path.read_bytes().count(b"t ") == 2
 
 
+def test_an_episode_its_gateway_gave_up_on_but_the_trainer_received_is_accepted(
+    tmp_path: Path,
+) -> None:
+    """A gateway stopping before the queue's acknowledgement came notes ``r`` for a trajectory
+    the queue may have taken: the trainer's receipt, before or after that line, wins."""
+    path = tmp_path / "episodes.journal"
+    ledger = EpisodeLedger(path, fresh=True)
+    gateway = EpisodeJournal(path)
+    for sid in ("s_x", "s_y", "s_z"):
+        gateway.note(START, sid)
+    ledger.received(trajectory("s_x"))
+    for sid in ("s_x", "s_y", "s_z"):
+        gateway.note(REJECT, sid)
+    assert counts(ledger.read()) == (3, 1, 2, 0, 0)  # s_x received before its r line
+    ledger.received(trajectory("s_y"))  # and s_y after it
+    assert counts(ledger.read()) == (3, 2, 1, 0, 0)
+    assert path.read_bytes().endswith(b"r s_z\nt s_x\nt s_y\n")
+    assert counts(folded(path)) == (3, 2, 1, 0, 0)
+    gateway.close()
+
+
 def test_a_journal_of_one_byte_events_still_folds(tmp_path: Path) -> None:
     path = tmp_path / "episodes.journal"
     path.write_bytes(b"bsssar" + b"b")  # an older version's journal: two sessions ended, one lost
@@ -85,7 +106,7 @@ def test_a_journal_of_one_byte_events_still_folds(tmp_path: Path) -> None:
 
 
 def test_the_books_remember_a_bounded_number_of_receipts(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(episode_journal, "MAX_UNJOURNALED", 3)
+    monkeypatch.setattr(episode_journal, "MAX_REMEMBERED", 3)
     books = EpisodeBooks()
     for i in range(5):
         books.received(f"s_{i}")

@@ -9,9 +9,10 @@ Each line is one ``write(2)`` on an ``O_APPEND`` descriptor: once it returns the
 kernel's page cache, which outlives the process, so a SIGKILL loses no event already counted.
 
 A gateway killed between the trainer's receipt of a trajectory and its own ``a`` line leaves an
-episode the journal alone would count lost while the trainer counts it received. The trainer
-settles those from its receipts (:meth:`EpisodeBooks.received`) and appends ``t ID`` for each,
-so the books read the same again on ``--resume``. ``t`` lines are rare (one per such episode)
+episode the journal alone would count lost while the trainer counts it received (and a gateway
+that stops before the queue's acknowledgement comes notes ``r`` for one the queue took). The
+trainer settles those from its receipts (:meth:`EpisodeBooks.received`) and appends ``t ID``
+for each, so the books read the same again on ``--resume``. ``t`` lines are rare (one per such episode)
 and short, so the two writers' appends never interleave within a line.
 
 :func:`read_journal` folds the file into :class:`EpisodeBooks`: a ``b`` closes the books of the
@@ -27,9 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BOOT, START, ACCEPT, REJECT, TAKEN = b"b", b"s", b"a", b"r", b"t"
-# How many received episodes the books remember while their ``a`` line has not come (a
-# gateway that writes no journal must not grow the trainer's memory without bound).
-MAX_UNJOURNALED = 100_000
+# How many episodes the books remember by id while they may still settle: received ones whose
+# ``a`` line has not come, and the latest ended without a trajectory (a gateway that writes no
+# journal, or a long run's discards, must not grow the trainer's memory without bound).
+MAX_REMEMBERED = 100_000
 
 
 class EpisodeJournal:
@@ -68,6 +70,9 @@ class EpisodeBooks:
     open_ids: dict[str, None] = field(default_factory=dict, repr=False)
     open_unnamed: int = 0  # the same, from a journal without ids
     lost_ids: set[str] = field(default_factory=set, repr=False)
+    # The latest episodes a gateway ended without a trajectory: one whose put failed after the
+    # queue had taken it (a gateway stopping before its ack came) is received all the same.
+    rejected_ids: dict[str, None] = field(default_factory=dict, repr=False)
     # Received by the trainer, the journal's word on them still to come (insertion-ordered).
     unjournaled: dict[str, None] = field(default_factory=dict, repr=False)
     # Settled by the trainer's receipts, not yet in the journal as ``t`` lines.
@@ -89,11 +94,7 @@ class EpisodeBooks:
             self.lost += self.open_unnamed
             self.open_unnamed = 0
             for sid in self.open_ids:
-                if sid in self.unjournaled:  # the trainer has it: not lost
-                    del self.unjournaled[sid]
-                    self.accepted += 1
-                    self.settled.append(sid)
-                else:
+                if not self._settle(sid):
                     self.lost += 1
                     self.lost_ids.add(sid)
             self.open_ids.clear()
@@ -103,41 +104,64 @@ class EpisodeBooks:
                 self.open_ids[session_id] = None
             else:
                 self.open_unnamed += 1
-        elif event in (ACCEPT, REJECT) and self._close(session_id):
-            if event == ACCEPT:
-                self.accepted += 1
-            else:
-                self.rejected += 1
-        elif event == TAKEN and session_id in self.lost_ids:
+        elif event == ACCEPT and self._close(session_id):
+            self.unjournaled.pop(session_id, None)
+            self.accepted += 1
+        elif event == REJECT and self._close(session_id) and not self._settle(session_id):
+            self.rejected += 1
+            if session_id:
+                _remember(self.rejected_ids, session_id)
+        elif event == TAKEN:
             self._recover(session_id)
 
     def received(self, session_id: str) -> None:
         """The trainer received the trajectory of ``session_id``: an episode the journal counts
-        lost is moved to ``accepted`` (and to :attr:`settled`); one it does not know the end of
-        yet is remembered until it does."""
-        if session_id in self.lost_ids:
-            self._recover(session_id)
+        lost or rejected is moved to ``accepted`` (and to :attr:`settled`); one it does not know
+        the end of yet is remembered until it does."""
+        if self._recover(session_id):
             self.settled.append(session_id)
         elif session_id:
-            self.unjournaled[session_id] = None
-            if len(self.unjournaled) > MAX_UNJOURNALED:
-                del self.unjournaled[next(iter(self.unjournaled))]
+            _remember(self.unjournaled, session_id)
 
     def _close(self, session_id: str) -> bool:
         """An open episode ends; ``False`` for one the journal does not have open."""
         if session_id in self.open_ids:
             del self.open_ids[session_id]
-            self.unjournaled.pop(session_id, None)
             return True
         if not session_id and self.open_unnamed:
             self.open_unnamed -= 1
             return True
         return False
 
-    def _recover(self, session_id: str) -> None:
-        self.lost_ids.remove(session_id)
-        self.lost -= 1
+    def _settle(self, session_id: str) -> bool:
+        """An episode ending without a trajectory as far as its gateway knows: accepted, and
+        noted (``t``), if the trainer received it."""
+        if session_id not in self.unjournaled:
+            return False
+        del self.unjournaled[session_id]
         self.accepted += 1
+        self.settled.append(session_id)
+        return True
+
+    def _recover(self, session_id: str) -> bool:
+        """A lost or rejected episode the trainer received after all: accepted."""
+        if session_id in self.lost_ids:
+            self.lost_ids.remove(session_id)
+            self.lost -= 1
+        elif session_id in self.rejected_ids:
+            del self.rejected_ids[session_id]
+            self.rejected -= 1
+        else:
+            return False
+        self.accepted += 1
+        return True
+
+
+def _remember(ids: dict[str, None], session_id: str) -> None:
+    """Add to a bounded, insertion-ordered set: the oldest goes past ``MAX_REMEMBERED``."""
+    ids[session_id] = None
+    if len(ids) > MAX_REMEMBERED:
+        del ids[next(iter(ids))]
 
 
 def read_journal(path: str | Path, books: EpisodeBooks | None = None, offset: int = 0) -> int:
