@@ -33,7 +33,9 @@ def test_the_child_s_peak_is_seen_and_summed() -> None:
         while time.monotonic() < deadline:
             sampler.sample()
             child = [p for p in sampler.processes.values() if p.label == "child"]
-            if child and child[0].peak_rss > 64 * 2**20:
+            # Until both peaks show the whole array: the kernel's high-water mark (RSS) can
+            # pass 64 MiB while the sampled PSS still trails the child's last pages.
+            if child and child[0].peak_rss > 64 * 2**20 and child[0].peak_pss > 60 * 2**20:
                 break
             time.sleep(0.1)
     finally:

@@ -29,7 +29,10 @@ def main() -> None:
     )
     tensor = torch.zeros(int(numel), dtype=torch.float32)
     dist.broadcast(tensor, src=0, group=group)
-    print(json.dumps({"rank": int(rank), "tensor": tensor.tolist()}))
+    print(json.dumps({"rank": int(rank), "tensor": tensor.tolist()}), flush=True)
+    # As SGLang's ``destroy_weights_update_group`` does: a group left to the interpreter's exit
+    # once aborted the process ("terminate called without an active exception", gloo's thread).
+    dist.destroy_process_group(group)
 
 
 if __name__ == "__main__":
