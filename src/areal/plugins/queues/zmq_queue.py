@@ -412,8 +412,8 @@ class ZmqTrajectorySource:
     holds, ``buffered_bytes`` (the buffered trajectories' size on the wire), ``peak_buffered``
     and ``peak_buffered_bytes``.
 
-    ``on_receipt``, when given, is called with each trajectory as it enters the buffer (on the
-    socket thread, before its acknowledgement): the run's books settle from it which episodes a
+    ``on_receipt``, when given, is called with each trajectory just before it enters the buffer
+    (on the socket thread, before ``received`` counts it and before its acknowledgement): the run's books settle from it which episodes a
     gateway killed mid-hand-over had delivered (:mod:`areal.core.episode_journal`).
 
     A put message may carry more trajectories than the buffer has room for: the rest wait in
@@ -701,6 +701,12 @@ class ZmqTrajectorySource:
         arrived = [t for t in taken if t is not None]
         if not arrived:
             return
+        if self._on_receipt is not None:  # first, so no reader counts one it has not seen
+            for trajectory, _ in arrived:
+                try:
+                    self._on_receipt(trajectory)
+                except Exception:  # the observer's bug must not end the queue
+                    log.exception("on_receipt failed on session %s", trajectory.session_id)
         with self._cond:
             for trajectory, size in arrived:
                 self._buffer.append(trajectory)
@@ -710,12 +716,6 @@ class ZmqTrajectorySource:
             self.peak_buffered_bytes = max(self.peak_buffered_bytes, self.buffered_bytes)
             self.received += len(arrived)
             self._cond.notify(len(arrived))
-        if self._on_receipt is not None:
-            for trajectory, _ in arrived:
-                try:
-                    self._on_receipt(trajectory)
-                except Exception:  # the observer's bug must not end the queue
-                    log.exception("on_receipt failed on session %s", trajectory.session_id)
 
 
 @dataclass(slots=True)
