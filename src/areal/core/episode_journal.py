@@ -12,8 +12,8 @@ A gateway killed between the trainer's receipt of a trajectory and its own ``a``
 episode the journal alone would count lost while the trainer counts it received (and a gateway
 that stops before the queue's acknowledgement comes notes ``r`` for one the queue took). The
 trainer settles those from its receipts (:meth:`EpisodeBooks.received`) and appends ``t ID``
-for each, so the books read the same again on ``--resume``. ``t`` lines are rare (one per such episode)
-and short, so the two writers' appends never interleave within a line.
+for each, so the books read the same again on ``--resume``. ``t`` lines are rare (one per such
+episode) and short, so the two writers' appends never interleave within a line.
 
 :func:`read_journal` folds the file into :class:`EpisodeBooks`: a ``b`` closes the books of the
 gateway before it, whose sessions still open were lost with it (discarded, from the trainer's
