@@ -83,9 +83,24 @@ typecheck: $(STAMP)
 # Set up in parallel: once .venv exists, the test tools, the vLLM venv and the SGLang venv install
 # side by side (about a minute each alone), and the type check runs as soon as the test tools are
 # in; serial, the four took ~5 min of a clean clone's `make test` (docs/benchmarks.md).
-test:
+test: disk-check
 	@$(MAKE) --no-print-directory -j3 --output-sync=target setup lint typecheck
 	$(PY) -m pytest -q -m "not gpu" -n 2 --dist loadfile --durations=25 tests
+
+# A clean clone's setup takes up to 10.6 GB of disk (measured: three venvs, each with its own
+# torch and triton, the CLIs' node packages, and pip's unpacked wheels on the way): say so at once
+# rather than after minutes, when pip fails halfway with "No space left on device". Checked only
+# while the vLLM venv (the largest) is still to be built; SETUP_FREE_GB=0 skips the check.
+SETUP_FREE_GB ?= 12
+.PHONY: disk-check
+disk-check:
+	@if [ ! -f $(VLLM_STAMP) ]; then \
+		free=$$(df -Pk . | awk 'NR == 2 { print int($$4 / 1048576) }'); \
+		if [ "$$free" -lt $(SETUP_FREE_GB) ]; then \
+			echo "error: make setup needs about $(SETUP_FREE_GB) GB free on the disk of $$PWD (three venvs with torch), and $$free GB are free: free some space (make clean removes .venv), or run with SETUP_FREE_GB=0 to try anyway" >&2; \
+			exit 1; \
+		fi; \
+	fi
 
 bench: $(STAMP)
 	$(PY) bench/generate.py

@@ -1,12 +1,21 @@
-"""When the reapers skip a round: after the gateway's own loop stood still, not for the lag a
-loaded loop always has (the rounds' lateness, as ``reap_in_rounds`` measures it)."""
+"""What the reapers count as a client's silence: not the seconds the gateway's own loop stood
+still (``Hearing``), noticed by a round that woke late, but not for the lag a loaded loop always
+has (the rounds' lateness, as ``reap_in_rounds`` measures it)."""
 
 from __future__ import annotations
 
-from areal.gateway.reaper_rounds import stood_still
+import asyncio
+import logging
+import time
+
+import pytest
+
+from areal.gateway.online import OPEN, OnlineConversations
+from areal.gateway.reaper_rounds import Hearing, reap_in_rounds, stood_still
+from areal.gateway.sessions import SessionManager
 
 
-def skips(lateness: list[float], every: float = 0.5) -> list[bool]:
+def stalls(lateness: list[float], every: float = 0.5) -> list[bool]:
     out, last = [], 0.0
     for late in lateness:
         out.append(stood_still(late, last, every))
@@ -14,12 +23,94 @@ def skips(lateness: list[float], every: float = 0.5) -> list[bool]:
     return out
 
 
-def test_a_stall_is_skipped_even_right_after_a_round_made_late_by_load() -> None:
-    # The case that reaped a client whose call had waited through the stall: a round 0.6 s
-    # late (load), then the loop stood still 5 s. Both are skipped; the next round reaps.
-    assert skips([0.0, 0.6, 4.5, 0.01]) == [False, True, True, False]
+def test_a_stall_is_noticed_even_right_after_a_round_made_late_by_load() -> None:
+    # A round 0.6 s late (load), then the loop stood still 5 s: both count; the next does not.
+    assert stalls([0.0, 0.6, 4.5, 0.01]) == [False, True, True, False]
 
 
-def test_a_loop_that_lags_all_the_time_still_reaps() -> None:
-    assert skips([0.6, 0.6, 0.7, 0.6, 0.6]) == [True, False, False, False, False]
-    assert skips([0.2, 0.3, 0.1]) == [False, False, False]  # within one interval: never skipped
+def test_a_loop_that_lags_all_the_time_is_not_standing_still() -> None:
+    assert stalls([0.6, 0.6, 0.7, 0.6, 0.6]) == [True, False, False, False, False]
+    assert stalls([0.2, 0.3, 0.1]) == [False, False, False]  # within one interval: never
+
+
+def test_silence_leaves_out_the_stalls_it_overlaps() -> None:
+    hearing = Hearing()
+    assert hearing.silence(100.0, 110.0) == 10.0
+    hearing.stood_still(102.0, 106.0)
+    assert hearing.silence(100.0, 110.0) == 6.0  # 4 s of the 10 deaf
+    assert hearing.silence(104.0, 110.0) == 4.0  # silent from mid-stall: 2 s of it deaf
+    assert hearing.silence(106.0, 110.0) == 4.0  # after the stall: all heard
+    assert hearing.silence(100.0, 103.0) == 2.0  # now in the stall: 1 s of it so far
+    hearing.stood_still(108.0, 109.5)
+    assert hearing.silence(100.0, 110.0) == 4.5  # two stalls, 5.5 s deaf
+    assert hearing.silence(103.0, 103.5) == 0.0  # all of it deaf
+
+
+def test_a_session_silent_through_a_stall_is_reaped_a_whole_timeout_of_hearing_later() -> None:
+    sessions = SessionManager("admin", idle_timeout=10.0)
+
+    async def scenario() -> tuple[list[str], list[str], str]:
+        quiet = sessions.open()
+        t = quiet.last_active
+        hearing = Hearing()
+        hearing.stood_still(t + 2.0, t + 8.0)
+        # 11 s by the clock, 5 s heard: kept; 16 s by the clock, 10 heard: reaped.
+        first = await sessions.expire_idle(hearing, now=t + 11.0)
+        second = await sessions.expire_idle(hearing, now=t + 16.0)
+        return first, second, quiet.session_id
+
+    first, second, quiet = asyncio.run(scenario())
+    assert first == []
+    assert second == [quiet]
+
+
+def test_online_conversations_count_the_same_silence() -> None:
+    sessions = SessionManager("admin")
+    online = OnlineConversations(sessions, idle_timeout=10.0, reward_wait=5.0)
+
+    async def scenario() -> tuple[str, str]:
+        conversation, opened = await online.admit("agent-key")
+        await online.call_done(conversation, opened=opened, failed=False)
+        t = conversation.last_active
+        hearing = Hearing()
+        hearing.stood_still(t + 1.0, t + 9.0)
+        await online.expire(hearing, now=t + 12.0)  # 4 s heard of 12
+        kept = conversation.state
+        await online.expire(hearing, now=t + 18.5)  # 10.5 s heard: ended
+        return kept, conversation.state
+
+    kept, later = asyncio.run(scenario())
+    assert kept == OPEN
+    assert later != OPEN
+
+
+def test_a_round_after_the_loop_stood_still_hands_the_stall_to_reap() -> None:
+    """On a real event loop: a callback blocks it 0.6 s; the round that wakes late gives
+    ``reap`` a ``Hearing`` holding that stall (measured on ``time.monotonic()``, the sessions'
+    clock), and the rounds before it none."""
+    seen: list[tuple[float, float]] = []
+
+    async def main() -> tuple[float, float]:  # when the loop stood still, when it resumed
+        async def reap(hearing: Hearing) -> None:
+            now = time.monotonic()
+            seen.append((now, hearing.silence(now - 2.0, now)))
+
+        task = asyncio.create_task(
+            reap_in_rounds(lambda: 0.05, reap, logging.getLogger("test"), "test reaper")
+        )
+        await asyncio.sleep(0.3)
+        blocked = time.monotonic()
+        time.sleep(0.6)  # the loop stands still
+        resumed = time.monotonic()
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return blocked, resumed
+
+    blocked, resumed = asyncio.run(main())
+    before = [heard for at, heard in seen if at < blocked]
+    assert before and all(heard == pytest.approx(2.0) for heard in before)
+    # In the 2 s before the first round after it: the stall past that round's due time is
+    # taken out (at least 0.55 s of the 0.6, the round being due at most 0.05 s into it), and
+    # no more than from the stall's start to that round.
+    at, heard = next((at, heard) for at, heard in seen if at >= resumed)
+    assert 0.55 - 0.01 <= 2.0 - heard <= at - blocked + 0.01

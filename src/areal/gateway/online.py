@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.gateway.errors import GatewayError
-from areal.gateway.reaper_rounds import reap_in_rounds
+from areal.gateway.reaper_rounds import Hearing, reap_in_rounds
 from areal.gateway.sessions import Session, SessionManager
 
 log = logging.getLogger("areal.gateway.online")
@@ -202,23 +202,25 @@ class OnlineConversations:
             await self._train(conversation)
         return self.status(conversation)
 
-    async def expire(self, now: float | None = None) -> None:
-        """End the idle open conversations; discard those whose reward wait is over."""
+    async def expire(self, hearing: Hearing | None = None, now: float | None = None) -> None:
+        """End the idle open conversations; discard those whose reward wait is over (neither
+        clock counting the seconds the gateway stood still: the reaper's ``hearing``)."""
         now = time.monotonic() if now is None else now
+        hearing = hearing or Hearing()
         for conversation in list(self._all.values()):
             if conversation.finished or not conversation.session.is_open:
                 if not conversation.finished:
                     self._close_out(conversation, DISCARDED)
                 continue
             if conversation.state == OPEN:
-                idle = 0.0 if conversation.busy else now - conversation.last_active
+                idle = 0.0 if conversation.busy else hearing.silence(conversation.last_active, now)
                 if idle >= self.idle_timeout:
                     log.info(
                         "online conversation %r ended after %.1f s idle", conversation.key, idle
                     )
                     await self.end(conversation)
             elif conversation.ended_at is not None and (
-                now - conversation.ended_at >= self.reward_wait
+                hearing.silence(conversation.ended_at, now) >= self.reward_wait
             ):
                 log.info("online conversation %r got no reward: discarded", conversation.key)
                 await self._discard(conversation)

@@ -1,43 +1,65 @@
-"""The rounds of the gateway's reapers (idle RL sessions, online conversations)."""
+"""The rounds of the gateway's reapers (idle RL sessions, online conversations), and what they
+count as a client's silence."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+STALLS_KEPT = 64  # a session silent across more stalls than this is only reaped sooner
+
+
+class Hearing:
+    """The times the gateway's own loop stood still (a stopped or starved process, a paused
+    machine): no client could reach it then, so those seconds are nobody's silence. Times are
+    ``time.monotonic()``'s, as the sessions' ``last_active``."""
+
+    def __init__(self) -> None:
+        self._stalls: deque[tuple[float, float]] = deque(maxlen=STALLS_KEPT)
+
+    def stood_still(self, start: float, end: float) -> None:
+        self._stalls.append((start, end))
+
+    def silence(self, since: float, now: float) -> float:
+        """The seconds from ``since`` to ``now`` during which the gateway was listening."""
+        deaf = sum(max(0.0, min(end, now) - max(start, since)) for start, end in self._stalls)
+        return max(0.0, now - since - deaf)
 
 
 async def reap_in_rounds(
     interval: Callable[[], float],
-    reap: Callable[[], Awaitable[Any]],
+    reap: Callable[[Hearing], Awaitable[Any]],
     log: logging.Logger,
     what: str,
 ) -> None:
-    """``reap()`` every ``interval()`` seconds, forever, surviving its failures.
+    """``reap(hearing)`` every ``interval()`` seconds, forever, surviving its failures.
 
     A round that starts more than one interval late, and more than twice as late as the round
-    before, is skipped: the gateway itself stood still (a stopped or starved process, a paused
-    machine), so no client could reach it and their silence is not theirs. The next round, an
-    interval later, gives them the time to show they are alive. A loop that lags all the time
-    (each round about as late as the last) still reaps. (The rule was "never skip twice in a
-    row": a round made late by load, then a stall, reaped at once after the stall, before a
-    call that had waited through it was heard.)
+    before, follows a stall of the gateway itself: from when it was due to when it woke, no
+    client could reach the gateway, and ``hearing`` takes those seconds out of every client's
+    silence. So a call that waited through the stall has the rest of its idle timeout to be
+    heard after the loop resumes, however loaded the machine. A loop that lags all the time
+    (each round about as late as the last) hears its clients, late: that lag is not taken out.
     """
     loop = asyncio.get_running_loop()
+    hearing = Hearing()
     last_late = 0.0
     while True:
         every = interval()
         due = loop.time() + every
         await asyncio.sleep(every)
         late = loop.time() - due
-        skip = stood_still(late, last_late, every)
+        if stood_still(late, last_late, every):
+            woke = time.monotonic()  # the sessions' clock (an event loop may keep its own)
+            hearing.stood_still(woke - late, woke)
+            log.info("the %s woke %.1f s late: that time is nobody's silence", what, late)
         last_late = late
-        if skip:
-            log.info("the %s woke %.1f s late; it waits one more round", what, late)
-            continue
         try:
-            await reap()
+            await reap(hearing)
         except Exception:  # keep reaping: one failure must not leave slots held for good
             log.exception("the %s failed; it goes on", what)
 

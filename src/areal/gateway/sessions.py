@@ -57,6 +57,7 @@ from areal.core.types import Completion, Trajectory
 from areal.gateway.engine_pool import CallGroup
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
+from areal.gateway.reaper_rounds import Hearing
 
 log = logging.getLogger("areal.gateway.sessions")
 
@@ -102,9 +103,12 @@ class Session:
     def touch(self) -> None:
         self.last_active = time.monotonic()
 
-    def idle_for(self, now: float) -> float:
-        """Seconds since the last activity; 0 while a call with its key is running."""
-        return 0.0 if self.busy else now - self.last_active
+    def idle_for(self, now: float, hearing: Hearing | None = None) -> float:
+        """Seconds since the last activity, less those the gateway stood still (``hearing``);
+        0 while a call with its key is running."""
+        if self.busy:
+            return 0.0
+        return hearing.silence(self.last_active, now) if hearing else now - self.last_active
 
     @property
     def is_open(self) -> bool:
@@ -505,17 +509,20 @@ class SessionManager:
     def open_sessions(self) -> list[Session]:
         return list(self._by_id.values())
 
-    async def expire_idle(self, now: float | None = None) -> list[str]:
-        """End, as discarded, every open session idle for ``idle_timeout`` seconds or more, so
-        the staleness budget gets their slots back (a rollout worker that crashed mid-episode
-        must not hold them forever). Returns their ids."""
+    async def expire_idle(
+        self, hearing: Hearing | None = None, now: float | None = None
+    ) -> list[str]:
+        """End, as discarded, every open session idle for ``idle_timeout`` seconds or more (the
+        reaper's ``hearing``: not counting the seconds the gateway stood still), so the
+        staleness budget gets their slots back (a rollout worker that crashed mid-episode must
+        not hold them forever). Returns their ids."""
         if self.idle_timeout is None:
             return []
         now = time.monotonic() if now is None else now
         stale = [
             s
             for s in self._by_id.values()
-            if s.owner is None and s.idle_for(now) >= self.idle_timeout
+            if s.owner is None and s.idle_for(now, hearing) >= self.idle_timeout
         ]
         ended = []
         for session in stale:
