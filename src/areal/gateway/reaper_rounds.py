@@ -44,33 +44,26 @@ async def reap_in_rounds(
 ) -> None:
     """``reap(hearing)`` every ``interval()`` seconds, forever, surviving its failures.
 
-    A round that starts more than one interval late, and more than twice as late as the round
-    before, follows a stall of the gateway itself: from when it was due to when it woke, no
-    client could reach the gateway, and ``hearing`` takes those seconds out of every client's
-    silence. So a call that waited through the stall has the rest of its idle timeout to be
-    heard after the loop resumes, however loaded the machine. A loop that lags all the time
-    (each round about as late as the last) hears its clients, late: that lag is not taken out.
+    A round that wakes more than one interval late shows the gateway's loop was not keeping
+    time: from when the round was due to when it woke, a client's call could not be heard, and
+    ``hearing`` takes those seconds out of every client's silence. So a call that waited through
+    a stall has the rest of its idle timeout to be heard once the loop resumes, however many
+    stalls came before (a rule that compared a round's lateness with the one before missed a
+    stall that followed another). A loop that lags more than a round all the time only reaps
+    later; within a round, lateness is jitter and counts as silence.
     """
     loop = asyncio.get_running_loop()
     hearing = Hearing()
-    last_late = 0.0
     while True:
         every = interval()
         due = loop.time() + every
         await asyncio.sleep(every)
         late = loop.time() - due
-        if stood_still(late, last_late, every):
+        if late > every:
             woke = time.monotonic()  # the sessions' clock (an event loop may keep its own)
             hearing.stood_still(woke - late, woke)
             log.info("the %s woke %.1f s late: that time is nobody's silence", what, late)
-        last_late = late
         try:
             await reap(hearing)
         except Exception:  # keep reaping: one failure must not leave slots held for good
             log.exception("the %s failed; it goes on", what)
-
-
-def stood_still(late: float, last_late: float, every: float) -> bool:
-    """Whether a round ``late`` seconds late (the round before: ``last_late``) follows a stall
-    of the gateway's own loop, rather than the lag it always has."""
-    return late > every and late > 2 * last_late
