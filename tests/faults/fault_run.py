@@ -8,7 +8,9 @@ and the step after which it strikes. Faults strike in order, each once its step 
 previous target is back (the supervisor restarted it), so each fault is seen on its own.
 ``during_sync``: at the start of the next weight sync (the disk sync's save phase: the moment its
 ``weights/.vN.tmp`` appears, caught with inotify), so the sync's calls to the engine that follow
-meet a stopped process.
+meet a stopped process. A rollout worker is struck only while it has an episode open at the
+gateway: with all its session requests held in the gateway's long poll (the staleness budget
+full), a kill would cut no episode short, and those requests open nothing once it is dead.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import psutil
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -220,6 +223,8 @@ def _inject(
     target = child(trainer, fault.target)
     if target is None:
         return None  # not (re)started yet: try again
+    if fault.target.startswith("rollout") and not _has_open_episode(trainer, fault.target):
+        return None  # nothing to cut short yet: try again
     ports = listening(target)
     hit = Injected(
         fault,
@@ -236,6 +241,31 @@ def _inject(
         os.kill(target.pid, fault.sig)
     hit.at = time.monotonic() - started
     return hit
+
+
+def _has_open_episode(trainer: psutil.Process, worker: str) -> bool:
+    """Whether the run's gateway has an open session of rollout worker ``worker`` (by the
+    ``worker`` metadata the run opens them with), asked on its session API with the admin token
+    the run gave it."""
+    gateway = child(trainer, "gateway")
+    if gateway is None:
+        return False
+    with contextlib.suppress(psutil.Error):
+        token = gateway.environ().get("AREAL_ADMIN_TOKEN", "")
+        ports = listening(gateway)
+    if not token or not ports:
+        return False
+    base, index = f"http://127.0.0.1:{ports[0]}/rl/sessions", worker.removeprefix("rollout")
+    headers = {"Authorization": f"Bearer {token}"}
+    try:
+        with httpx.Client(headers=headers, timeout=5) as http:
+            for session_id in http.get(base).json()["open"]:
+                answer = http.get(f"{base}/{session_id}")
+                if answer.status_code == 200 and answer.json()["metadata"].get("worker") == index:
+                    return True
+    except (httpx.HTTPError, KeyError, ValueError):
+        pass
+    return False
 
 
 SYNC_TRIES = 8
