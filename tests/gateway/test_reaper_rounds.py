@@ -1,5 +1,5 @@
 """What the reapers count as a client's silence: not the seconds the gateway's own loop stood
-still (``Hearing``), as a round that woke more than a round late shows them."""
+still (``Hearing``), as a round that woke late beyond the loop's usual lag shows them."""
 
 from __future__ import annotations
 
@@ -10,8 +10,22 @@ import time
 import pytest
 
 from areal.gateway.online import OPEN, OnlineConversations
-from areal.gateway.reaper_rounds import Hearing, reap_in_rounds
+from areal.gateway.reaper_rounds import Hearing, reap_in_rounds, stall_beyond_lag
 from areal.gateway.sessions import SessionManager
+
+
+def test_a_stall_is_the_lateness_beyond_the_loops_usual_lag() -> None:
+    every = 0.5
+    quiet = [0.0] * 8
+    assert stall_beyond_lag(4.5, quiet, every) == 4.5  # the loop stood still 4.5 s
+    assert stall_beyond_lag(0.3, quiet, every) == 0.0  # jitter within a round
+    # a stall right after another: the first does not make the second the usual lag
+    assert stall_beyond_lag(0.55, [*quiet[1:], 0.45], every) == 0.55
+    # a loop 4 s late every round hears its clients late: its lag is their silence...
+    assert stall_beyond_lag(4.1, [4.0] * 8, every) == 0.0
+    # ... and a stall on top of it is taken out
+    assert stall_beyond_lag(9.0, [4.0] * 8, every) == 5.0
+    assert stall_beyond_lag(4.5, [], every) == 4.5  # the first round
 
 
 def test_silence_leaves_out_the_stalls_it_overlaps() -> None:

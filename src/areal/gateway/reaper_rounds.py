@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -44,26 +45,39 @@ async def reap_in_rounds(
 ) -> None:
     """``reap(hearing)`` every ``interval()`` seconds, forever, surviving its failures.
 
-    A round that wakes more than one interval late shows the gateway's loop was not keeping
-    time: from when the round was due to when it woke, a client's call could not be heard, and
-    ``hearing`` takes those seconds out of every client's silence. So a call that waited through
-    a stall has the rest of its idle timeout to be heard once the loop resumes, however many
-    stalls came before (a rule that compared a round's lateness with the one before missed a
-    stall that followed another). A loop that lags more than a round all the time only reaps
-    later; within a round, lateness is jitter and counts as silence.
+    A round that wakes late by more than one interval beyond the loop's usual lag (the median
+    lateness of its recent rounds) shows the gateway stood still: for those seconds a client's
+    call could not be heard, and ``hearing`` takes them out of every client's silence. So a call
+    that waited through a stall has the rest of its idle timeout to be heard once the loop
+    resumes, even right after another stall (a rule comparing a round with the one before
+    missed that); a loop that lags the same every round hears its clients late, and its lag
+    counts as their silence (taking it out too kept a lagging gateway from ever reaping).
     """
     loop = asyncio.get_running_loop()
     hearing = Hearing()
+    recent: deque[float] = deque(maxlen=LAG_ROUNDS)
     while True:
         every = interval()
         due = loop.time() + every
         await asyncio.sleep(every)
         late = loop.time() - due
-        if late > every:
+        deaf = stall_beyond_lag(late, recent, every)
+        recent.append(late)
+        if deaf > 0:
             woke = time.monotonic()  # the sessions' clock (an event loop may keep its own)
-            hearing.stood_still(woke - late, woke)
-            log.info("the %s woke %.1f s late: that time is nobody's silence", what, late)
+            hearing.stood_still(woke - deaf, woke)
+            log.info("the %s woke %.1f s late: %.1f s of it is nobody's silence", what, late, deaf)
         try:
             await reap(hearing)
         except Exception:  # keep reaping: one failure must not leave slots held for good
             log.exception("the %s failed; it goes on", what)
+
+
+LAG_ROUNDS = 8  # the rounds whose median lateness is the loop's usual lag
+
+
+def stall_beyond_lag(late: float, recent: deque[float] | list[float], every: float) -> float:
+    """The seconds of a round ``late`` seconds late that the gateway stood still: its lateness
+    beyond the median of the ``recent`` rounds', when that is more than one interval."""
+    lag = statistics.median(recent) if recent else 0.0
+    return late - lag if late - lag > every else 0.0
