@@ -8,10 +8,11 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 STALLS_KEPT = 64  # a session silent across more stalls than this is only reaped sooner
+LAG_ROUNDS = 8  # the rounds whose median lateness is the loop's usual lag
 
 
 class Hearing:
@@ -73,10 +74,7 @@ async def reap_in_rounds(
             log.exception("the %s failed; it goes on", what)
 
 
-LAG_ROUNDS = 8  # the rounds whose median lateness is the loop's usual lag
-
-
-def stall_beyond_lag(late: float, recent: deque[float] | list[float], every: float) -> float:
+def stall_beyond_lag(late: float, recent: Sequence[float], every: float) -> float:
     """The seconds of a round ``late`` seconds late that the gateway stood still: its lateness
     beyond the median of the ``recent`` rounds', when that is more than one interval."""
     lag = statistics.median(recent) if recent else 0.0
