@@ -72,11 +72,11 @@ import longtail_agent  # noqa: E402
 import torch  # noqa: E402
 from load_monitor import BUSY_CORES, LoadMonitor  # noqa: E402
 
-from areal.core.heap import keep_freed_memory  # noqa: E402
 from areal.core.queue import make_source  # noqa: E402
 from areal.core.run_config import RunConfig, run_config_from_dict  # noqa: E402
 from areal.core.types import Sample, Trajectory  # noqa: E402
 from areal.gateway.router_config import RouterConfig  # noqa: E402
+from areal.host.heap import keep_freed_memory  # noqa: E402
 from areal.plugins.models.hf_io import load_model  # noqa: E402
 from areal.plugins.models.tiny import init_tiny  # noqa: E402
 from areal.plugins.trainer.step import train_step  # noqa: E402

@@ -16,7 +16,7 @@ import time
 from decode_step import NEW_TOKENS, build, one_round, prefilled
 from torch.profiler import ProfilerActivity, profile
 
-from areal.core.heap import keep_freed_memory
+from areal.host.heap import keep_freed_memory
 from areal.plugins.inference.embedded.engine import Engine
 
 

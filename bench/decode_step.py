@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from areal.core.heap import keep_freed_memory
+from areal.host.heap import keep_freed_memory
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
 from areal.plugins.inference.embedded.requests import Emit, SequenceRequest
 from areal.plugins.inference.embedded.schema import SamplingParams

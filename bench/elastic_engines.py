@@ -48,7 +48,7 @@ import aiohttp  # noqa: E402
 import psutil  # noqa: E402
 from load_monitor import BUSY_CORES, LoadMonitor  # noqa: E402
 
-from areal.core.process import ServerProcess, pick_free_port  # noqa: E402
+from areal.host.process import ServerProcess, pick_free_port  # noqa: E402
 from areal.plugins.models.tiny import init_tiny  # noqa: E402
 
 ADMIN_TOKEN = "bench-admin-token-0123456789"

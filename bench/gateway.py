@@ -50,7 +50,7 @@ from typing import Any
 
 import aiohttp
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.host.process import ServerProcess, pick_free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -38,7 +38,7 @@ from typing import Any
 
 import aiohttp
 
-from areal.core.process import pick_free_port
+from areal.host.process import pick_free_port
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
 from gateway import (
     GATEWAY_KEY,

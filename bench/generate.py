@@ -32,7 +32,7 @@ import httpx
 import psutil
 import torch
 
-from areal.core.process import ServerProcess, pick_free_port
+from areal.host.process import ServerProcess, pick_free_port
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
 from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.models.tiny import init_tiny

@@ -71,7 +71,7 @@ import aiohttp  # noqa: E402
 import psutil  # noqa: E402
 from load_monitor import LoadMonitor  # noqa: E402
 
-from areal.core.process import ServerProcess, pick_free_port  # noqa: E402
+from areal.host.process import ServerProcess, pick_free_port  # noqa: E402
 from areal.run.gateway_client import GatewayAdmin, GatewayBusy  # noqa: E402
 
 ADMIN_TOKEN = "soak-admin-token-0123456789"

@@ -30,12 +30,12 @@ from typing import Any
 import torch
 
 from areal.core.episode import Episode
-from areal.core.http_server import ServerThread
 from areal.core.tasks import TaskStream
 from areal.core.types import Trajectory
 from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.tasks import tool_then_answer

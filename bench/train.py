@@ -255,7 +255,7 @@ def main_dp(args: argparse.Namespace) -> int:
     """``--dp N``: areal's FSDP2 step and the padded loop under DDP, each on N gloo ranks."""
     import torch.multiprocessing as mp
 
-    from areal.core.process import pick_free_port
+    from areal.host.process import pick_free_port
 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)

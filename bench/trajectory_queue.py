@@ -8,8 +8,8 @@ to a consumer in this process (the trainer's side), over TCP on loopback:
 - **queue**: areal's ZeroMQ queue plugin as the run uses it: ``ZmqTrajectorySink.put`` (the
   codec's encode, a sequence number, waiting for the consumer's acknowledgement) with
   ``--in-flight`` puts at once, as a gateway finishing many episodes does, in a process set up
-  as the gateway's (its event loop, ``areal.core.event_loop``: uvloop where installed; glibc
-  keeping freed memory, ``areal.core.heap``);
+  as the gateway's (its event loop, ``areal.host.event_loop``: uvloop where installed; glibc
+  keeping freed memory, ``areal.host.heap``);
   ``ZmqTrajectorySource`` (decode, digest check, duplicate filter, the bounded buffer, the ack)
   drained by ``get``, in a process that keeps freed memory as the trainer's does (raw's
   consumer is the same process);
@@ -43,9 +43,9 @@ from typing import Any
 
 import zmq
 
-from areal.core import event_loop
-from areal.core.heap import keep_freed_memory
 from areal.core.types import Sample, Trajectory
+from areal.host import event_loop
+from areal.host.heap import keep_freed_memory
 from areal.plugins.queues import codec
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from areal.core.engine_client import collective_backend
-from areal.core.process import start_on_free_port
 from areal.gateway.server import embedded_engine
+from areal.host.process import start_on_free_port
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, hf_tensors

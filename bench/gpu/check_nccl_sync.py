@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_check import make_tiny_model
 
 from areal.core.engine_client import engine_client
-from areal.core.process import ServerProcess, start_on_free_port
+from areal.host.process import ServerProcess, start_on_free_port
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 

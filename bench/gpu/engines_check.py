@@ -24,7 +24,7 @@ from sglang_check import PROMPT_IDS, Checks, expect, run_checks
 
 from areal.core.engine_client import EngineClient, engine_client
 from areal.core.plugins import registry
-from areal.core.process import ServerProcess, pick_free_port
+from areal.host.process import ServerProcess, pick_free_port
 from areal.run.processes import server_env
 
 

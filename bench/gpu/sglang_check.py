@@ -2,7 +2,7 @@
 
 Makes a tiny Qwen3-style model with ``areal model init-tiny`` (or takes ``--model DIR``), starts
 ``sglang.launch_server`` through :func:`areal.plugins.inference.sglang_backend.launch`, and checks
-with :class:`~areal.core.inference_client.InferenceClient` every endpoint areal relies on.
+with :class:`~areal.plugins.inference.sglang_client.InferenceClient` every endpoint areal relies on.
 Prints one PASS/FAIL line per check; exits 1 if any check fails.
 
     python bench/gpu/sglang_check.py [--model DIR] [--workdir DIR] [--extra-arg=--disable-cuda-graph]
@@ -24,8 +24,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from areal.core.inference_client import GenerateOutput, InferenceClient, SamplingParams
+from areal.core.inference_records import GenerateOutput, SamplingParams
 from areal.plugins.inference.sglang_backend import SGLangServerConfig, launch
+from areal.plugins.inference.sglang_client import InferenceClient
 
 PROMPT_IDS = [1, 2, 3, 4, 5, 6, 7, 8]
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-__version__ = "0.1.0"
-
 from areal.core.hookspecs import hookimpl
+from areal.core.version import __version__
 
 
 def wrap(agent: Any, *, framework: str | None = None, **options: Any) -> Any:

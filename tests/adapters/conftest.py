@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from areal.core.episode import AgentFn
-from areal.core.http_server import ServerThread
 from areal.core.rewards import RewardFn
 from areal.core.types import Trajectory
 from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.run.rollout import RolloutStats, RolloutWorker

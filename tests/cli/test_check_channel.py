@@ -17,8 +17,8 @@ import pytest
 from aiohttp import web
 
 from areal.cli.main import main
-from areal.core.http_server import ServerThread
-from areal.core.process import pick_free_port
+from areal.host.http_server import ServerThread
+from areal.host.process import pick_free_port
 
 KEY_VAR = "AREAL_TEST_CHANNEL_KEY"
 RIGHT_KEY = "sk-right-channel-key-0123456789"

@@ -11,8 +11,8 @@ import pytest
 
 from areal.cli.main import main
 from areal.core.model_source import ModelSourceError
-from areal.core.process import start_on_free_port, with_port
 from areal.gateway.server import serve
+from areal.host.process import start_on_free_port, with_port
 
 
 @pytest.mark.slow

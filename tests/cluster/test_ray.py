@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 import areal
-from areal.core.on_node import node_address
-from areal.core.process import pick_free_port
+from areal.host.on_node import node_address
+from areal.host.process import pick_free_port
 
 pytestmark = pytest.mark.slow
 

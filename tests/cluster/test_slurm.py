@@ -18,8 +18,8 @@ import pytest
 
 import areal
 from areal.core.config import ConfigError
-from areal.core.on_node import node_address
 from areal.core.run_config import RunConfig, load_run_config
+from areal.host.on_node import node_address
 from areal.plugins.launchers.slurm import (
     Placement,
     SlurmLauncher,

@@ -11,7 +11,7 @@ import openai
 import yaml
 
 from areal.core.plugins import registry
-from areal.core.process import ServerProcess, start_on_free_port, with_port
+from areal.host.process import ServerProcess, start_on_free_port, with_port
 
 ADMIN = "faults-admin-token-0123456789"
 KEY = "faults-gateway-key-0123456789"

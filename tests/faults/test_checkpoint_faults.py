@@ -33,10 +33,10 @@ from typing import Any
 import pytest
 import torch
 
-from areal.core import faults
 from areal.core.run_config import RunConfig, run_config_from_dict
 from areal.core.train_engine import EngineSetup
 from areal.core.types import Sample, Trajectory
+from areal.host import faults
 from areal.plugins.trainer import engine as fsdp
 from areal.run import checkpoint as ckpt
 

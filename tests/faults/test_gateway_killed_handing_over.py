@@ -24,9 +24,9 @@ from tests.faults.gateway_processes import (
 )
 
 from areal.core.episode_journal import EpisodeBooks, read_journal
-from areal.core.faults import CRASH_ENV
-from areal.core.process import ServerProcess
 from areal.core.queue import make_source
+from areal.host.faults import CRASH_ENV
+from areal.host.process import ServerProcess
 from areal.plugins.models.tiny import init_tiny
 from areal.run.accounting import EpisodeLedger
 

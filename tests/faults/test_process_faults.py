@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from areal.core.ports import port_holders
+from areal.host.ports import port_holders
 from areal.run.checkpoint import latest_checkpoint, load_checkpoint
 
 SEED = int(os.environ.get("AREAL_FAULT_SEED") or random.randrange(1_000_000))

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
+from areal.host.http_server import ServerThread
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"

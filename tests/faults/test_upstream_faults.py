@@ -28,11 +28,11 @@ import openai
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
 from areal.gateway.app import build_app
 from areal.gateway.router_config import ApiGatewayConfig, RouterConfig
 from areal.gateway.server import build_state
 from areal.gateway.upstream import StreamEnd, UpstreamChannel, _Failure
+from areal.host.http_server import ServerThread
 
 GATEWAY_KEY = "faults-gateway-key-0123456789"
 KEY_VAR = "AREAL_FAULTS_UPSTREAM_KEY"

@@ -14,11 +14,11 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
 from areal.gateway.app import build_app
 from areal.gateway.gateway_state import GatewayState
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 

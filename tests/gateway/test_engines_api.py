@@ -15,10 +15,10 @@ import openai
 import pytest
 from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, EngineRecorder, _router
 
-from areal.core.http_server import ServerThread
-from areal.core.process import pick_free_port
 from areal.gateway.app import build_app
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
+from areal.host.process import pick_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
 from areal.core.rewards import build_reward
+from areal.host.http_server import ServerThread
 from areal.plugins.rewards.model_judged import ModelRewardError
 
 

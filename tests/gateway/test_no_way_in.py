@@ -33,13 +33,13 @@ import openai
 import pytest
 from aiohttp import web
 
-from areal.core.bind import is_loopback, remote_bind_refusal
-from areal.core.http_server import ServerThread
-from areal.core.process import ServerProcess, pick_free_port, start_on_free_port, with_port
 from areal.gateway.app import build_app
 from areal.gateway.middleware import HttpLimits, is_rl_path
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import OnlineSettings, build_state
+from areal.host.bind import is_loopback, remote_bind_refusal
+from areal.host.http_server import ServerThread
+from areal.host.process import ServerProcess, pick_free_port, start_on_free_port, with_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(ROOT / "configs" / "router.yaml")

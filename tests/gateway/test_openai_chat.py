@@ -18,10 +18,10 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from areal.core.inference_client import InferenceClient
 from areal.core.stop_strings import partial_stop
 from areal.gateway.chat_messages import StreamText, normalize_messages
 from areal.gateway.policy import Generation
+from areal.plugins.inference.sglang_client import InferenceClient
 from areal.run.gateway_client import GatewayAdmin, OpenedSession
 
 WEATHER = {

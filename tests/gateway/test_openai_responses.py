@@ -17,9 +17,9 @@ import pytest
 from aiohttp import web
 from pydantic import BaseModel
 
-from areal.core.http_server import ServerThread
 from areal.gateway.openai_responses import input_messages, output_items, parse_request
 from areal.gateway.policy import Generation
+from areal.host.http_server import ServerThread
 
 WEATHER = {
     "type": "function",

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import torch
 
-from areal.core.process import start_on_free_port, with_port
 from areal.core.registry import Registry
+from areal.host.process import start_on_free_port, with_port
 from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.losses.ppo import decoupled_ppo_loss
 from areal.plugins.losses.register import BUILTIN_LOSSES, LazyFunction

@@ -17,10 +17,10 @@ import pytest
 from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, _router
 
 from areal.cli.main import main
-from areal.core.http_server import ServerThread
-from areal.core.process import ServerProcess, pick_free_port, start_on_free_port
 from areal.gateway.app import build_app
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
+from areal.host.process import ServerProcess, pick_free_port, start_on_free_port
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
 

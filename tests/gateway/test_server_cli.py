@@ -14,7 +14,7 @@ import httpx
 import pytest
 import yaml
 
-from areal.core.process import pick_free_port, start_on_free_port, with_port
+from areal.host.process import pick_free_port, start_on_free_port, with_port
 from areal.plugins.inference.embedded.server import InferenceServer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -186,8 +186,8 @@ def test_seed_command_starts_with_no_engine(
         assert after.status_code == 200, after.text
         assert after.json()["usage"]["completion_tokens"] >= 1
         assert "no engine yet" in proc.log_tail(200)
-        assert "event loop: uvloop" in proc.log_tail(200)  # areal.core.event_loop's default
-        assert "heap: freed memory kept (glibc)" in proc.log_tail(200)  # areal.core.heap
+        assert "event loop: uvloop" in proc.log_tail(200)  # areal.host.event_loop's default
+        assert "heap: freed memory kept (glibc)" in proc.log_tail(200)  # areal.host.heap
 
 
 @pytest.mark.usefixtures("clean_env")

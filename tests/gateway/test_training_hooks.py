@@ -27,14 +27,14 @@ import typer.main
 from aiohttp import ClientSession, web
 
 from areal.cli.serve_cmd import app as serve_app
-from areal.core.http_server import ServerThread
-from areal.core.process import start_on_free_port
 from areal.core.staleness import StalenessBudget
 from areal.gateway.app import build_app
 from areal.gateway.policy import Generation
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import add_training_arguments, build_state
 from areal.gateway.sessions import SessionManager
+from areal.host.http_server import ServerThread
+from areal.host.process import start_on_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
 

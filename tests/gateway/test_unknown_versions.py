@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from areal.core.inference_client import GenerateOutput
+from areal.core.inference_records import GenerateOutput
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
 

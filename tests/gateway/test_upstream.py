@@ -25,14 +25,14 @@ import httpx
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
-from areal.core.process import pick_free_port
 from areal.gateway.app import build_app
 from areal.gateway.gateway_state import state_of
 from areal.gateway.request_body import read_json
 from areal.gateway.router_config import ApiGatewayConfig, RouterConfig
 from areal.gateway.server import build_state
 from areal.gateway.upstream import UpstreamChannel, apply_route, retry_after_seconds
+from areal.host.http_server import ServerThread
+from areal.host.process import pick_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
 
 GATEWAY_KEY = "test-gateway-key-upstream-0123"

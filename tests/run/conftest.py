@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from areal.core.http_server import ServerThread
 from areal.core.types import Trajectory
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource

@@ -18,7 +18,7 @@ import httpx
 import pytest
 from tests.run.test_runner import _children, _wait_for, make_config, trained
 
-from areal.core.process import pick_free_port, start_on_free_port, with_port
+from areal.host.process import pick_free_port, start_on_free_port, with_port
 from areal.run.runner import RunError, RunSummary, train
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,13 +15,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from areal.core.http_server import ServerThread
-from areal.core.process import pick_free_port
 from areal.core.staleness import StalenessBudget
 from areal.core.types import Trajectory
 from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
+from areal.host.process import pick_free_port
 from areal.plugins.models.tiny import init_tiny
 from areal.run.gateway_client import (
     GatewayAdmin,

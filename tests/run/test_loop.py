@@ -15,9 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from areal.core.inference_client import GenerateOutput, InferenceClient
+from areal.core.inference_records import GenerateOutput
 from areal.core.metrics import make_metric_sink
 from areal.core.types import Sample, Trajectory, version_number
+from areal.plugins.inference.sglang_client import InferenceClient
 from areal.plugins.metrics.jsonl import read_metrics
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource

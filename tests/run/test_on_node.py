@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from areal.core.launcher import Placement
-from areal.core.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, node_address, on_node
-from areal.core.process import ServerExitedError, ServerProcess, pick_free_port
+from areal.host.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, node_address, on_node
+from areal.host.process import ServerExitedError, ServerProcess, pick_free_port
 from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 SHOW = "import os, sys; print(os.getpid(), sys.argv[1], os.environ['AREAL_NODE_ADDRESS'])"

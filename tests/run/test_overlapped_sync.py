@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from areal.core.inference_client import InferenceClient
 from areal.core.types import Sample, Trajectory
+from areal.plugins.inference.sglang_client import InferenceClient
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError

@@ -12,11 +12,11 @@ import httpx
 import pytest
 from tests.core.test_process import someone_else_answering_health
 
-from areal.core.on_node import NODE_HOST
-from areal.core.process import pick_free_port
 from areal.core.run_config import run_config_from_dict
 from areal.gateway import server
 from areal.gateway.training_flags import TrainingFlags
+from areal.host.on_node import NODE_HOST
+from areal.host.process import pick_free_port
 from areal.run import processes
 from areal.run.gateway_client import GatewayAdmin
 from areal.run.processes import gateway_child, router_config, worker_child

@@ -16,7 +16,7 @@ import pytest
 from tests.core.test_process import HEALTH_SERVER
 from tests.run.test_reachability import serve
 
-from areal.core.process import pick_free_port
+from areal.host.process import pick_free_port
 from areal.run.supervisor import Child, ChildFailed, Supervisor
 
 SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]

@@ -142,7 +142,7 @@ def _missing_cli(name: str, framework: str, required: bool, hint: str) -> Check:
 
 def check_port(port: int, purpose: str, *, required: bool) -> Check:
     """Free, or who holds it: a pid and command line the user can act on."""
-    from areal.core.ports import port_holders
+    from areal.host.ports import port_holders
 
     holders = port_holders(port)
     name = f"port {port}"

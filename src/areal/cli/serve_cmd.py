@@ -135,7 +135,7 @@ def inference_command(
 def _check_host(host: str, allow_remote: bool, server: str) -> None:
     """Loopback only, unless --allow-remote: one line otherwise, before anything starts."""
     from areal.cli.errors import CLIError
-    from areal.core.bind import remote_bind_refusal
+    from areal.host.bind import remote_bind_refusal
 
     refusal = remote_bind_refusal(host, allow_remote, server)
     if refusal:

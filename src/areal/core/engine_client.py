@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from typing import Any, Protocol
 
-from areal.core.inference_client import GenerateOutput, PauseMode, SamplingParams
+from areal.core.inference_records import GenerateOutput, PauseMode, SamplingParams
 
 DEFAULT_BACKEND = "embedded"
 

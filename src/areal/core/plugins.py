@@ -189,7 +189,7 @@ def _namer(pm: pluggy.PluginManager) -> Any:
 def list_plugins(pm: pluggy.PluginManager | None = None) -> list[PluginInfo]:
     """Every loaded plugin with its version and the hooks it implements."""
     pm = pm or get_plugin_manager()
-    from areal import __version__
+    from areal.core.version import __version__
 
     infos = []
     for name, plugin in pm.list_name_plugin():

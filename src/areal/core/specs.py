@@ -46,7 +46,7 @@ class InferenceBackend:
     description: str = ""
     needs_gpu: bool = False
     gpu_if_present: bool = False  # runs on a CPU, but on the GPUs of a machine that has them
-    client: str = "areal.core.inference_client:InferenceClient"
+    client: str = "areal.plugins.inference.sglang_client:InferenceClient"
     env: dict[str, str] = field(default_factory=dict)
     collective: str = "gloo"
     check: str = ""

@@ -93,7 +93,7 @@ class EngineSetup:
         threads: int = 1,
         resume_from: Path | None = None,
     ) -> EngineSetup:
-        from areal.core.on_node import node_address
+        from areal.host.on_node import node_address
 
         sections = {name: getattr(config, name) for name in SECTIONS}
         listen = node_address() if config.launcher.listen == "node" else "127.0.0.1"

@@ -16,7 +16,7 @@ from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
 
 if TYPE_CHECKING:
-    from areal.gateway.trainer_api import TrainerSeat
+    from areal.gateway.trainer_seat import TrainerSeat
     from areal.gateway.upstream import UpstreamChannel
 
 

@@ -27,7 +27,6 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.core import fast_json
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
 from areal.gateway.chat_messages import (
     OutputStream,
@@ -48,6 +47,7 @@ from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.sse import EventStreamResponse, sse_event
+from areal.host import fast_json
 
 MAX_CHOICES = 64
 ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.inference_client import GenerateOutput, InferenceError, UnknownTokenVersionsError
+from areal.core.inference_records import GenerateOutput, InferenceError, UnknownTokenVersionsError
 from areal.core.plugins import registry
 from areal.core.tool_calls import ToolCallParser
 from areal.core.types import sampling_record, version_number

@@ -4,7 +4,7 @@
 In a training run the supervisor starts it with the flags of :mod:`areal.gateway.training_flags`
 (the trajectory sink, the staleness budget, the reward discount, the idle-session timeout).
 
-It listens on loopback unless ``--allow-remote`` says otherwise (:mod:`areal.core.bind`), and
+It listens on loopback unless ``--allow-remote`` says otherwise (:mod:`areal.host.bind`), and
 speaks HTTPS when given ``--ssl-certfile`` and ``--ssl-keyfile``.
 """
 
@@ -25,11 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.core.bind import remote_bind_refusal
 from areal.core.episode_journal import EpisodeJournal
-from areal.core.event_loop import loop_choice, loop_name, new_event_loop
-from areal.core.gc_tuning import tune_for_serving
-from areal.core.heap import keep_freed_memory
 from areal.core.model_source import resolve_model
 from areal.core.queue import TrajectorySink, make_sink
 from areal.core.staleness import StalenessBudget
@@ -49,6 +45,10 @@ from areal.gateway.training_flags import (
     TrainingFlags,
     add_training_arguments,
 )
+from areal.host.bind import remote_bind_refusal
+from areal.host.event_loop import loop_choice, loop_name, new_event_loop
+from areal.host.gc_tuning import tune_for_serving
+from areal.host.heap import keep_freed_memory
 
 log = logging.getLogger("areal.gateway")
 
@@ -188,7 +188,7 @@ def _more_file_descriptors() -> None:
 def embedded_engine(model_dir: str, log_dir: Path) -> Iterator[str]:
     """``--model DIR``: an embedded engine in its own process, found through the backend registry."""
     from areal.core.plugins import registry
-    from areal.core.process import start_on_free_port
+    from areal.host.process import start_on_free_port
 
     build_command = registry("inference_backends").get("embedded").load_launcher()
     engine = start_on_free_port(
@@ -302,14 +302,14 @@ def serve(
         log.info("policy %s on %s; log %s", config.policy.model_id, where, logs / "gateway.log")
         _more_file_descriptors()
         # Trajectories leave as one payload buffer per queue message (up to ~1 MB): glibc would
-        # map each fresh and fault its pages in on every message (areal.core.heap).
+        # map each fresh and fault its pages in on every message (areal.host.heap).
         kept = keep_freed_memory()
         log.info("heap: %s", "freed memory kept (glibc)" if kept else "the allocator's defaults")
         scheme = "https" if tls else "http"
         app = build_app(state, limits)
         loop = new_event_loop()
         log.info("event loop: %s", loop_name(loop))
-        tune_for_serving()  # after start-up: what it built is frozen (areal.core.gc_tuning)
+        tune_for_serving()  # after start-up: what it built is frozen (areal.host.gc_tuning)
         web.run_app(
             app,
             host=host,

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from areal.core.episode_journal import ACCEPT, REJECT, START, EpisodeJournal
-from areal.core.faults import crash_point
 from areal.core.queue import TrajectorySink
 from areal.core.staleness import StalenessBudget
 from areal.core.trajectory import build_trajectory
@@ -58,6 +57,7 @@ from areal.gateway.engine_pool import CallGroup
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
 from areal.gateway.reaper_rounds import Hearing
+from areal.host.faults import crash_point
 
 log = logging.getLogger("areal.gateway.sessions")
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from aiohttp import web
 
-from areal.core import fast_json
+from areal.host import fast_json
 
 SSE_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",

@@ -30,7 +30,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
@@ -44,38 +43,10 @@ from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.request_body import optional_json, read_json
 from areal.gateway.router_config import ModelRoute
 from areal.gateway.session_api import require_admin
+from areal.gateway.trainer_seat import DEFAULT_LEASE_S, TrainerSeat
 from areal.gateway.training_flags import SEAT_KEYS, TrainingFlags
 
 log = logging.getLogger("areal.gateway.trainer")
-
-DEFAULT_LEASE_S = 120.0
-
-
-@dataclass
-class TrainerSeat:
-    """The run that trains this gateway's policy now."""
-
-    trainer_id: str
-    lease_s: float = DEFAULT_LEASE_S
-    route_before: ModelRoute | None = None  # the policy's sampling before the run set its own
-    journal_before: EpisodeJournal | None = None  # the gateway's own journal, while the run's runs
-    since: float = field(default_factory=time.time)
-    heard: float = field(default_factory=time.monotonic)
-
-    def renew(self) -> None:
-        self.heard = time.monotonic()
-
-    def lapsed(self) -> bool:
-        return time.monotonic() - self.heard > self.lease_s
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "trainer_id": self.trainer_id,
-            "since": self.since,
-            "last_heard_s": round(time.monotonic() - self.heard, 1),
-            "lease_s": self.lease_s,
-            "lapsed": self.lapsed(),
-        }
 
 
 def check_trainer(state: GatewayState, trainer_id: Any) -> None:
@@ -111,7 +82,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...]) -> None:
                 409,
                 f"policy {state.policy.model_id} already has a trainer: {seat.trainer_id}, "
                 f"attached at {time.strftime('%H:%M:%S', time.localtime(seat.since))}, last "
-                f"heard {time.monotonic() - seat.heard:.0f}s ago; stop that run first (or wait "
+                f"heard {seat.clock() - seat.heard:.0f}s ago; stop that run first (or wait "
                 f"{seat.lease_s:g}s after its last announce for its lease to lapse)",
                 code="trainer_attached",
             )

@@ -43,8 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from areal.core.faults import crash_point
 from areal.core.types import Trajectory
+from areal.host.faults import crash_point
 
 log = logging.getLogger("areal.train")
 
@@ -66,7 +66,7 @@ BUFFERED = "buffered.jsonl"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _HIDDEN = re.compile(r"^\.(step-\d+)\.(tmp|old|trash)$")
 
-# The crash points of one save, in order (areal.core.faults). The engine's own points come
+# The crash points of one save, in order (areal.host.faults). The engine's own points come
 # between "started" and "engine_written" (the fsdp engine: "engine.model_written"); "moved_aside"
 # only when the step is saved again, "pruning" once per checkpoint deleted by the retention.
 SAVE_PHASES: tuple[str, ...] = (

@@ -6,7 +6,7 @@ The command the user typed re-runs itself as ``python -m torch.distributed.run .
 --nproc-per-node N``; on several, the user's own torchrun flags (``--torchrun`` or
 ``AREAL_TORCHRUN_ARGS``: ``--nnodes``, ``--node-rank``, ``--rdzv-*``) replace ``--standalone``.
 
-Dying: torchrun is started behind :func:`~areal.core.parent_death.guarded`, so it dies with this
+Dying: torchrun is started behind :func:`~areal.host.parent_death.guarded`, so it dies with this
 process whatever kills it, and every rank watches its parent (torchrun) and dies with it, so a
 SIGKILLed ``areal train`` leaves no rank, and no process of rank 0's, behind.
 
@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from areal.core.launcher import TORCHRUN_ENV
-from areal.core.parent_death import guarded
-from areal.core.process import wait_passing_on_stops
 from areal.core.train_engine import dist_timeout, launched, rank
+from areal.host.parent_death import guarded
+from areal.host.process import wait_passing_on_stops
 
 if TYPE_CHECKING:
     from areal.core.run_config import RunConfig

@@ -4,7 +4,7 @@ same output directory can tell whether any of them is still alive.
 A leftover of an earlier run (its ``areal train`` still running, or a child that outlived it)
 holds the run's files: a gateway appends to the episode journal the resumed run's books are read
 from, a rollout worker rewrites its progress file, an engine keeps its share of the cores. Since
-children die with ``areal train`` (:mod:`areal.core.parent_death`) this should not happen; if it
+children die with ``areal train`` (:mod:`areal.host.parent_death`) this should not happen; if it
 does (a run of an older areal, a process started by hand), a start on that directory stops with one
 line naming them, rather than killing processes it did not start: whoever started them decides.
 

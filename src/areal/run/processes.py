@@ -18,11 +18,11 @@ from typing import Any
 import yaml
 
 from areal.core.launcher import Placement
-from areal.core.on_node import NODE_HOST
 from areal.core.plugins import registry
-from areal.core.process import pick_free_port
 from areal.core.run_config import RunConfig
 from areal.gateway.training_flags import TrainingFlags
+from areal.host.on_node import NODE_HOST
+from areal.host.process import pick_free_port
 from areal.run.gateway_client import GatewayAdmin
 from areal.run.rollout_worker import WorkerSpec
 from areal.run.supervisor import Child
@@ -125,7 +125,7 @@ class FreePort:
 
 def listen_host(config: RunConfig) -> str:
     """Where a server of the run listens: loopback, or its node's address, which the child
-    learns on its node and the supervisor from the child (:mod:`areal.core.on_node`)."""
+    learns on its node and the supervisor from the child (:mod:`areal.host.on_node`)."""
     return NODE_HOST if config.launcher.listen == "node" else "127.0.0.1"
 
 

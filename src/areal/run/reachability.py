@@ -17,7 +17,7 @@ import urllib.error
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from areal.core.process import NO_PROXY_OPENER
+from areal.host.process import NO_PROXY_OPENER
 
 RECENT_S = 120.0  # a log written this recently suggests a gateway that is still starting
 
@@ -75,7 +75,7 @@ def _health(url: str) -> str | None:
 
 
 def _holders(port: int) -> list[str]:
-    from areal.core.ports import port_holders
+    from areal.host.ports import port_holders
 
     return [holder.describe() for holder in port_holders(port)]
 

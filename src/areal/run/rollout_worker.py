@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal.core import event_loop
 from areal.core.agent_choice import agent_fn_of, choose_adapter, is_harness
 from areal.core.episode import session_fields
 from areal.core.rewards import build_reward
 from areal.core.tasks import TaskStream, load_object, task_set
+from areal.host import event_loop
 from areal.run.rollout import RolloutError, RolloutStats, RolloutWorker
 
 log = logging.getLogger("areal.rollout")

@@ -45,7 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from areal.core.event_loop import EventLoopChoiceError, loop_choice
 from areal.core.launcher import launcher_for
 from areal.core.metrics import MetricsHub, MetricValue, make_metric_sink
 from areal.core.model_source import ModelSourceError, resolve_models
@@ -62,6 +61,7 @@ from areal.core.train_engine import (
 )
 from areal.core.types import Trajectory
 from areal.gateway.router_config import RouterConfig
+from areal.host.event_loop import EventLoopChoiceError, loop_choice
 from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
 from areal.run.attached_gateway import AttachedGateway, AttachError
 from areal.run.checkpoint import (

@@ -16,8 +16,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from areal.core.process import ServerProcess
 from areal.core.train_engine import StagedWeightSync, WeightSync, WeightSyncError, is_staged
+from areal.host.process import ServerProcess
 from areal.run.supervisor import Child, Supervisor
 
 log = logging.getLogger("areal.train")

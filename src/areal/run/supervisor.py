@@ -8,7 +8,7 @@ up with the trainer's weights after). :meth:`Supervisor.watch` polls them; a chi
 restarted, up to ``max_restarts`` times, after which the run stops with :class:`ChildFailed`
 naming the child and quoting its log. Every child has its name in its environment
 (``AREAL_PROCESS=engine0``: ``ps e``, and the fault tests, tell them apart by it) and dies with the
-run, by any signal (:mod:`areal.core.parent_death`): the supervisor starts them all from its event
+run, by any signal (:mod:`areal.host.parent_death`): the supervisor starts them all from its event
 loop's thread, which lives as long as the run. Pure Python: no torch.
 """
 
@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from areal.core.launcher import Launcher, LocalLauncher, Placement
-from areal.core.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, on_node
-from areal.core.process import PORT_TRIES, PortTakenError, ServerProcess
+from areal.host.on_node import ANNOUNCE, NODE_ADDRESS_ENV, NODE_HOST, on_node
+from areal.host.process import PORT_TRIES, PortTakenError, ServerProcess
 
 log = logging.getLogger("areal.supervisor")
 
@@ -47,7 +47,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     # Polled at {url}/health until it answers 200. With NODE_HOST in it (a server that listens on
     # its node's address), the child's command has it too, and the url is the node's once the
-    # child announces it (areal.core.on_node).
+    # child announces it (areal.host.on_node).
     url: str | None = None
     start_timeout: float = 180.0
     max_restarts: int = 3

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from areal.core.config import ConfigError
-from areal.core.parent_death import watch_parent
 from areal.core.run_config import RunConfig, load_run_config
+from areal.host.parent_death import watch_parent
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"  # areal train's log lines
 

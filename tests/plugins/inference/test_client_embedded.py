@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
-from areal.core.inference_client import (
+from areal.core.inference_records import (
     GenerateOutput,
-    InferenceClient,
     InferenceError,
     SamplingParams,
     StreamOutput,
 )
+from areal.plugins.inference.sglang_client import InferenceClient
 
 PROMPT = [11, 402, 77, 1500, 9, 333]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)

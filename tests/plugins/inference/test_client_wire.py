@@ -20,18 +20,16 @@ import pytest
 from aiohttp import web
 from aiohttp.web import Request, Response, StreamResponse, json_response
 
-from areal.core.inference_client import (
+from areal.core.inference_records import (
     GenerateOutput,
-    InferenceClient,
     InferenceError,
     SamplingParams,
     StreamOutput,
     UnknownTokenVersionsError,
     WeightVersionSpan,
-    _line_batches,
-    _StreamAssembler,
 )
-from areal.core.process import pick_free_port
+from areal.host.process import pick_free_port
+from areal.plugins.inference.sglang_client import InferenceClient, _line_batches, _StreamAssembler
 
 # --- the SGLang stand-in ---------------------------------------------------------------------
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from areal.core.process import (
+from areal.host.process import (
     ServerExitedError,
     ServerProcess,
     pick_free_port,

@@ -14,8 +14,8 @@ import httpx
 import pytest
 from pydantic import ValidationError
 
-from areal.core.process import ServerExitedError
 from areal.core.specs import load_object
+from areal.host.process import ServerExitedError
 from areal.plugins.inference.sglang_backend import (
     INSTALL_HINT,
     SGLangNotInstalledError,

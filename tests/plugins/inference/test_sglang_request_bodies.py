@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from areal.core.inference_client import InferenceClient, SamplingParams
+from areal.core.inference_records import SamplingParams
 from areal.gateway.openai_chat import _extra_sampling
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import ModelRoute
+from areal.plugins.inference.sglang_client import InferenceClient
 
 CLASS_OF = {
     "/generate": "GenerateReqInput",

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from areal.core.engine_client import collective_backend, engine_client
-from areal.core.process import start_on_free_port
+from areal.host.process import start_on_free_port
 from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.inference.vllm_client import VLLMClient, vllm_sampling
 from areal.plugins.models.hf_io import load_model

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from areal.core.http_server import ServerThread
 from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.server import build_server
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.warm_start import warm_start

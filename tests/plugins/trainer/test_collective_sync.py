@@ -16,8 +16,8 @@ import httpx
 import pytest
 import torch
 
-from areal.core.ports import port_holders
 from areal.gateway.server import embedded_engine
+from areal.host.ports import port_holders
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors

@@ -1,7 +1,7 @@
 """The SGLang backend: a validated server config, its ``sglang.launch_server`` command, a launcher.
 
 The flag names are SGLang's own (``ServerArgs`` field names with dashes). areal talks to the
-running server through :class:`~areal.core.inference_client.InferenceClient`, the same client
+running server through :class:`~areal.plugins.inference.sglang_client.InferenceClient`, the same client
 it uses for the embedded engine. SGLang needs a CUDA GPU; nothing here imports it.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from areal.core.process import ServerProcess, start_on_free_port
+from areal.host.process import ServerProcess, start_on_free_port
 
 DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 

@@ -32,11 +32,10 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.inference_client import (
-    _PAUSE_MODES,
+from areal.core.inference_records import (
+    PAUSE_MODES,
     FinishReason,
     GenerateOutput,
-    InferenceClient,
     InferenceError,
     PauseMode,
     SamplingParams,
@@ -44,9 +43,9 @@ from areal.core.inference_client import (
     StreamOutput,
     TextPieces,
     WeightVersionSpan,
-    _json,
     coalesced,
 )
+from areal.plugins.inference.sglang_client import InferenceClient, _json
 
 ROUTE = "/inference/v1/generate"
 RID_PREFIX = "generate-tokens-"  # what vLLM puts before a request id it was given
@@ -404,8 +403,8 @@ class VLLMClient(InferenceClient):
         """``in_place`` keeps requests frozen; ``retract`` and ``abort`` end them (this client
         resubmits a retracted one) and drop the prefix cache, which holds the old weights' keys
         (after an in_place update, ``update_weights_from_disk`` drops what it can)."""
-        if mode not in _PAUSE_MODES:
-            raise ValueError(f"pause mode must be one of {_PAUSE_MODES}, got {mode!r}")
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
         # keep must not clear the cache: vLLM then completes the pause only once the engine is
         # idle, i.e. it lets the frozen requests run to their end on the old weights first.
         keep = "mode=keep&clear_cache=false"

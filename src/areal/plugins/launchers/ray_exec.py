@@ -24,8 +24,8 @@ from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from areal.core.on_node import NODE_ADDRESS_ENV
-from areal.core.parent_death import guarded
+from areal.host.on_node import NODE_ADDRESS_ENV
+from areal.host.parent_death import guarded
 
 POLL_S = 0.2
 NAMESPACE_ENV = "AREAL_RAY_NAMESPACE"  # one Ray namespace per run: names are unique in it

@@ -10,7 +10,7 @@ set ``launcher.options.resources.engine: {inference: 1}``, and the engines land 
 
 With ``launcher.listen: loopback`` (the default) every process reaches the others at 127.0.0.1,
 so the nodes must share one host; ``node`` has each server listen on the address Ray gives its
-node (the stand-in's actor passes it on, :mod:`areal.core.on_node`), so they may be anywhere.
+node (the stand-in's actor passes it on, :mod:`areal.host.on_node`), so they may be anywhere.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from areal.core.launcher import LAUNCHED_BY_ENV, TORCHRUN_ENV, Placement, Role
-from areal.core.parent_death import guarded
-from areal.core.process import wait_passing_on_stops
+from areal.host.parent_death import guarded
+from areal.host.process import wait_passing_on_stops
 from areal.plugins.launchers.ray_exec import NAMESPACE_ENV
 
 if TYPE_CHECKING:

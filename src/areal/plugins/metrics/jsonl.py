@@ -17,8 +17,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from areal.core.line_file import LineFile
 from areal.core.metrics import MetricValue
+from areal.host.line_file import LineFile
 
 FILE_NAME = "metrics.jsonl"
 RESERVED = ("event", "step", "time")

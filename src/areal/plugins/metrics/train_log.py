@@ -29,8 +29,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from areal.core.line_file import LineFile
 from areal.core.metrics import MetricValue
+from areal.host.line_file import LineFile
 
 FILE_NAME = "train.log"
 DEFAULT_THROUGHPUT_INTERVAL = 10.0

@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from areal.core.line_file import LineFile
 from areal.core.types import Trajectory
+from areal.host.line_file import LineFile
 
 
 class JsonlSink:

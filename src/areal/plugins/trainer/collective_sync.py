@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from areal.core.engine_client import EngineClient
-from areal.core.inference_client import PauseMode
+from areal.core.inference_records import PauseMode
 from areal.core.weight_group import new_weight_group
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import to_checkpoint

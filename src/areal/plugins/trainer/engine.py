@@ -30,10 +30,10 @@ from typing import Any
 import torch
 
 from areal.core.engine_client import collective_backend
-from areal.core.faults import crash_point
-from areal.core.heap import keep_freed_memory
 from areal.core.train_engine import EngineError, EngineSetup, WeightSync, launched
 from areal.core.types import Sample
+from areal.host.faults import crash_point
+from areal.host.heap import keep_freed_memory
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model, save_model
 from areal.plugins.trainer.step import train_step
@@ -52,7 +52,7 @@ __all__ = [
 
 DCP_DIR = "dcp"  # the sharded model + optimizer inside a checkpoint directory (several ranks)
 OPTIMIZER_FILE = "optimizer.pt"  # the optimizer's state_dict (one process)
-# The crash points (areal.core.faults) of FSDPEngine.save, in order; the run's follow them
+# The crash points (areal.host.faults) of FSDPEngine.save, in order; the run's follow them
 # (areal.run.checkpoint.SAVE_PHASES).
 SAVE_PHASES: tuple[str, ...] = ("engine.model_written",)
 

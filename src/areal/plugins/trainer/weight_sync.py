@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from areal.core.engine_client import EngineClient, engine_client
-from areal.core.inference_client import InferenceError, PauseMode
+from areal.core.inference_records import InferenceError, PauseMode
 from areal.core.train_engine import WeightSyncError
 from areal.core.types import version_number
 from areal.plugins.models.decoder import DecoderForCausalLM

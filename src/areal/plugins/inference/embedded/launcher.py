@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from areal.core.bind import is_loopback
+from areal.host.bind import is_loopback
 
 
 @dataclass

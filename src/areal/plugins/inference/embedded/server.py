@@ -21,9 +21,9 @@ from aiohttp import web
 from aiohttp.web import Request, Response
 from pydantic import ValidationError
 
-from areal.core.heap import keep_freed_memory
-from areal.core.http_server import ServerThread
 from areal.core.serve_hooks import ServeHooks
+from areal.host.heap import keep_freed_memory
+from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
 from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
 from areal.plugins.inference.embedded.kv_pool import bytes_per_token

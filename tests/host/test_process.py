@@ -14,9 +14,9 @@ import httpx
 import pytest
 from tests.run.test_reachability import serve
 
-from areal.core import process
-from areal.core.ports import group_listens_on
-from areal.core.process import (
+from areal.host import process
+from areal.host.ports import group_listens_on
+from areal.host.process import (
     PortTakenError,
     ServerExitedError,
     ServerProcess,
@@ -172,7 +172,7 @@ def test_one_failed_trainer_node_stops_the_others_and_its_code_is_returned(tmp_p
     ones still running get the graceful stop (SIGINT) instead of waiting for their peers."""
     import subprocess
 
-    from areal.core.process import wait_passing_on_stops
+    from areal.host.process import wait_passing_on_stops
 
     waits = (
         "import signal, sys, time\n"

@@ -1,4 +1,4 @@
-"""The event loop areal's servers run on (areal.core.event_loop): uvloop by default, asyncio's
+"""The event loop areal's servers run on (areal.host.event_loop): uvloop by default, asyncio's
 on request, and a clear error for anything else. The loops are the real ones."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sys
 import pytest
 import uvloop
 
-from areal.core import event_loop
-from areal.core.event_loop import EventLoopChoiceError, loop_name, new_event_loop
+from areal.host import event_loop
+from areal.host.event_loop import EventLoopChoiceError, loop_name, new_event_loop
 
 
 def test_the_default_is_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,7 @@ import sys
 
 SCRIPT = r"""
 import gc, json, weakref
-from areal.core.gc_tuning import YOUNG_THRESHOLD, tune_for_serving
+from areal.host.gc_tuning import YOUNG_THRESHOLD, tune_for_serving
 before = gc.get_threshold()
 class Node:
     pass

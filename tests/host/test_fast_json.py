@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from areal.core import fast_json
+from areal.host import fast_json
 
 ENGINE_CHUNKS = [
     '{"text": "a", "output_ids": [17], "meta_info": {"id": "x", "finish_reason": null, '

@@ -51,7 +51,7 @@ def group_listens_on(port: int, pgid: int) -> bool | None:
     """Whether a process of group ``pgid`` listens on TCP ``port`` (any address); None where
     the OS does not say. A server's port is picked free and bound by the server a moment later:
     another process may bind it in between, and its ``/health`` must not pass for the server's
-    (:meth:`areal.core.process.ServerProcess.wait_healthy`)."""
+    (:meth:`areal.host.process.ServerProcess.wait_healthy`)."""
     conns = _listeners(port)
     if conns is None:
         return None

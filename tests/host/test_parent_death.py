@@ -1,4 +1,4 @@
-"""Children die with their parent, whatever kills it (areal.core.parent_death), with real processes:
+"""Children die with their parent, whatever kills it (areal.host.parent_death), with real processes:
 a parent that starts a ServerProcess is killed by a signal that runs none of its exit code, and
 its child is gone within a second or two; so is a stopped child, and a group under the portable
 watcher."""
@@ -15,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from areal.core.parent_death import guarded, pdeathsig_available
+from areal.host.parent_death import guarded, pdeathsig_available
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 # A parent that starts one server (a ServerProcess, or the command behind the portable watcher)
@@ -23,8 +23,8 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 PARENT = """
 import signal, subprocess, sys, time
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # killed by it even when started under nohup
-from areal.core.parent_death import guarded
-from areal.core.process import ServerProcess
+from areal.host.parent_death import guarded
+from areal.host.process import ServerProcess
 server = [sys.executable, "-c", "import time; time.sleep(600)"]
 if sys.argv[1] == "watch":
     pid = subprocess.Popen(guarded(server, watch=True), start_new_session=True).pid
@@ -125,7 +125,7 @@ def test_a_parent_gone_before_the_prctl_is_noticed() -> None:
 def test_a_process_that_watches_its_parent_dies_with_it(tmp_path: Path) -> None:
     """What a torchrun rank does (watch_parent): its parent is not areal's to guard."""
     rank = (
-        "import time; from areal.core.parent_death import watch_parent; "
+        "import time; from areal.host.parent_death import watch_parent; "
         "watch_parent(poll_s=0.05); time.sleep(600)"
     )
     middle = (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from areal.core.line_file import LineFile
+from areal.host.line_file import LineFile
 
 
 def test_concurrent_writers_never_interleave(tmp_path: Path) -> None:

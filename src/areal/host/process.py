@@ -4,7 +4,7 @@ The server runs in its own process group so that stopping it also stops the work
 (SGLang starts a scheduler and a detokenizer per rank), and a run that exits without calling
 :meth:`ServerProcess.stop` still takes its servers down through an ``atexit`` hook. A parent that
 runs no exit code at all (SIGKILLed, crashed) takes them down too: each server starts behind
-:func:`~areal.core.parent_death.guarded`, so it dies with the thread that started it (start
+:func:`~areal.host.parent_death.guarded`, so it dies with the thread that started it (start
 servers from a thread that lives as long as they should, as the supervisor's event loop does).
 POSIX only.
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
-from areal.core.parent_death import guarded
+from areal.host.parent_death import guarded
 
 LOG_TAIL_LINES = 40
 # How long to wait for a SIGKILLed process to be gone: it cannot refuse, but on a loaded machine
@@ -102,10 +102,10 @@ class ServerProcess:
 
     ``env`` entries are added to (and override) the parent's environment; stdout and stderr both
     go to ``log_path``, appended, so a restart keeps the earlier log. ``die_with_parent``: the
-    server is killed when this process dies, by any signal (:mod:`areal.core.parent_death`).
+    server is killed when this process dies, by any signal (:mod:`areal.host.parent_death`).
     ``serves_here``: the command itself listens, on this machine (False for a launcher's wrapper
     that runs the server elsewhere), so a health check can tell its answers from another
-    process's on the same port (:mod:`areal.core.ports`).
+    process's on the same port (:mod:`areal.host.ports`).
     """
 
     def __init__(
@@ -279,7 +279,7 @@ class ServerProcess:
             if status == "HTTP 200":
                 if not self.serves_here or port is None:
                     return
-                from areal.core.ports import group_listens_on  # psutil: only when asked
+                from areal.host.ports import group_listens_on  # psutil: only when asked
 
                 if group_listens_on(port, self._proc.pid) is not False:
                     return

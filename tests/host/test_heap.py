@@ -13,7 +13,7 @@ import pytest
 CHECK = """
 import ctypes, ctypes.util, sys
 import torch
-from areal.core.heap import keep_freed_memory
+from areal.host.heap import keep_freed_memory
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (

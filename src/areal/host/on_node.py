@@ -13,7 +13,7 @@ runs this shim on the node that got the process, and the shim
 3. ``exec``-s the command with the placeholder replaced and ``$AREAL_NODE_ADDRESS`` set, so the
    pid, the signals and the exit code stay the command's own.
 
-Like :mod:`areal.core.parent_death`, this file runs by path with ``python -I -S`` and imports the
+Like :mod:`areal.host.parent_death`, this file runs by path with ``python -I -S`` and imports the
 standard library only: one bare interpreter start.
 """
 

@@ -1,0 +1,52 @@
+"""The suite's one way to wait: :func:`support.eventually` returns as soon as the event happens
+and, when it never does, says what was awaited and what it last saw."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import pytest
+
+from support import eventually, eventually_async
+from support.wait import NeverHappened
+
+
+def test_it_returns_the_first_truthy_answer() -> None:
+    answers = iter([None, 0, "", "ready"])
+    assert eventually(lambda: next(answers), timeout=5, what="the fourth answer") == "ready"
+
+
+def test_an_exception_is_not_yet_and_is_named_when_time_runs_out() -> None:
+    calls = itertools.count()
+
+    def refused() -> bool:
+        next(calls)
+        raise ConnectionRefusedError("nobody listens")
+
+    with pytest.raises(NeverHappened) as failure:
+        eventually(refused, timeout=0.05, what="the server to listen")
+    message = str(failure.value)
+    assert "the server to listen" in message
+    assert "ConnectionRefusedError: nobody listens" in message
+    assert next(calls) > 1  # it polled, not once
+
+
+def test_the_last_answer_is_named_when_time_runs_out() -> None:
+    sessions = ["s1"]
+    with pytest.raises(NeverHappened, match=r"waited 0.05 s for two sessions.*last answered \[\]"):
+        eventually(lambda: [s for s in sessions if s == "s2"], timeout=0.05, what="two sessions")
+
+
+def test_the_async_form_keeps_the_loop_running() -> None:
+    async def scenario() -> str:
+        done = asyncio.Event()
+        asyncio.get_running_loop().call_soon(done.set)
+
+        async def is_set() -> bool:
+            return done.is_set()
+
+        assert await eventually_async(is_set, timeout=5, what="the event") is True
+        return "ok"
+
+    assert asyncio.run(scenario()) == "ok"
