@@ -10,7 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.core.test_process import someone_else_answering_health
+from tests.host.test_process import someone_else_answering_health
 
 from areal.core.run_config import run_config_from_dict
 from areal.gateway import server

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.core.test_process import HEALTH_SERVER
+from tests.host.test_process import HEALTH_SERVER
 from tests.run.test_reachability import serve
 
 from areal.host.process import pick_free_port
