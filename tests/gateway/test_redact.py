@@ -3,7 +3,7 @@ it of 12 characters or more (providers echo part of a key they refuse), and key-
 
 from __future__ import annotations
 
-from areal.gateway.access_log import redact
+from areal.host.redact import redact
 
 KEY = "tk-live-0123456789abcdefXYZ"
 

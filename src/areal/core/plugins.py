@@ -5,6 +5,9 @@ Built-ins go through exactly the same hooks as third-party plugins. Environment 
 - ``AREAL_LOAD_PLUGINS``: comma-separated distribution or entry-point names; when set, only these
   third-party plugins load (an empty value loads none).
 - ``AREAL_BLOCK_PLUGINS``: comma-separated names (built-in module or third-party) never to load.
+- ``AREAL_TRACE_PLUGINS=1``: write every hook call to stderr, with the plugins that answered, the
+  arguments and the results (:mod:`areal.core.plugin_trace`), as datasette's
+  ``DATASETTE_TRACE_PLUGINS`` does.
 
 Names compare the way package names do: case-insensitive, with ``-``, ``_`` and ``.`` alike, so
 ``areal-demo`` and ``areal_demo`` name the same plugin.
@@ -23,6 +26,7 @@ from typing import Any
 import pluggy
 
 from areal.core import hookspecs
+from areal.core.plugin_trace import trace_hook_calls, trace_requested
 from areal.core.registry import Registry, RegistryError, collect
 
 ENTRY_POINT_GROUP = "areal"
@@ -102,6 +106,8 @@ def make_plugin_manager(*, load_entry_points: bool = True) -> pluggy.PluginManag
     except pluggy.PluginValidationError as exc:
         # A misspelt hook name would otherwise be silently never called.
         raise PluginError(f"plugin {pm.get_name(exc.plugin)}: {exc}") from exc
+    if trace_requested():
+        trace_hook_calls(pm)
     return pm
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from areal.core.plugin_trace import trace_requested, traced_call
+
 T = TypeVar("T")
 
 
@@ -76,9 +78,14 @@ def call_impl(impl: Any, **kwargs: Any) -> Any:
     """Call one hook implementation directly, passing only the arguments it declares.
 
     pluggy lets an implementation accept a subset of the spec's arguments (so hooks can gain
-    arguments without breaking old plugins); calling ``impl.function`` by hand must do the same.
+    arguments without breaking old plugins); calling ``impl.function`` by hand must do the same,
+    and is traced as pluggy's calls are (``AREAL_TRACE_PLUGINS``).
     """
-    return impl.function(**{name: kwargs[name] for name in impl.argnames if name in kwargs})
+    given = {name: kwargs[name] for name in impl.argnames if name in kwargs}
+    if trace_requested():
+        hook = impl.function.__name__
+        return traced_call(hook, impl.plugin_name, given, lambda: impl.function(**given))
+    return impl.function(**given)
 
 
 def collect(hook: Any, kind: str, plugin_name_of: Any, *, only: str | None = None) -> Registry[Any]:
@@ -97,6 +104,12 @@ def collect(hook: Any, kind: str, plugin_name_of: Any, *, only: str | None = Non
             continue
 
         def register(name: str, thing: Any, _owner: str = owner) -> None:
+            if trace_requested():
+                what = {"name": name, "thing": thing}
+                traced_call(
+                    f"register {kind}", _owner, what, lambda: registry.add(*what.values(), _owner)
+                )
+                return
             registry.add(name, thing, _owner)
 
         call_impl(impl, register=register)

@@ -32,7 +32,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from areal.gateway.access_log import redact
+from areal.host.redact import redact
 from areal.gateway.errors import GatewayError, anthropic_error_body, is_anthropic, openai_error_body
 from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute, ModelRouting

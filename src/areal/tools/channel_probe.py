@@ -19,7 +19,7 @@ from typing import Any, Literal
 
 import aiohttp
 
-from areal.gateway.access_log import redact
+from areal.host.redact import redact
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute
 from areal.gateway.upstream import apply_route
 
