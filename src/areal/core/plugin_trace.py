@@ -16,7 +16,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TextIO
 
 import pluggy
@@ -35,10 +35,12 @@ def trace_hook_calls(pm: pluggy.PluginManager, out: TextIO | None = None) -> Non
     """Write one line per hook call of ``pm`` to ``out`` (stderr by default)."""
     calls = threading.local()  # a stack of start times per thread: hook calls nest
 
-    def before(hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def before(hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
         calls.__dict__.setdefault("started", []).append(time.perf_counter())
 
-    def after(outcome: Any, hook_name: str, impls: list[Any], kwargs: dict[str, Any]) -> None:
+    def after(
+        outcome: Any, hook_name: str, impls: Sequence[Any], kwargs: Mapping[str, Any]
+    ) -> None:
         started = calls.__dict__.get("started") or [time.perf_counter()]
         by = [impl.plugin_name for impl in reversed(impls)]
         try:
@@ -68,7 +70,7 @@ def traced_call(
 def write_call(
     hook_name: str,
     by: list[str],
-    kwargs: dict[str, Any],
+    kwargs: Mapping[str, Any],
     result: str,
     started: float,
     out: TextIO | None = None,

@@ -107,7 +107,7 @@ def collect(hook: Any, kind: str, plugin_name_of: Any, *, only: str | None = Non
             if trace_requested():
                 what = {"name": name, "thing": thing}
                 traced_call(
-                    f"register {kind}", _owner, what, lambda: registry.add(*what.values(), _owner)
+                    f"register {kind}", _owner, what, lambda: registry.add(name, thing, _owner)
                 )
                 return
             registry.add(name, thing, _owner)
