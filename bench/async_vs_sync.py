@@ -9,8 +9,9 @@ tasks file so every phase sees the same episodes. The inference engine is pinned
 trainer to core 1 (``inference.cpu_affinity``, ``train.cpu_affinity``); the gateway and the
 rollout worker run beside the engine, as ``areal train`` places them when
 ``agent.cpu_affinity`` is unset (``--agent-core trainer``: pinned to the trainer's core;
-``all``: either core; ``shared``: either core at nice 5, the default until 2026-12-05; in every
-phase alike, so the bound is measured with the same placement). The phases, in this order:
+``all``: either core; ``shared``: either core at nice 5, what ``agent.cpu_affinity: [0, 1]`` and
+``agent.nice: 5`` give a run; in every phase alike, so the bound is measured with the same
+placement). The phases, in this order:
 
 1. **generation only**: the engine, the gateway and a rollout worker, built as the run builds
    them, with no trainer and no staleness bound: samples/s reaching the trajectory queue, after
@@ -94,7 +95,7 @@ AGENT_CORES = {
     "engine": (ENGINE_CORE,),
     "trainer": (TRAINER_CORE,),
     "all": (ENGINE_CORE, TRAINER_CORE),  # the scheduler places them where a core is idle
-    "shared": (ENGINE_CORE, TRAINER_CORE),  # ... at nice 5 (the default until 2026-12-05)
+    "shared": (ENGINE_CORE, TRAINER_CORE),  # ... at nice 5 (agent.nice: 5 in a run)
 }
 AGENT_NICES = {"shared": 5}  # agent.nice per --agent-core; the others leave it unset (0)
 GROUP_SIZE = 4  # samples per task (a GRPO group); each sample has a length of its own
@@ -525,7 +526,8 @@ def slow_host_phases(
 ) -> list[tuple[str, float, float]]:
     """The phases whose host probe (the same GEMM, timed just before) ran more than
     ``tolerance`` slower than the run's median probe: a neighbour on the host, not the code
-    (seen: one async phase at +25 % measured 73 % of the bound, the next run 92 %)."""
+    (an async phase whose probe read +25 % measured 73 % of the bound, against 92 % for the
+    same code in a phase at the median)."""
     if len(probes) < 3:
         return []
     median = statistics.median(probes.values())
@@ -715,7 +717,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(AGENT_CORES),
         help="pin the gateway and the rollout worker (default: unset, as areal train's default: "
         "the engine's core; trainer: the trainer's; all: either core; shared: either core at "
-        "nice 5, the default until 2026-12-05)",
+        "nice 5)",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the numbers here")
     parser.add_argument("--keep", metavar="DIR", help="work in DIR and keep its logs")

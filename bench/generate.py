@@ -43,8 +43,8 @@ PROMPT_LEN = 32
 
 # One pooled client for every request to a server, as the gateway keeps one session per engine.
 # A fresh client per request (``httpx.post``) builds an SSL context, ~24 ms of CPU here: 16 of
-# them at once took a core from the server being measured and spread its requests' arrival over
-# ~0.2 s, which the engine's figure then carried and transformers' (in this process) did not.
+# them at once take a core from the server being measured and spread its requests' arrival over
+# ~0.2 s, which the engine's figure would carry and transformers' (in this process) would not.
 HTTP = httpx.Client(
     limits=httpx.Limits(max_connections=64, max_keepalive_connections=64), timeout=600
 )

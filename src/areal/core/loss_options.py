@@ -37,7 +37,8 @@ LOSS_INPUTS = (
 ADVANTAGE_INPUTS = ("rewards", "group_ids", "loss_mask")
 # The run-config key of a loss's own options.
 OPTIONS_KEY = "algorithm.loss_options"
-# ``algorithm`` fields that are options of the PPO-family losses (kept from before loss_options).
+# ``algorithm`` fields that are options of the PPO-family losses: a config may set them there as
+# well as in ``loss_options``, and they reach the losses that name them.
 TYPED_OPTIONS = ("eps_clip", "eps_clip_high", "behavior_weight_cap")
 
 

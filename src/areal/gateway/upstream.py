@@ -26,16 +26,17 @@ import json
 import logging
 import random
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 from aiohttp import web
 
-from areal.host.redact import redact
 from areal.gateway.errors import GatewayError, anthropic_error_body, is_anthropic, openai_error_body
 from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute, ModelRouting
+from areal.host.redact import redact
 
 log = logging.getLogger("areal.gateway.upstream")
 
@@ -116,10 +117,20 @@ class _Failure:
 
 
 class UpstreamChannel:
-    """Forwards non-policy model calls to ``api_gateway.base_url`` (one connection pool)."""
+    """Forwards non-policy model calls to ``api_gateway.base_url`` (one connection pool).
 
-    def __init__(self, config: ApiGatewayConfig, routing: ModelRouting) -> None:
+    ``sleep`` waits out the delay between attempts (backoff, ``Retry-After``); a test passes one
+    that records the delay instead of spending it."""
+
+    def __init__(
+        self,
+        config: ApiGatewayConfig,
+        routing: ModelRouting,
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
         self.config = config
+        self._sleep = sleep
         self.routing = routing
         self.base_url = config.base_url.rstrip("/")
         self.host = config.host
@@ -174,7 +185,7 @@ class UpstreamChannel:
                 self.config.max_retries,
                 delay,
             )
-            await asyncio.sleep(delay)
+            await self._sleep(delay)
 
     async def _attempt(
         self,

@@ -1,7 +1,7 @@
 """JSON on the hot paths: orjson, several times faster than the standard library.
 
-Measured on the 2-core CPU box, per call: an engine's stream chunk read 3.5 -> 1.0 us, a chat
-chunk event written 5.2 -> 0.3 us. A streamed request of 8 tokens reads 8 chunks and writes as
+Measured on the 2-core CPU box, per call, orjson against json: an engine's stream chunk read
+1.0 against 3.5 us, a chat chunk event written 0.3 against 5.2 us. A streamed request of 8 tokens reads 8 chunks and writes as
 many events, so this is ~5 % of the gateway's CPU for it.
 
 Two differences from ``json`` matter here, and both are handled:

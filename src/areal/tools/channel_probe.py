@@ -19,9 +19,9 @@ from typing import Any, Literal
 
 import aiohttp
 
-from areal.host.redact import redact
 from areal.gateway.router_config import ApiGatewayConfig, ModelRoute
 from areal.gateway.upstream import apply_route
+from areal.host.redact import redact
 
 Culprit = Literal["base_url", "key", "model", "endpoint", "upstream", "request"]
 CHAT_PATH = "/chat/completions"

@@ -131,7 +131,7 @@ class Engine:
         self._kernel = bool(self.decode_attention["kernel"])
         if self._kernel and not config.compile_decode:
             # The same build's one-call RMSNorm; a compiled step fuses the norms itself (and an
-            # instance-level forward made the compiled step slower: 6.0 -> 6.4 ms, measured).
+            # instance-level forward makes the compiled step slower: 6.4 ms against 6.0, measured).
             decode_kernel.use_kernel_norms(self.model)
         # An eager decode step's layers in one C++ call (a dense model's; decode_kernel.py).
         self._layer_loop = (
