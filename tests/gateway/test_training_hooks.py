@@ -1,20 +1,20 @@
 """The gateway's side of a training run, against real gateways and the real engine on 127.0.0.1:
 the training flags of both front ends (a real server process feeding a real ZeroMQ trajectory
-queue), the trainer's version clock, the idle-session reaper, discarding by metadata, and the
-router's sampling defaults reaching the engine."""
+queue), the trainer's version clock and seat, the idle-session reaper (a smoke test; its rule is
+proved on a fake clock in ``test_reaper_rounds.py``), discarding by metadata, and the router's
+sampling defaults reaching the engine."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
+import http.client
 import logging
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -24,19 +24,19 @@ import httpx
 import openai
 import pytest
 import typer.main
-from aiohttp import ClientSession, web
 
 from areal.cli.serve_cmd import app as serve_app
 from areal.core.staleness import StalenessBudget
-from areal.gateway.app import build_app
 from areal.gateway.policy import Generation
-from areal.gateway.router_config import RouterConfig
-from areal.gateway.server import add_training_arguments, build_state
-from areal.gateway.sessions import SessionManager
+from areal.gateway.server import add_training_arguments
+from areal.gateway.trainer_seat import TrainerSeat
 from areal.host.http_server import ServerThread
 from areal.host.process import start_on_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
+from support import eventually
+from support.clock import FakeClock
+from support.gateway import EngineRecorder, running_gateway
 
 SERVER = [sys.executable, "-m", "areal.gateway.server"]
 CLI = [sys.executable, "-m", "areal", "serve", "gateway"]
@@ -80,6 +80,7 @@ def chat(url: str, key: str, content: str) -> dict[str, Any]:
 # --- the flags ---------------------------------------------------------------------------------
 
 
+@pytest.mark.serial  # a real gateway server process
 def test_flags_reach_a_real_gateway_process_and_its_zmq_sink(
     engine: tuple[str, InferenceServer], tmp_path: Path
 ) -> None:
@@ -260,137 +261,81 @@ def test_version_route_moves_the_clock_and_the_admission(start_gateway: Any) -> 
 # --- stale sessions ----------------------------------------------------------------------------
 
 
-def test_idle_sessions_are_reaped_and_give_their_slot_back(start_gateway: Any) -> None:
-    # The premise "calls keep a session alive" holds only while the test process calls more
-    # often than the timeout; on a loaded machine (the suite runs on two busy workers) it once
-    # stood still longer. Such a round proves nothing either way and is run again on a fresh
-    # gateway; a session ended while the calls came in time always fails the test.
-    for _ in range(3):
-        if reap_idle_session(start_gateway, timeout=2.0):
-            return
-    pytest.fail("in three rounds the test process stood still past the idle timeout")
-
-
-def reap_idle_session(start_gateway: Any, *, timeout: float) -> bool:
-    """One round of the test above; ``False`` when the test process's calls came too late."""
-    budget = StalenessBudget(max_concurrent=1)
-    with start_gateway(budget=budget, session_idle_timeout=timeout) as gw:
-        # Calls with its key keep a session alive well past the timeout: each call touches the
-        # session between its own send and its answer, so the session is never idle longer than
-        # the span from one call's send to the next one's answer (its opening counts as one).
-        last_sent = time.monotonic()
-        alive = create(gw).json()
-        error_of(create(gw), 429)
-        until = time.monotonic() + 2 * timeout
-        longest_idle = 0.0
-        while True:
-            sent = time.monotonic()
-            assert get(gw, "/v1/models", alive["api_key"]).status_code in (200, 401)
-            longest_idle = max(longest_idle, time.monotonic() - last_sent)
-            last_sent = sent  # the session's last activity is after this instant
-            if time.monotonic() >= until:
-                break
-            time.sleep(0.1)
-        status = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()["status"]
-        if longest_idle >= timeout:
-            return False
-        assert status == "open"
-        # Then the worker "crashes": the reaper ends the session and its slot comes back (the
-        # status call above was admin's: not activity).
-        # (Up to 30 s: with vLLM's three processes starting beside it on 2 cores, this test
-        # once took 28 s and its reaper more than 10.)
-        while (resp := create(gw)).status_code == 429 and time.monotonic() < last_sent + 30:
-            time.sleep(0.05)
-        assert resp.status_code == 200, resp.text
-        # Not before the timeout: the last call touched the session after ``last_sent``, so its
-        # slot cannot be free before ``last_sent + timeout`` however slow the machine is.
-        assert time.monotonic() - last_sent >= timeout
-        ended = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()
-        assert ended["status"] == "ended" and ended["expired"] is True and ended["sent"] is False
-        error_of(get(gw, "/v1/models", alive["api_key"]), 401)
-        listing = get(gw, "/rl/sessions", gw.admin).json()
-        # The new session is idle too: a test process stalled past the timeout since it was
-        # opened (a loaded machine; seen once) lets the reaper end it as well, which the same
-        # snapshot shows (it is no longer open), and the counts must say exactly that.
-        also_reaped = resp.json()["session_id"] not in listing["open"]
-        assert (listing["expired"], listing["idle_timeout"]) == (1 + also_reaped, timeout)
-        assert listing["budget"]["rejected"] == 1
-        assert listing["budget"]["running"] == (0 if also_reaped else 1)
-    return True
-
-
-def test_a_gateway_that_stood_still_does_not_reap_its_clients_for_it(
+@pytest.mark.serial  # a wall-clock smoke test: the fake-clock proof is test_reaper_rounds.py
+def test_a_real_gateway_that_stood_still_hears_the_call_that_waited_and_reaps_the_silent(
     start_gateway: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A gateway whose loop stood still past the idle timeout (a stopped process, a paused
-    machine) could not hear its clients: the reaper does not count the stall as their silence,
-    and a call made while it stood still, answered when it resumes, keeps the session. A client
-    silent after that is still reaped. (The session is silent until the loop stands still, and
-    at most one reaper round more, 0.5 s, before the stall is noticed; the rest of the timeout,
-    about 1.5 s, is the waiting call's to be handled once the loop resumes. A test process
-    starved past that tries again: the premise did not hold, not the reaper.)"""
+    """The idle-session reaper on a real gateway and event loop. The session's last activity is
+    the moment the gateway's loop stands still; the loop stays still for twice the idle timeout
+    and until a call with the session's key is waiting in its socket. The reaper notices the
+    stall and counts it as one round (a quarter of the timeout) of silence, so the call is heard
+    (200) when the loop resumes. Then the client is silent: the reaper ends the session as
+    expired, a whole timeout after that call at the earliest, and its budget slot comes back."""
     caplog.set_level(logging.INFO, logger="areal.gateway")
-    timeout = 2.0
-    with start_gateway(
-        budget=StalenessBudget(max_concurrent=1), session_idle_timeout=timeout
-    ) as gw:
-        moments: dict[str, float] = {}  # wall-clock times, for the failure's timeline
+    timeout = 1.0
+    budget = StalenessBudget(max_concurrent=1)
+    with start_gateway(budget=budget, session_idle_timeout=timeout) as gw:
+        alive = create(gw).json()
+        error_of(create(gw), 429)  # it holds the only slot
+        session = gw.state.sessions.get(alive["session_id"])
+        stood_still, call_waits = threading.Event(), threading.Event()
 
-        async def stand_still() -> float:
-            moments["stood still"] = time.time()
-            time.sleep(2.5 * timeout)  # blocks the gateway's event loop, reaper included
-            moments["resumed"] = time.time()
-            return time.monotonic()  # the loop resumes now
+        async def stand_still() -> None:  # on the gateway's loop, which it blocks
+            session.touch()
+            stood_still.set()
+            time.sleep(2 * timeout)
+            call_waits.wait(60)
 
         assert gw.http is not None and gw.http.loop is not None
-        for _attempt in range(4):
-            moments.clear()
-            alive = create(gw).json()
-            moments["created"] = time.time()
-            still = asyncio.run_coroutine_threadsafe(stand_still(), gw.http.loop)
-            time.sleep(2 * timeout)  # silent past the idle timeout, the loop still standing
-            moments["called"] = time.time()
-            answer = get(gw, "/v1/models", alive["api_key"]).status_code  # waits for the loop
-            moments["answered"] = time.time()
-            resumed = still.result(timeout=30)
-            # heard silence so far: until the loop stood still, and at most a round more
-            left = timeout - (moments["stood still"] - moments["created"]) - timeout / 4
-            if answer == 200 or time.monotonic() - resumed < left - 0.1:
-                break
-        if answer != 200:
-            ended = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()["ended"]
-            moments["session ended"] = ended or 0.0
-        start = min(moments.values())
-        timeline = sorted(
-            [(at - start, what) for what, at in moments.items()]
-            + [(r.created - start, r.getMessage()) for r in caplog.records if r.created >= start]
+        still = asyncio.run_coroutine_threadsafe(stand_still(), gw.http.loop)
+        eventually(stood_still.is_set, 30, "the gateway's loop to stand still")
+        host, port = urlsplit(gw.url).hostname, urlsplit(gw.url).port
+        call = http.client.HTTPConnection(host or "", port, timeout=60)
+        call.request("GET", "/v1/models", headers={"Authorization": f"Bearer {alive['api_key']}"})
+        sent_at = time.time()  # the call is in the gateway's socket, waiting
+        call_waits.set()
+        still.result(timeout=60)
+        answer = call.getresponse()
+        call.close()
+        assert answer.status == 200, caplog.text  # heard: the stall was nobody's silence
+        eventually(
+            lambda: "the idle-session reaper woke" in caplog.text, 30, "the reaper to see the stall"
         )
-        assert answer == 200, "\n".join(f"{at:7.3f} s  {what}" for at, what in timeline)
-        deadline = time.monotonic() + 10 * timeout
-        while time.monotonic() < deadline:
-            status = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()["status"]
-            if status == "ended":
-                break
-            time.sleep(0.1)
-        assert status == "ended"
+
+        def reaped() -> dict[str, Any]:
+            got: dict[str, Any] = get(gw, f"/rl/sessions/{alive['session_id']}", gw.admin).json()
+            assert got["status"] == "ended", got
+            return got
+
+        ended = eventually(reaped, 30, "the reaper to end the silent session")
+        assert ended["expired"] is True and ended["sent"] is False
+        assert ended["ended"] - sent_at >= timeout  # not before a whole timeout after the call
+        error_of(get(gw, "/v1/models", alive["api_key"]), 401)
+        listing = get(gw, "/rl/sessions", gw.admin).json()  # (admin calls are no activity)
+        assert (listing["expired"], listing["idle_timeout"]) == (1, timeout)
+        assert (listing["budget"]["rejected"], listing["budget"]["running"]) == (1, 0)
+        assert create(gw).status_code == 200  # the slot came back
 
 
-def test_a_session_with_a_call_running_is_not_idle() -> None:
-    sessions = SessionManager("admin", idle_timeout=10.0)
-
-    async def scenario() -> tuple[list[str], list[str], int]:
-        busy, quiet = sessions.open(), sessions.open()
-        busy.busy = 1  # a long call with its key is in flight
-        later = time.monotonic() + 60
-        first = await sessions.expire_idle(now=later)
-        busy.busy = 0
-        busy.touch()
-        second = await sessions.expire_idle(now=time.monotonic() + 5)
-        assert first == [quiet.session_id] and second == []
-        return first, second, sessions.budget.running
-
-    _, _, running = asyncio.run(scenario())
-    assert running == 1 and sessions.expired == 1
+def test_the_trainer_seat_lapses_a_lease_after_the_last_announce() -> None:
+    clock = FakeClock()
+    seat = TrainerSeat("run-1", lease_s=30.0, clock=clock)
+    clock.advance(30.0)
+    assert not seat.lapsed()  # a whole lease since the announce: still held
+    clock.advance(0.25)
+    assert seat.lapsed() and seat.describe()["lapsed"] is True
+    seat.renew()
+    assert not seat.lapsed() and seat.describe()["last_heard_s"] == 0.0
+    clock.advance(29.5)
+    assert not seat.lapsed() and seat.describe()["last_heard_s"] == 29.5
+    clock.advance(1.0)
+    assert seat.describe() == {
+        "trainer_id": "run-1",
+        "since": seat.since,
+        "last_heard_s": 30.5,
+        "lease_s": 30.0,
+        "lapsed": True,
+    }
 
 
 def test_discard_sessions_by_metadata(start_gateway: Any) -> None:
@@ -451,10 +396,11 @@ def test_the_listing_counts_trajectories_waiting_for_a_full_queue(start_gateway:
         assert get(gw, "/rl/sessions", gw.admin).json()["delivering"] == 0
         with ThreadPoolExecutor(1) as pool:  # the queue holds its 1: this end waits
             waiting = pool.submit(post, gw, f"/rl/sessions/{second['session_id']}/end", gw.admin)
-            deadline = time.monotonic() + 10
-            while get(gw, "/rl/sessions", gw.admin).json()["delivering"] != 1:
-                assert time.monotonic() < deadline, "the second end never waited for the queue"
-                time.sleep(0.02)
+            eventually(
+                lambda: get(gw, "/rl/sessions", gw.admin).json()["delivering"] == 1,
+                30,
+                "the second end to wait for the queue",
+            )
             assert not waiting.done()
             assert source.get(timeout=10) is not None  # room again: the trainer took one
             assert waiting.result(timeout=30).json()["sent"] is True
@@ -465,64 +411,17 @@ def test_the_listing_counts_trajectories_waiting_for_a_full_queue(start_gateway:
 # --- sampling defaults ---------------------------------------------------------------------------
 
 
-class RecordingProxy:
-    """Forwards everything to the real engine and keeps the ``sampling_params`` of each
-    ``/generate``: what the gateway really asked the engine for."""
-
-    def __init__(self, target: str) -> None:
-        self.target = target
-        self.sampling: list[dict[str, Any]] = []
-
-    async def forward(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
-        if request.path == "/generate":
-            self.sampling.append(json.loads(body)["sampling_params"])
-        async with (
-            ClientSession() as client,
-            client.request(
-                request.method,
-                self.target + request.path_qs,
-                data=body or None,
-                headers={"Content-Type": request.headers.get("Content-Type", "application/json")},
-            ) as upstream,
-        ):
-            response = web.StreamResponse(
-                status=upstream.status,
-                headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")},
-            )
-            await response.prepare(request)
-            async for chunk in upstream.content.iter_any():
-                await response.write(chunk)
-            await response.write_eof()
-            return response
-
-    def app(self) -> web.Application:
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self.forward)
-        return app
-
-
-@contextmanager
-def gateway_behind(proxy_url: str, route: dict[str, Any], log_dir: Path) -> Iterator[str]:
-    config = RouterConfig.model_validate({"model_routing": {"policy_model": route}})
-    state = build_state(config, [proxy_url], gateway_key=KEY, admin_token=None, log_dir=log_dir)
-    http = ServerThread(build_app(state), "127.0.0.1", 0).start()
-    try:
-        yield http.url
-    finally:
-        http.stop()
-
-
 def test_router_sampling_defaults_reach_the_engine(
     engine: tuple[str, InferenceServer], tmp_path: Path
 ) -> None:
-    proxy = RecordingProxy(engine[0])
+    proxy = EngineRecorder(engine[0])  # what the gateway really asked the engine for
     proxy_http = ServerThread(proxy.app(), "127.0.0.1", 0).start()
     route = {"model_id": "areal-tiny", "temperature": 0.3, "top_p": 0.7, "max_tokens": 5}
+    config = {"model_routing": {"policy_model": route}}
     try:
-        with gateway_behind(proxy_http.url, route, tmp_path) as url:
-            oai = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
-            ant = anthropic.Anthropic(base_url=url, api_key=KEY, max_retries=0)
+        with running_gateway(proxy_http.url, engine[1], tmp_path, config, admin_token=None) as gw:
+            oai = openai.OpenAI(base_url=gw.v1, api_key=gw.key, max_retries=0)
+            ant = anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0)
             hi: Any = [{"role": "user", "content": "hi"}]
             oai.chat.completions.create(model="areal-tiny", messages=hi)
             for _ in oai.chat.completions.create(model="areal-tiny", messages=hi, stream=True):
@@ -548,7 +447,7 @@ def test_router_sampling_defaults_reach_the_engine(
     def knobs(params: dict[str, Any]) -> tuple[Any, Any, Any]:
         return params["max_new_tokens"], params.get("temperature"), params.get("top_p")
 
-    assert [knobs(p) for p in proxy.sampling] == [
+    assert [knobs(body["sampling_params"]) for body in proxy.generate_bodies] == [
         (5, 0.3, 0.7),  # OpenAI chat
         (5, 0.3, 0.7),  # OpenAI chat, streamed
         (5, 0.3, 0.7),  # Responses

@@ -20,11 +20,12 @@ import contextlib
 import logging
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from areal.gateway.errors import GatewayError
-from areal.gateway.reaper_rounds import Hearing, reap_in_rounds
+from areal.gateway.reaper_rounds import LoopClock, reap_in_rounds
 from areal.gateway.sessions import Session, SessionManager
 
 log = logging.getLogger("areal.gateway.online")
@@ -39,14 +40,15 @@ OPEN, AWAITING, ENDED, DISCARDED = "open", "awaiting", "ended", "discarded"
 
 @dataclass
 class Conversation:
-    """One conversation of an online agent: its key, its session (the episode) and where it is."""
+    """One conversation of an online agent: its key, its session (the episode) and where it is.
+    Its times are on its manager's ``loop_clock``."""
 
     key: str
     session: Session
+    last_active: float
     state: str = OPEN
     busy: int = 0  # calls of it still running: it is not idle
-    last_active: float = field(default_factory=time.monotonic)
-    ended_at: float | None = None  # monotonic, when it stopped taking calls
+    ended_at: float | None = None  # when it stopped taking calls
 
     @property
     def finished(self) -> bool:
@@ -76,10 +78,17 @@ class Conversation:
 class OnlineConversations:
     """The conversations of online agents, admitted into ``sessions`` and ended by the rules of
     the module docstring: ``idle_timeout`` seconds without a call end one, ``reward_wait``
-    seconds without a reward after that discard it."""
+    seconds without a reward after that discard it. Both are seconds of ``loop_clock``, which
+    follows ``clock`` (injectable for tests) less the seconds the gateway's loop stood still
+    (:mod:`areal.gateway.reaper_rounds`)."""
 
     def __init__(
-        self, sessions: SessionManager, *, idle_timeout: float, reward_wait: float
+        self,
+        sessions: SessionManager,
+        *,
+        idle_timeout: float,
+        reward_wait: float,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if idle_timeout <= 0:
             raise ValueError(f"the online idle timeout must be > 0, got {idle_timeout}")
@@ -89,6 +98,7 @@ class OnlineConversations:
         self.idle_timeout = idle_timeout
         self.reward_wait = reward_wait
         self.counts = {"opened": 0, ENDED: 0, DISCARDED: 0}
+        self.loop_clock = LoopClock(clock)  # its reaper's rounds drive it
         self._open: dict[str, Conversation] = {}  # by key
         self._all: OrderedDict[str, Conversation] = OrderedDict()  # by session id, oldest first
         self._latest: dict[str, Conversation] = {}  # the newest conversation of each key
@@ -110,12 +120,12 @@ class OnlineConversations:
             behind = self.sessions.too_stale(conversation.session)
             if behind is None:
                 conversation.busy += 1
-                conversation.last_active = time.monotonic()
+                conversation.last_active = self.loop_clock()
                 return conversation, False
             self._close_out(conversation, DISCARDED)
             await self.sessions.end_stale(conversation.session, behind)
         session = self.sessions.open(metadata={"online": True, "conversation": key}, owner=OWNER)
-        conversation = Conversation(key, session, busy=1)
+        conversation = Conversation(key, session, self.loop_clock(), busy=1)
         self._open[key] = self._latest[key] = conversation
         self._all[session.session_id] = conversation
         self.counts["opened"] += 1
@@ -126,7 +136,7 @@ class OnlineConversations:
         """A call of ``conversation`` is over. A failed first call leaves nothing to train, so the
         conversation it opened goes at once and gives its budget slot back."""
         conversation.busy -= 1
-        conversation.last_active = time.monotonic()
+        conversation.last_active = self.loop_clock()
         session = conversation.session
         nothing = not session.completions and conversation.busy == 0
         if opened and failed and nothing and conversation.state == OPEN and session.is_open:
@@ -149,7 +159,7 @@ class OnlineConversations:
         return self._answers.get(response_id)
 
     def listing(self) -> dict[str, Any]:
-        now = time.monotonic()
+        now = self.loop_clock()
         live = [c for c in self._all.values() if not c.finished]
         return {
             "open": [c.status(now, self.reward_wait) for c in live if c.state == OPEN],
@@ -161,7 +171,7 @@ class OnlineConversations:
         }
 
     def status(self, conversation: Conversation) -> dict[str, Any]:
-        return conversation.status(time.monotonic(), self.reward_wait)
+        return conversation.status(self.loop_clock(), self.reward_wait)
 
     # --- the end of one -------------------------------------------------------------------------
 
@@ -202,25 +212,25 @@ class OnlineConversations:
             await self._train(conversation)
         return self.status(conversation)
 
-    async def expire(self, hearing: Hearing | None = None, now: float | None = None) -> None:
-        """End the idle open conversations; discard those whose reward wait is over (neither
-        clock counting the seconds the gateway stood still: the reaper's ``hearing``)."""
-        now = time.monotonic() if now is None else now
-        hearing = hearing or Hearing()
+    async def expire(self) -> None:
+        """End the idle open conversations; discard those whose reward wait is over (both
+        measured on ``loop_clock``: not counting the seconds the gateway stood still)."""
+        now = self.loop_clock()
         for conversation in list(self._all.values()):
             if conversation.finished or not conversation.session.is_open:
                 if not conversation.finished:
                     self._close_out(conversation, DISCARDED)
                 continue
             if conversation.state == OPEN:
-                idle = 0.0 if conversation.busy else hearing.silence(conversation.last_active, now)
+                idle = 0.0 if conversation.busy else now - conversation.last_active
                 if idle >= self.idle_timeout:
                     log.info(
                         "online conversation %r ended after %.1f s idle", conversation.key, idle
                     )
                     await self.end(conversation)
-            elif conversation.ended_at is not None and (
-                hearing.silence(conversation.ended_at, now) >= self.reward_wait
+            elif (
+                conversation.ended_at is not None
+                and now - conversation.ended_at >= self.reward_wait
             ):
                 log.info("online conversation %r got no reward: discarded", conversation.key)
                 await self._discard(conversation)
@@ -229,13 +239,13 @@ class OnlineConversations:
         if self._open.get(conversation.key) is conversation:
             del self._open[conversation.key]
         conversation.state = AWAITING
-        conversation.ended_at = time.monotonic()
+        conversation.ended_at = self.loop_clock()
 
     def _close_out(self, conversation: Conversation, state: str) -> None:
         if self._open.get(conversation.key) is conversation:
             del self._open[conversation.key]
         if conversation.ended_at is None:
-            conversation.ended_at = time.monotonic()
+            conversation.ended_at = self.loop_clock()
         conversation.state = state
         self.counts[state] += 1
 
@@ -274,4 +284,6 @@ class OnlineConversations:
             self._task = None
 
     async def _run(self) -> None:
-        await reap_in_rounds(lambda: self.interval, self.expire, log, "online-conversation reaper")
+        await reap_in_rounds(
+            self.loop_clock, lambda: self.interval, self.expire, log, "online-conversation reaper"
+        )

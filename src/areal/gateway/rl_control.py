@@ -132,5 +132,9 @@ class IdleReaper:
 
     async def _run(self) -> None:
         await reap_in_rounds(
-            lambda: self.interval, self.sessions.expire_idle, log, "idle-session reaper"
+            self.sessions.loop_clock,
+            lambda: self.interval,
+            self.sessions.expire_idle,
+            log,
+            "idle-session reaper",
         )

@@ -56,7 +56,7 @@ from areal.core.types import Completion, Trajectory
 from areal.gateway.engine_pool import CallGroup
 from areal.gateway.errors import GatewayError
 from areal.gateway.policy import Generation
-from areal.gateway.reaper_rounds import Hearing
+from areal.gateway.reaper_rounds import LoopClock
 from areal.host.faults import crash_point
 
 log = logging.getLogger("areal.gateway.sessions")
@@ -81,7 +81,6 @@ class Session:
     aborted: int = 0
     ended_at: float | None = None
     summary: dict[str, Any] | None = None
-    last_active: float = field(default_factory=time.monotonic, repr=False)
     busy: int = field(default=0, repr=False)  # calls with this session's key still running
     oldest_version: int | None = None  # of its generated tokens (the staleness that counts)
     lost_calls: int = (
@@ -93,6 +92,12 @@ class Session:
     # Who ends it when idle instead of the session reaper: "online" conversations (areal.gateway.
     # online) wait for their reward after the agent goes quiet, which the reaper would cut short.
     owner: str | None = None
+    # What its silence is measured on: its manager's LoopClock (areal.gateway.reaper_rounds).
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    last_active: float = field(init=False, repr=False)  # on ``clock``
+
+    def __post_init__(self) -> None:
+        self.last_active = self.clock()
 
     def note_call(self, **call: Any) -> None:
         """Remember one API call made for this episode (path, model asked for, status), so a
@@ -101,14 +106,11 @@ class Session:
             self.calls.append(call)
 
     def touch(self) -> None:
-        self.last_active = time.monotonic()
+        self.last_active = self.clock()
 
-    def idle_for(self, now: float, hearing: Hearing | None = None) -> float:
-        """Seconds since the last activity, less those the gateway stood still (``hearing``);
-        0 while a call with its key is running."""
-        if self.busy:
-            return 0.0
-        return hearing.silence(self.last_active, now) if hearing else now - self.last_active
+    def idle_for(self, now: float) -> float:
+        """Seconds of ``clock`` since the last activity; 0 while a call with its key runs."""
+        return 0.0 if self.busy else now - self.last_active
 
     @property
     def is_open(self) -> bool:
@@ -145,7 +147,8 @@ class SessionManager:
     ``discount`` carries the episode reward back over earlier samples; ``budget`` is the staleness
     budget new sessions must fit in (default: unbounded); ``idle_timeout`` (seconds, ``None``:
     never) is how long an open session may go without activity before ``expire_idle`` ends it;
-    ``journal`` records each admission and its outcome (:mod:`areal.core.episode_journal`).
+    ``journal`` records each admission and its outcome (:mod:`areal.core.episode_journal`);
+    ``clock`` (injectable for tests) is what ``loop_clock``, the sessions' silence, follows.
     """
 
     def __init__(
@@ -157,6 +160,7 @@ class SessionManager:
         budget: StalenessBudget | None = None,
         idle_timeout: float | None = None,
         journal: EpisodeJournal | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 <= discount <= 1.0:
             raise ValueError(f"the reward discount must be within [0, 1], got {discount}")
@@ -173,6 +177,7 @@ class SessionManager:
         self.delivering = 0  # trajectories handed to the sink, not yet acknowledged
         self.waiting = 0  # long polls held now, waiting for a slot (open_waiting)
         self.journal = journal or EpisodeJournal(None)
+        self.loop_clock = LoopClock(clock)  # its reaper's rounds (rl_control.IdleReaper) drive it
         self._by_key: dict[str, Session] = {}
         self._by_id: dict[str, Session] = {}
         self._by_hint: dict[str, Session] = {}
@@ -302,6 +307,7 @@ class SessionManager:
             task_id=task_id,
             hint=hint,
             owner=owner,
+            clock=self.loop_clock,
         )
         self.journal.note(START, session.session_id)
         self._by_id[session.session_id] = session
@@ -509,20 +515,18 @@ class SessionManager:
     def open_sessions(self) -> list[Session]:
         return list(self._by_id.values())
 
-    async def expire_idle(
-        self, hearing: Hearing | None = None, now: float | None = None
-    ) -> list[str]:
-        """End, as discarded, every open session idle for ``idle_timeout`` seconds or more (the
-        reaper's ``hearing``: not counting the seconds the gateway stood still), so the
-        staleness budget gets their slots back (a rollout worker that crashed mid-episode must
-        not hold them forever). Returns their ids."""
+    async def expire_idle(self) -> list[str]:
+        """End, as discarded, every open session idle for ``idle_timeout`` seconds or more of
+        ``loop_clock`` (so not for the seconds the gateway itself stood still:
+        :mod:`areal.gateway.reaper_rounds`), so the staleness budget gets their slots back (a
+        rollout worker that crashed mid-episode must not hold them forever). Returns their ids."""
         if self.idle_timeout is None:
             return []
-        now = time.monotonic() if now is None else now
+        now = self.loop_clock()
         stale = [
             s
             for s in self._by_id.values()
-            if s.owner is None and s.idle_for(now, hearing) >= self.idle_timeout
+            if s.owner is None and s.idle_for(now) >= self.idle_timeout
         ]
         ended = []
         for session in stale:
