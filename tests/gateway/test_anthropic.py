@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,9 +16,10 @@ import anthropic
 import httpx
 import openai
 import pytest
-from transformers import AutoTokenizer
 
 from areal.run.gateway_client import GatewayAdmin, OpenedSession
+from support.gateway import engine_paused
+from support.http import sse_data
 
 WEATHER: Any = {
     "name": "get_weather",
@@ -75,11 +75,6 @@ def satisfies(schema: dict[str, Any], value: Any) -> bool:
     if kind == "string":
         return isinstance(value, str) and len(value) <= schema.get("maxLength", len(value))
     return True
-
-
-@pytest.fixture(scope="module")
-def tokenizer(gateway_model_dir: str) -> Any:
-    return AutoTokenizer.from_pretrained(gateway_model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -824,7 +819,8 @@ def test_session_bound_to_a_client_hint(gateway: Any) -> None:
 
 
 def test_stream_is_real(gateway: Any, tokenizer: Any) -> None:
-    """Deltas leave while the engine is still generating: the first arrives long before the end.
+    """Deltas leave while the engine is still generating: when the first one is in, the engine
+    (held paused for the look) still runs the call and has not made all its tokens.
     (A fixed-length string under a schema keeps the policy from stopping early.)"""
     s = _open_session(gateway)
     schema = {
@@ -839,25 +835,24 @@ def test_stream_is_real(gateway: Any, tokenizer: Any) -> None:
         "messages": [{"role": "user", "content": "hi"}],
         "output_config": {"format": {"type": "json_schema", "schema": schema}},
     }
-    warm = httpx.post(  # compiles the schema's grammar, so the timing below is the stream's
-        f"{gateway.v1}/messages",
-        json={**body, "stream": False},
-        headers={"x-api-key": gateway.key},
-        timeout=60,
-    )
-    assert warm.status_code == 200, warm.text
-    started = time.perf_counter()
-    arrivals: list[float] = []
+    before = gateway.engine_stats()["tokens_generated"]
+    deltas = 0
+    at_first: dict[str, Any] = {}
     text = ""
     with httpx.stream(
         "POST", f"{gateway.v1}/messages", json=body, headers={"x-api-key": s["api_key"]}, timeout=60
     ) as resp:
-        for line in resp.iter_lines():
-            if line.startswith("data: ") and '"text_delta"' in line:
-                arrivals.append(time.perf_counter() - started)
-                text += json.loads(line[6:])["delta"]["text"]
-    assert len(arrivals) > 20
-    assert arrivals[0] < arrivals[-1] / 2, (arrivals[0], arrivals[-1])
+        for data in sse_data(resp):
+            if '"text_delta"' in data:
+                deltas += 1
+                text += json.loads(data)["delta"]["text"]
+                if deltas == 1:
+                    with engine_paused(gateway.engine_url):
+                        at_first = gateway.engine_stats()
+    assert deltas > 20
+    assert at_first["running"] == 1, at_first  # the call was still generating ...
+    made = len(gateway.state.sessions.get(s["session_id"]).completions[0].output_ids)
+    assert at_first["tokens_generated"] - before < made, at_first  # ... with tokens to go
     # multi-byte characters split between chunks come out whole, never twice: the text is the
     # recorded tokens'. (Not "200 characters": the grammar counts an escape such as \\ as two.)
     recorded = gateway.state.sessions.get(s["session_id"]).completions[0]

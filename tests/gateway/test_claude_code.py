@@ -1,7 +1,7 @@
 """The real Claude Code CLI (npm ``@anthropic-ai/claude-code``), headless, against the gateway.
 
-``make setup`` installs the pinned CLI into ``.cache/npm`` when npm is there; without it these
-tests skip and say how to install it. Claude Code talks to nothing but the gateway on 127.0.0.1:
+``make setup`` installs the pinned CLI into ``.cache/npm``; without it these tests skip and say
+how to install it (under ``CI=true`` that skip is a failure). Claude Code talks to nothing but the gateway on 127.0.0.1:
 HOME is a fresh directory (no OAuth credentials), telemetry, updates and other traffic are off.
 
 Its default prompt (system prompt plus ~20 tool schemas) is ~35k tokens, far beyond the test
@@ -21,7 +21,6 @@ import re
 import shutil
 import signal
 import subprocess
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,9 @@ from typing import Any
 import pytest
 
 from areal.run.gateway_client import GatewayAdmin
+from support import eventually
+
+pytestmark = pytest.mark.serial  # each test runs the Claude Code CLI (a node process)
 
 REPO = Path(__file__).resolve().parents[2]
 CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"
@@ -98,6 +100,16 @@ def run_claude(claude: str, gateway: Any, tmp_path: Path, args: list[str], *, ke
     return Run(proc.returncode, stdout, stderr)
 
 
+def json_run(
+    claude: str, gateway: Any, tmp_path: Path, args: list[str], *, key_env: str
+) -> tuple[Run, str, dict[str, Any]]:
+    """A ``--output-format json`` run under a new session id: the run, the id, its result."""
+    session = str(uuid.uuid4())
+    args = ["--output-format", "json", *args, "--session-id", session]
+    run = run_claude(claude, gateway, tmp_path, args, key_env=key_env)
+    return run, session, json.loads(run.stdout)
+
+
 def log_lines(gateway: Any, session: str) -> list[str]:
     """The session's ``/v1/messages`` lines in gateway.log (Claude Code adds ``?beta=true``)."""
     text = (gateway.log_dir / "gateway.log").read_text()
@@ -121,15 +133,13 @@ def check_completed(run: Run, result: dict[str, Any]) -> None:
 
 
 def test_headless_json_run(claude: str, gateway: Any, tmp_path: Path) -> None:
-    session = str(uuid.uuid4())
-    run = run_claude(
+    run, session, result = json_run(
         claude,
         gateway,
         tmp_path,
-        ["--output-format", "json", "--bare", "--tools", "", "--session-id", session],
+        ["--bare", "--tools", ""],
         key_env="ANTHROPIC_AUTH_TOKEN",  # sent as Authorization: Bearer
     )
-    result = json.loads(run.stdout)
     check_completed(run, result)
     assert result["session_id"] == session
     lines = log_lines(gateway, session)  # grouped by Claude Code's own session header
@@ -169,11 +179,13 @@ def test_streamed_turns_are_recorded_once(claude: str, gateway: Any, tmp_path: P
     assert starts and len(starts) == len(ends) == sum(e["type"] == "message_stop" for e in events)
 
     completions = gateway.state.sessions.get(session_id).completions
-    # The client has its whole stream (and may exit) a moment before the handler returns and the
+    # The client has its whole stream (and may exit) before the handler returns and the
     # middleware writes the request's gateway.log line: wait for the lines to catch up.
-    deadline = time.monotonic() + 5
-    while len(log_lines(gateway, session_id)) < len(starts) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(
+        lambda: len(log_lines(gateway, session_id)) >= len(starts),
+        30,
+        f"{len(starts)} gateway.log lines of the session",
+    )
     assert len(completions) == len(starts) == len(log_lines(gateway, session_id))
     for completion, start, end in zip(completions, starts, ends, strict=True):
         assert len(completion.prompt_ids) == start["message"]["usage"]["input_tokens"]
@@ -181,15 +193,7 @@ def test_streamed_turns_are_recorded_once(claude: str, gateway: Any, tmp_path: P
 
 
 def test_default_prompt_is_refused_clearly(claude: str, gateway: Any, tmp_path: Path) -> None:
-    session = str(uuid.uuid4())
-    run = run_claude(
-        claude,
-        gateway,
-        tmp_path,
-        ["--output-format", "json", "--session-id", session],
-        key_env="ANTHROPIC_API_KEY",
-    )
-    result = json.loads(run.stdout)
+    _, session, result = json_run(claude, gateway, tmp_path, [], key_env="ANTHROPIC_API_KEY")
     assert result["is_error"] and result.get("api_error_status") == 400, result
     assert re.search(r"the prompt is \d+ tokens; the policy's context is 4096", result["result"])
     lines = log_lines(gateway, session)

@@ -5,7 +5,6 @@ half-recorded episode. Real gateway, real embedded engine, real clients, all on 
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,15 +12,24 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, EngineRecorder, _router
 
 from areal.gateway.app import build_app
 from areal.gateway.server import build_state
 from areal.host.http_server import ServerThread
 from areal.host.process import pick_free_port
 from areal.plugins.inference.embedded.server import InferenceServer
+from support import eventually
+from support.gateway import (
+    ADMIN_TOKEN,
+    GATEWAY_KEY,
+    POLICY,
+    EngineRecorder,
+    engine_paused,
+    router,
+)
+from support.http import bearer
 
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+ADMIN = bearer(ADMIN_TOKEN)
 LONG = {"max_tokens": 400, "extra_body": {"ignore_eos": True}}
 
 
@@ -67,19 +75,27 @@ class Bare:
         ended: dict[str, Any] = answer.json()
         return ended
 
-    def wait_running(self, engine_url: str, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if any(e["url"] == engine_url and e["running"] for e in self.engines()):
-                return
-            time.sleep(0.02)
-        raise AssertionError(f"no call ever ran on {engine_url}")
+    def listed(self, engine_url: str) -> dict[str, Any]:
+        """The listing's entry for ``engine_url`` (``{}`` when it is not listed)."""
+        return next((e for e in self.engines() if e["url"] == engine_url), {})
+
+    def held_running(self, engine_url: str, work: Any) -> tuple[threading.Thread, dict[str, Any]]:
+        """``work`` (a policy call) in a thread, once the gateway lists it running on the
+        engine; the caller holds the engine paused, so the call cannot end before it acts."""
+        thread, out = in_thread(work)
+        eventually(
+            lambda: self.listed(engine_url).get("running") or out,
+            60,
+            f"a call running on {engine_url}",
+        )
+        assert not out, out  # it ran, and has not ended
+        return thread, out
 
 
 @pytest.fixture
 def bare(tmp_path: Path) -> Iterator[Bare]:
     state = build_state(
-        _router(None), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
+        router(), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
     )
     state.policy.pool.health_every = 0.2  # quick health checks for the tests
     state.policy.pool.down_after = 2
@@ -158,9 +174,9 @@ def test_detaching_aborts_running_calls_and_their_episode_is_not_trained(
     url = engine[0]
     assert bare.attach(url).status_code == 201
     session = bare.open_session()
-    thread, out = in_thread(lambda: bare.chat(session["api_key"], **LONG))
-    bare.wait_running(url)
-    gone = bare.detach(url)
+    with engine_paused(url):
+        thread, out = bare.held_running(url, lambda: bare.chat(session["api_key"], **LONG))
+        gone = bare.detach(url)
     assert gone.json()["aborted"] == 1
     thread.join(60)
     error = out.get("error")
@@ -174,13 +190,14 @@ def test_a_draining_engine_finishes_its_calls_first(
 ) -> None:
     url = engine[0]
     assert bare.attach(url).status_code == 201
-    # The most tokens the policy allows (conftest's router: 256), so the call is still running
-    # when the detach comes (120 tokens of the nano model are quick since the layer loop).
-    longest = {"max_tokens": 256, "extra_body": {"ignore_eos": True}}
-    thread, out = in_thread(lambda: bare.chat(**longest))
-    bare.wait_running(url)
-    gone = bare.detach(url, drain=True, timeout=120)
-    assert gone.json() == {"detached": url, "finished": 1, "aborted": 0}
+    longest = {"max_tokens": 256, "extra_body": {"ignore_eos": True}}  # the policy's cap
+    with engine_paused(url):  # the call cannot finish before the drain has begun
+        thread, out = bare.held_running(url, lambda: bare.chat(**longest))
+        detach, detached = in_thread(lambda: bare.detach(url, drain=True, timeout=120))
+        eventually(lambda: bare.listed(url).get("draining"), 60, f"{url} draining")
+        assert not detached  # the drain waits for the call
+    detach.join(60)
+    assert detached["value"].json() == {"detached": url, "finished": 1, "aborted": 0}
     thread.join(60)
     assert out["value"].usage.completion_tokens == 256
 
@@ -196,7 +213,8 @@ def test_a_stream_cut_by_a_detach_ends_with_an_error_and_its_episode_is_dropped(
     )
     chunks = iter(stream)
     next(chunks)
-    assert bare.detach(url).json()["aborted"] == 1
+    with engine_paused(url):  # the stream cannot end before the detach
+        assert bare.detach(url).json()["aborted"] == 1
     with pytest.raises(openai.APIError) as caught:
         for _ in chunks:
             pass
@@ -221,10 +239,7 @@ def test_a_dead_engine_gets_no_traffic_and_comes_back_when_it_answers(
     assert states == {flaky: False, direct: True}
     proxy = ServerThread(EngineRecorder(direct).app(), "127.0.0.1", port).start()
     try:
-        deadline = time.monotonic() + 10
-        while not all(e["healthy"] for e in bare.engines()):
-            assert time.monotonic() < deadline, bare.engines()
-            time.sleep(0.1)
+        eventually(lambda: all(e["healthy"] for e in bare.engines()), 30, "the proxy healthy again")
         served = {e["url"]: e["served"] for e in bare.engines()}
         for _ in range(4):
             bare.chat(max_tokens=2)

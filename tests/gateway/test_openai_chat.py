@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from transformers import AutoTokenizer
 
 from areal.core.stop_strings import partial_stop
 from areal.gateway.chat_messages import StreamText, normalize_messages
 from areal.gateway.policy import Generation
 from areal.plugins.inference.sglang_client import InferenceClient
 from areal.run.gateway_client import GatewayAdmin, OpenedSession
+from support import eventually
+from support.gateway import engine_paused
+from support.http import sse_data
 
 WEATHER = {
     "type": "function",
@@ -60,11 +62,6 @@ CHAT = [
 @pytest.fixture(scope="module")
 def client(gateway: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.v1, api_key=gateway.key, max_retries=0)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(gateway_model_dir: str) -> Any:
-    return AutoTokenizer.from_pretrained(gateway_model_dir)
 
 
 def prompt_len(tokenizer: Any, messages: list[dict[str, Any]], tools: Any = None) -> int:
@@ -141,19 +138,27 @@ def test_reply_is_token_exact_with_the_engine(client: openai.OpenAI, gateway: An
 def test_a_gateway_behind_its_engine_sends_what_arrived_together_as_one_chunk(
     client: openai.OpenAI, gateway: Any
 ) -> None:
-    """The engine streams a token a step. When the gateway's loop falls behind (blocked here for
-    half a second, as a busy gateway would be), the tokens that piled up leave as one chunk: its
-    delta holds their text and its log-probs one entry per token, exactly as the engine made
-    them."""
+    """The engine streams a token a step. When the gateway's loop falls behind (held here until
+    the engine has made 20 more tokens, as a busy gateway would be), the tokens that piled up
+    leave as one chunk: its delta holds their text and its log-probs one entry per token,
+    exactly as the engine made them."""
     params = {"max_tokens": 160, "temperature": 1.0, "seed": 5, "logprobs": True}
     stream = client.chat.completions.create(
         model=gateway.model, messages=CHAT, stream=True, extra_body={"ignore_eos": True}, **params
     )
     chunks = []
+    held = threading.Event()
     for chunk in stream:
         chunks.append(chunk)
         if len(chunks) == 2:  # the first token is out; the engine goes on generating
-            gateway.http.loop.call_soon_threadsafe(time.sleep, 0.5)
+            made = gateway.engine_stats()["tokens_generated"]
+            gateway.http.loop.call_soon_threadsafe(held.wait, 60)  # the gateway's loop stops
+            eventually(
+                lambda made=made: gateway.engine_stats()["tokens_generated"] >= made + 20,
+                60,
+                "20 more tokens from the engine while the gateway's loop is held",
+            )
+            held.set()
     prompt_ids = gateway.state.policy.render(CHAT)
     direct = engine_generate(
         gateway,
@@ -313,7 +318,9 @@ def test_async_stream_matches_the_plain_reply(gateway: Any) -> None:
 
 
 def test_streaming_is_real(gateway: Any) -> None:
-    """The first tokens reach the client while the engine is still generating the rest."""
+    """The first tokens reach the client while the engine is still generating the rest: the
+    engine is held (paused) once the first content chunk is in, so the rest can only come after
+    it; a gateway that buffered the answer would deliver nothing before the engine finished."""
     body = {
         "model": gateway.model,
         "messages": CHAT,
@@ -321,26 +328,26 @@ def test_streaming_is_real(gateway: Any) -> None:
         "ignore_eos": True,  # what openai's extra_body={"ignore_eos": True} sends
         "stream": True,
     }
-    arrivals: list[float] = []
-    started = time.perf_counter()
+    before = gateway.engine_stats()["tokens_generated"]
+    lines: list[str] = []
     with httpx.stream(
         "POST", f"{gateway.v1}/chat/completions", json=body, headers=gateway.headers()
     ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
-        lines = []
-        for line in resp.iter_lines():
-            if line.startswith("data: "):
-                arrivals.append(time.perf_counter() - started)
-                lines.append(line[6:])
+        for data in sse_data(resp):
+            lines.append(data)
+            if len(lines) == 2:  # lines[0] is the role chunk, lines[1] the first text
+                with engine_paused(gateway.engine_url):
+                    at_first = gateway.engine_stats()
     assert lines[-1] == "[DONE]"
     chunks = [json.loads(x) for x in lines[:-1]]
     content_chunks = sum(
         1 for c in chunks if c["choices"] and c["choices"][0]["delta"].get("content")
     )
     assert content_chunks > 20
-    first, last = arrivals[1], arrivals[-1]  # arrivals[0] is the role chunk
-    assert first < last / 4, (first, last)
+    assert at_first["running"] == 1, at_first  # the call was still generating ...
+    assert at_first["tokens_generated"] - before < 200, at_first  # ... its first chunk was out
 
 
 # --- tools ----------------------------------------------------------------------------------

@@ -61,13 +61,6 @@ def client(gateway: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=gateway.v1, api_key=gateway.key, max_retries=0)
 
 
-@pytest.fixture(scope="module")
-def tokenizer(gateway_model_dir: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(gateway_model_dir)
-
-
 def prompt_len(tokenizer: Any, messages: list[dict], tools: list[dict] | None = None) -> int:
     """What the policy tokenizer makes of a chat: the count ``usage.input_tokens`` must match."""
     chat_tools = [

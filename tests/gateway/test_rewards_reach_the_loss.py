@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
 
 from areal.core.registry import Registry
@@ -24,22 +25,11 @@ from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync
 from areal.run.loop import TrainerLoop
+from support.http import bearer, chat_completion
 
 SERVER = [sys.executable, "-m", "areal.gateway.server"]
 ADMIN = "rewards-admin-token-0123456789"
-HEADERS = {"Authorization": f"Bearer {ADMIN}"}
-
-
-def chat(url: str, key: str, content: str) -> str:
-    body = {"model": "areal-tiny", "messages": [{"role": "user", "content": content}]}
-    resp = httpx.post(
-        f"{url}/v1/chat/completions",
-        json={**body, "max_tokens": 4},
-        headers={"Authorization": f"Bearer {key}"},
-        timeout=60,
-    )
-    assert resp.status_code == 200, resp.text
-    return str(resp.json()["id"])
+HEADERS = bearer(ADMIN)
 
 
 def episode(url: str, turn_reward: float | None, reward: float | None, discard: bool) -> None:
@@ -47,8 +37,8 @@ def episode(url: str, turn_reward: float | None, reward: float | None, discard: 
     meta = {"group": "g", "group_size": 3}
     opened = httpx.post(f"{url}/rl/sessions", headers=HEADERS, json={"metadata": meta}).json()
     sid, key = opened["session_id"], opened["api_key"]
-    first = chat(url, key, "What is 2 + 2?")
-    chat(url, key, "Another question entirely")  # not a continuation: a second sample
+    first = chat_completion(url, key, "What is 2 + 2?")["id"]
+    chat_completion(url, key, "Another question entirely")  # not a continuation: a second sample
     if turn_reward is not None:
         body = {"reward": turn_reward, "completion_id": first}
         resp = httpx.post(f"{url}/rl/sessions/{sid}/reward", headers=HEADERS, json=body)
@@ -58,6 +48,7 @@ def episode(url: str, turn_reward: float | None, reward: float | None, discard: 
     assert resp.status_code == 200, resp.text
 
 
+@pytest.mark.serial  # a gateway process, a ZeroMQ queue and a training step
 def test_turn_rewards_and_discount_reach_the_advantages(
     engine: tuple[str, InferenceServer], gateway_model_dir: str, tmp_path: Path
 ) -> None:

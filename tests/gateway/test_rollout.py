@@ -5,22 +5,20 @@ blocking the rest, but an agent that never finishes an episode stops the worker;
 from __future__ import annotations
 
 import asyncio
-import json
 import re
-import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
-from tests.gateway.conftest import POLICY
 
 from areal.core.episode import Episode
 from areal.core.staleness import StalenessBudget
 from areal.core.types import Trajectory
 from areal.plugins.rewards.rules import exact_match
 from areal.run.rollout import GIVE_UP_AFTER, AgentBroken, RolloutError, RolloutWorker
+from support import eventually_async
+from support.gateway import POLICY, trajectories
 
 LOOKUP = {
     "type": "function",
@@ -61,12 +59,6 @@ async def tool_agent(episode: Episode) -> str:
     return "yes" if episode.sample == 0 else (second.choices[0].message.content or "") + " no"
 
 
-def trajectories(log_dir: Path) -> list[Trajectory]:
-    path = log_dir / "trajectories.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [Trajectory.from_json(json.loads(line)) for line in lines]
-
-
 def worker(gw: Any, agent: Any, **options: Any) -> RolloutWorker:
     return RolloutWorker(gw.url, gw.admin, agent, model=gw.model, **options)
 
@@ -100,7 +92,7 @@ def test_crashes_and_timeouts_are_counted_and_do_not_block(start_gateway: Any) -
         if kind == "crash":
             raise ValueError("the agent broke")
         if kind == "hang":
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # never set: only the episode timeout ends it
         if kind == "none":
             return None
         return 0.25
@@ -108,9 +100,7 @@ def test_crashes_and_timeouts_are_counted_and_do_not_block(start_gateway: Any) -
     tasks = [{"kind": k} for k in ("hang", "crash", "ok", "none", "ok")]
     with start_gateway() as gw:
         rollout = worker(gw, agent, concurrency=2, episode_timeout_s=0.5)
-        begin = time.monotonic()
-        stats = asyncio.run(rollout.run(tasks))
-        assert time.monotonic() - begin < 5
+        stats = asyncio.run(rollout.run(tasks))  # it ends, though one agent never does
         assert (stats.started, stats.finished, stats.failed, stats.timed_out) == (5, 3, 1, 1)
         assert stats.sent == 0  # no policy calls: nothing to train on
         assert stats.rewards == [0.25, 0.25]
@@ -180,18 +170,23 @@ def test_an_answer_without_reward_fn_fails_the_episode(gateway: Any) -> None:
 
 
 def test_a_full_budget_is_waited_out(start_gateway: Any) -> None:
-    budget = StalenessBudget(max_concurrent=1, retry_after_s=0.2)
+    """The first episode holds the only slot until the gateway holds the second one's long
+    poll; the second starts as the first ends, not after waiting out the 30 s Retry-After."""
+    budget = StalenessBudget(max_concurrent=1, retry_after_s=30)
+    first: list[Episode] = []
 
     async def agent(episode: Episode) -> float:
-        await asyncio.sleep(0.3)
+        if not first:
+            first.append(episode)
+            await eventually_async(
+                lambda: gw.state.sessions.waiting == 1, 60, "the second episode's long poll"
+            )
         return 1.0
 
     with start_gateway(budget=budget) as gw:
-        stats = asyncio.run(worker(gw, agent, concurrency=2, max_wait_s=10).run([{}, {}]))
+        stats = asyncio.run(worker(gw, agent, concurrency=2, max_wait_s=60).run([{}, {}]))
         assert (stats.started, stats.finished) == (2, 2)
-        # A long poll: the second episode starts as the first ends (~0.3 s), not after waiting
-        # out a whole-second Retry-After.
-        assert 0.2 <= stats.waited_s < 0.9
+        assert 0 < stats.waited_s < 30  # it waited, and not for the Retry-After
         assert budget.snapshot().rejected == 2  # both empty episodes were dropped, not sent
 
 
@@ -211,8 +206,7 @@ def test_episodes_the_gateway_ended_first_are_cut_not_failed(start_gateway: Any)
     had made its calls and then ended with its reward (the end answers ``409 session_ended``).
     Both count as ``cut``; neither is a failure, and the worker goes on."""
 
-    async def discard_own_group(gw: Any, episode: Episode, delay: float) -> None:
-        await asyncio.sleep(delay)
+    async def discard_own_group(gw: Any, episode: Episode) -> None:
         async with httpx.AsyncClient() as http:
             resp = await http.post(
                 f"{gw.url}/rl/sessions/discard",
@@ -226,7 +220,14 @@ def test_episodes_the_gateway_ended_first_are_cut_not_failed(start_gateway: Any)
         messages = [{"role": "user", "content": "count"}]
         kind = episode.task["kind"]
         if kind == "mid-call":
-            cutter = asyncio.create_task(discard_own_group(gw, episode, 0.3))
+
+            async def cut_while_generating() -> None:
+                await eventually_async(
+                    lambda: gw.engine_stats()["running"] == 1, 60, "the long call generating"
+                )
+                await discard_own_group(gw, episode)
+
+            cutter = asyncio.create_task(cut_while_generating())
             try:
                 await client.chat.completions.create(
                     model=episode.model,
@@ -244,7 +245,7 @@ def test_episodes_the_gateway_ended_first_are_cut_not_failed(start_gateway: Any)
                 model=episode.model, messages=messages, max_tokens=4
             )
             if kind == "after-calls":
-                await discard_own_group(gw, episode, 0.0)
+                await discard_own_group(gw, episode)
         return 1.0
 
     outcomes: list[str] = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +13,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from tests.gateway.conftest import ADMIN_TOKEN, GATEWAY_KEY, POLICY, _router
 
 from areal.cli.main import main
 from areal.gateway.app import build_app
@@ -23,14 +21,16 @@ from areal.host.http_server import ServerThread
 from areal.host.process import ServerProcess, pick_free_port, start_on_free_port
 from areal.plugins.inference.embedded.server import InferenceServer, build_server
 from areal.plugins.models.tiny import init_tiny
+from support import eventually
+from support.gateway import ADMIN_TOKEN, GATEWAY_KEY, POLICY, engine_paused, router
+from support.http import bearer
 
-ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+ADMIN = bearer(ADMIN_TOKEN)
 PROMPT_IDS = [5, 17, 42, 99, 7, 3, 250, 11]
 
 
-# The call that must still run when the engine is told to stop: long enough that it cannot
-# finish first (120 tokens of the nano model took less than the SIGTERM's round trip once the
-# engine's decode step got faster); the policy's cap on max_tokens is raised to allow it.
+# The call that runs when the engine is told to stop (held paused until the drain has begun);
+# the policy's cap on max_tokens is raised to allow it.
 LONG = 3000
 ROUTING = {"model_routing": {"policy_model": {"model_id": POLICY, "max_tokens": LONG}}}
 
@@ -39,7 +39,7 @@ ROUTING = {"model_routing": {"policy_model": {"model_id": POLICY, "max_tokens": 
 def gateway(tmp_path: Path) -> Iterator[str]:
     """A gateway with no engine and an admin token; its URL."""
     state = build_state(
-        _router(ROUTING), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
+        router(ROUTING), [], gateway_key=GATEWAY_KEY, admin_token=ADMIN_TOKEN, log_dir=tmp_path
     )
     state.policy.pool.health_every = 0.2
     http = ServerThread(build_app(state), "127.0.0.1", 0).start()
@@ -76,16 +76,10 @@ def serve_attached(
     )
 
 
-def wait_for_line(proc: ServerProcess, text: str, timeout: float = 120.0) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        lines = [ln for ln in proc.log_path.read_text().splitlines() if text in ln]
-        if lines:
-            return lines[0]
-        if not proc.running:
-            break
-        time.sleep(0.1)
-    raise AssertionError(f"no line with {text!r}; the engine's log:\n{proc.log_tail()}")
+def first_line(proc: ServerProcess, prefix: str) -> str:
+    """The engine's first output line that starts with ``prefix`` (it fails at once if the
+    engine exits without one)."""
+    return prefix + proc.wait_for_line(prefix, timeout=120)
 
 
 def engines(gateway_url: str) -> list[dict[str, Any]]:
@@ -127,6 +121,7 @@ def reference(published_dir: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sigterm(
     gateway: str,
     gateway_model_dir: str,
@@ -152,7 +147,7 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
     assert proc.url is not None
     url = proc.url
     try:
-        line = wait_for_line(proc, "attached")
+        line = first_line(proc, "attached ")
         assert line == (f"attached {url} to the gateway at {gateway}, serving weights version 3")
         [listed] = engines(gateway)
         assert listed["url"] == url and listed["healthy"] and listed["weight_version"] == "3"
@@ -169,7 +164,9 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
         assert reply.choices[0].finish_reason in ("stop", "length")
         assert engines(gateway)[0]["served"] == 1
 
-        # A call running when SIGTERM comes finishes before the engine leaves and stops.
+        # A call running when SIGTERM comes finishes before the engine leaves and stops: the
+        # engine is held paused until the gateway lists it draining, so the call is still
+        # running when the drain begins.
         out: dict[str, Any] = {}
         long = threading.Thread(
             target=lambda: out.update(
@@ -177,15 +174,21 @@ def test_an_attached_engine_loads_the_published_weights_serves_and_leaves_on_sig
             ),
             daemon=True,
         )
-        long.start()
-        deadline = time.monotonic() + 30
-        while not engines(gateway)[0]["running"]:
-            assert time.monotonic() < deadline, "the long call never started"
-            time.sleep(0.02)
+        stopped: dict[str, int | None] = {}
+        stopping = threading.Thread(target=lambda: stopped.update(code=proc.stop(timeout=120)))
+        with engine_paused(url):
+            long.start()
+            eventually(lambda: engines(gateway)[0]["running"], 60, "the long call running")
+            stopping.start()  # SIGTERM
+            eventually(
+                lambda: engines(gateway)[0]["draining"], 60, "the engine draining on SIGTERM"
+            )
+        stopping.join(180)
     finally:
-        code = proc.stop(timeout=60)
-    assert code == 0, proc.log_tail()
-    long.join(30)
+        if proc.running:
+            proc.stop(timeout=60)
+    assert stopped.get("code") == 0, proc.log_tail()
+    long.join(60)
     assert out["reply"].usage.completion_tokens == LONG
     log = proc.log_path.read_text()
     assert f"detached {url} from the gateway at {gateway} (1 running calls finished" in log
@@ -210,6 +213,7 @@ def test_without_the_admin_token_it_stops_before_starting_anything(
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize("case", ["wrong token", "no gateway"])
 def test_a_gateway_that_refuses_or_is_not_there_stops_the_engine_with_exit_1(
     case: str, gateway: str, gateway_model_dir: str, tmp_path: Path
@@ -222,10 +226,8 @@ def test_a_gateway_that_refuses_or_is_not_there_stops_the_engine_with_exit_1(
         said = f"cannot reach the gateway at {target} for POST /rl/engines"
     proc, url = serve_attached(gateway_model_dir, target, tmp_path / "engine.log", token)
     try:
-        line = wait_for_line(proc, "error:")
-        deadline = time.monotonic() + 60
-        while proc.running and time.monotonic() < deadline:
-            time.sleep(0.1)
+        line = first_line(proc, "error: ")
+        eventually(lambda: not proc.running, 60, "the engine to exit after its error")
     finally:
         code = proc.stop(timeout=30)
     assert code == 1, proc.log_tail()
