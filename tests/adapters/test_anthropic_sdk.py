@@ -44,8 +44,10 @@ def test_sync_agent_and_own_clients(gateway: Any, tasks: Any, monkeypatch: Any) 
         client.messages.create(model=model, max_tokens=3, messages=messages(task))
         return float(task["r"])
 
+    both = asyncio.Barrier(2)
+
     async def own_client(task: dict[str, Any], model: str) -> float:
-        await asyncio.sleep(0.01)
+        await both.wait()  # each builds its client while the other episode is open too
         async with anthropic.AsyncAnthropic(max_retries=0) as client:
             await client.messages.create(model=model, max_tokens=3, messages=messages(task))
         return float(task["r"])

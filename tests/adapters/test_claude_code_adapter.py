@@ -1,11 +1,12 @@
-"""The Claude Code adapter: the real CLI (``make setup`` installs it into ``.cache/npm``) driven by a
-rollout worker against a real gateway and nano engine on 127.0.0.1, (the adapters' conftest), plus a stand-in executable
-that records the environment and arguments the adapter gives the CLI.
+"""The Claude Code adapter: the real CLI (``make setup`` installs it into ``.cache/npm``) driven
+by a rollout worker against a real gateway and nano engine on 127.0.0.1 (the adapters' conftest),
+plus a stand-in executable that records the environment and arguments the adapter gives the CLI.
 
 The nano policy cannot handle Claude Code's default ~35k-token prompt, so the real runs use the
 adapter's defaults (``--bare``, no tools) and a 16-token output cap: the untrained policy never
 ends its turn, and Claude Code gives up after a few resumptions, which is still a finished
-episode whose calls the gateway records.
+episode whose calls the gateway records. The tests that run the real CLI are in the serial
+tier.
 """
 
 from __future__ import annotations
@@ -13,9 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,9 +32,9 @@ from areal.adapters.claude_code import (
 )
 from areal.core.episode import Episode
 from areal.run.rollout import RolloutWorker
+from support import eventually
+from support.cli import CLAUDE_CODE
 
-REPO = Path(__file__).resolve().parents[2]
-CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"
 POLICY = "areal-nano"  # the conftest gateway's policy
 SECRET = "sk-areal-session-key-do-not-leak"
 FAST: dict[str, Any] = {"max_output_tokens": 16, "timeout_s": 120.0}
@@ -43,11 +42,7 @@ FAST: dict[str, Any] = {"max_output_tokens": 16, "timeout_s": 120.0}
 
 @pytest.fixture(scope="module")
 def claude() -> str:
-    if CLAUDE.is_file() and os.access(CLAUDE, os.X_OK):
-        return str(CLAUDE)
-    if shutil.which("npm") is None:
-        pytest.skip("npm is not installed, so the Claude Code CLI cannot be installed")
-    pytest.skip(f"the Claude Code CLI is not installed at {CLAUDE}: run make setup")
+    return CLAUDE_CODE()
 
 
 def episode(task: dict[str, Any], **fields: Any) -> Episode:
@@ -78,6 +73,7 @@ def stand_in(tmp_path: Path, body: str) -> str:
     return str(path)
 
 
+@pytest.mark.serial
 def test_episodes_run_through_the_gateway_and_are_recorded(claude: str, gateway: Any) -> None:
     adapter = ClaudeCodeAdapter(
         binary=claude, reward_command="test -f notes.txt && ! test -e absent.txt", **FAST
@@ -101,6 +97,7 @@ def test_episodes_run_through_the_gateway_and_are_recorded(claude: str, gateway:
         assert lines and all(" status=200 " in x for x in lines if "/v1/messages" in x)
 
 
+@pytest.mark.serial
 def test_the_final_text_is_returned_for_the_workers_reward(
     claude: str, gateway: Any, tmp_path: Path
 ) -> None:
@@ -192,6 +189,7 @@ def test_a_non_zero_exit_names_the_code_and_hides_the_key(tmp_path: Path) -> Non
     assert SECRET not in str(caught.value)
 
 
+@pytest.mark.serial
 def test_failures_become_failed_episodes_with_clear_errors(
     claude: str, gateway: Any, tmp_path: Path
 ) -> None:
@@ -220,8 +218,7 @@ def test_failures_become_failed_episodes_with_clear_errors(
     assert "no-such-flag" in str(errors["bad flag"])  # the tail of stderr says what was wrong
     assert isinstance(errors["timeout"], ClaudeCodeTimeout)
     assert "process group was killed" in str(errors["timeout"])
-    time.sleep(0.2)
-    assert not [pid for pid in _pids_with(marker)], "the timed-out CLI is still running"
+    eventually(lambda: not list(_pids_with(marker)), 60, "the timed-out CLI's processes gone")
 
 
 def _pids_with(text: str) -> Iterator[int]:

@@ -1,7 +1,8 @@
 """The runnable examples under ``examples/``: each config validates and names an agent that loads;
 each in-process agent and Claude Code run one probed episode through the real gateway and nano
 engine; the bug-fix tasks are solvable (their test passes once the bug is fixed, fails before);
-and one example trains end to end with ``areal train`` under a non-default framework."""
+and one example trains end to end with ``areal train`` under a non-default framework (that run
+and Claude Code's are in the serial tier)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,11 @@ from areal.core.rewards import build_reward
 from areal.core.run_config import load_run_config
 from areal.run.probe import probe
 from areal.run.rollout_worker import WorkerSpec, resolve_agent
+from support.cli import CLAUDE_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 NAMES = ["openai_math", "langchain_tools", "claude_code_fix", "openclaw_task"]
-CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"
 
 
 @pytest.fixture(autouse=True)
@@ -77,10 +78,13 @@ def test_the_bug_fix_tasks_are_solvable(name: str, tmp_path: Path) -> None:
         assert subprocess.run(run, cwd=work, capture_output=True).returncode == 0
 
 
-@pytest.mark.parametrize("name", ["openai_math", "langchain_tools", "claude_code_fix"])
+@pytest.mark.parametrize(
+    "name",
+    ["openai_math", "langchain_tools", pytest.param("claude_code_fix", marks=pytest.mark.serial)],
+)
 def test_each_example_agent_runs_one_probed_episode(name: str, gateway: Any) -> None:
-    if name == "claude_code_fix" and not CLAUDE.is_file():
-        pytest.skip("the Claude Code CLI is not installed under .cache/npm: run make setup")
+    if name == "claude_code_fix":
+        CLAUDE_CODE()  # the example runs the CLI that `make setup` installs
     config, agent = agent_of(name)
     reward = config.agent.reward_source
     report = asyncio.run(
@@ -100,6 +104,7 @@ def test_each_example_agent_runs_one_probed_episode(name: str, gateway: Any) -> 
     assert report.reward == 0.0
 
 
+@pytest.mark.serial
 def test_an_example_trains_with_areal_train(tmp_path: Path) -> None:
     """The LangChain example, two steps on the nano model, as a user would start it."""
     areal = Path(sys.executable).parent / "areal"

@@ -69,14 +69,21 @@ def test_own_clients_from_env_see_their_own_episode(gateway: Any, tasks: Any) ->
     """Four concurrent episodes build clients from OPENAI_* (two of them in threads): each sees its
     own key, so every session records exactly its own call."""
     before = os.environ.get("OPENAI_API_KEY")
+    built = {i: asyncio.Event() for i in range(4)}
 
     async def agent(task: dict[str, Any], episode: Any) -> float:
-        await asyncio.sleep(0.05 * (3 - int(task["task_id"][1])))  # interleave the episodes
+        # Interleaved: all four are open, and each builds its client (t3 first) while the calls
+        # of those built before are still on their way.
+        i = int(task["task_id"][1])
+        if i < 3:
+            await built[i + 1].wait()
         if task["r"] >= 0.5:
             client = await asyncio.to_thread(openai.OpenAI, max_retries=0)
+            built[i].set()
             await asyncio.to_thread(ask, client, episode.model, task)
         else:
             client = openai.AsyncOpenAI(max_retries=0)
+            built[i].set()
             await ask(client, episode.model, task)
         assert client.api_key == episode.api_key == os.getenv("OPENAI_API_KEY")
         assert str(client.base_url).rstrip("/") == episode.base_url

@@ -5,7 +5,8 @@ In-process SDK agents (openai, anthropic, langchain) are watched with Python's a
 (``socket.connect`` and ``socket.getaddrinfo`` events, raised by CPython itself for every socket
 any library opens); the CLI harnesses (Claude Code, OpenClaw) run under ``strace -f -e
 trace=connect``, which sees every connect(2) of the CLI and its children, DNS lookups included.
-A lookup of a public name or a connection to a non-loopback address fails the test.
+A lookup of a public name or a connection to a non-loopback address fails the test. The CLI
+runs are in the serial tier.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import re
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,10 +26,8 @@ from areal.adapters.claude_code import ClaudeCodeAdapter
 from areal.adapters.openclaw import OpenClawAdapter, find_node_dir
 from areal.core.episode import session_fields
 from areal.run.rollout import RolloutWorker
+from support.cli import CLAUDE_CODE, OPENCLAW, strace
 
-REPO = Path(__file__).resolve().parents[2]
-CLAUDE = REPO / ".cache" / "npm" / "node_modules" / ".bin" / "claude"
-OPENCLAW = REPO / ".cache" / "openclaw" / "node_modules" / ".bin" / "openclaw"
 TASK = {"task_id": "local", "question": "What is 2 plus 2?", "prompt": "hi", "answer": "4"}
 
 _watching: list[list[tuple[str, Any]]] = []
@@ -124,19 +122,14 @@ CONNECT = re.compile(
 )
 
 
-def traced(binary: Path, tmp_path: Path) -> tuple[str, Path]:
+def traced(binary: str, tmp_path: Path) -> tuple[str, Path]:
     """A wrapper running ``binary`` under strace; the log of its (and its children's) connects.
     ``--seccomp-bpf`` stops the traced processes at connect(2) only, not at every system call
     (the same connects are logged; Node's start-up runs at nearly full speed)."""
-    strace = shutil.which("strace")
-    if strace is None:
-        pytest.skip("strace is not installed (apt install strace): cannot watch the CLI's sockets")
-    if not (binary.is_file()):
-        pytest.skip(f"{binary.name} is not installed under .cache: run make setup")
     log = tmp_path / "connects.log"
-    wrapper = tmp_path / f"traced-{binary.name}"
+    wrapper = tmp_path / f"traced-{Path(binary).name}"
     wrapper.write_text(
-        f"#!/bin/sh\nexec {strace} -f -qq --seccomp-bpf -e trace=connect -e signal=none "
+        f"#!/bin/sh\nexec {strace()} -f -qq --seccomp-bpf -e trace=connect -e signal=none "
         f'-o {log} {binary} "$@"\n'
     )
     wrapper.chmod(0o755)
@@ -158,8 +151,9 @@ def run_harness(gateway: Any, adapter: Any) -> Any:
     return asyncio.run(worker.run([TASK]))
 
 
+@pytest.mark.serial
 def test_claude_code_connects_only_to_loopback(gateway: Any, tmp_path: Path) -> None:
-    binary, log = traced(CLAUDE, tmp_path)
+    binary, log = traced(CLAUDE_CODE(), tmp_path)
     adapter = ClaudeCodeAdapter(binary=binary, max_output_tokens=16, timeout_s=120.0)
     stats = run_harness(gateway, adapter)
     assert stats.started == 1 and not stats.timed_out, stats.to_json()
@@ -171,17 +165,19 @@ def test_claude_code_connects_only_to_loopback(gateway: Any, tmp_path: Path) -> 
 FIXED_KEY = "openclaw-install-key-abcdef0123456789"
 
 
+@pytest.mark.serial
 def test_openclaw_with_a_fixed_key_stays_local_and_each_run_is_an_episode(
     gateway: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """OpenClaw with one key for every run (as some installs keep it): the worker opens each
     session with that key, the gateway lets one episode hold it at a time, so two tasks at
     concurrency 2 still become two trajectories; and neither run connects beyond loopback."""
-    binary, log = traced(OPENCLAW, tmp_path)
+    openclaw = OPENCLAW()
+    binary, log = traced(openclaw, tmp_path)
     monkeypatch.setenv("OPENCLAW_INSTALL_KEY", FIXED_KEY)
     adapter = OpenClawAdapter(
         binary=binary,
-        node=find_node_dir(None, str(OPENCLAW)),
+        node=find_node_dir(None, openclaw),
         fixed_key_env="OPENCLAW_INSTALL_KEY",
         reward_command="true",
         context_window=4096,
@@ -224,6 +220,6 @@ def test_both_watches_see_a_connection_that_leaves(
         "s.connect(('192.0.2.1', 53))\n"
     )
     script.chmod(0o755)
-    binary, log = traced(Path(sys.executable), tmp_path)
+    binary, log = traced(sys.executable, tmp_path)
     subprocess.run([binary, str(script)], check=True)
     assert "192.0.2.1" in inet_connects(log)

@@ -4,16 +4,9 @@ for the code's figure."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from support.cli import bench_script
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("bench_async_vs_sync", BENCH / "async_vs_sync.py")
-assert spec is not None and spec.loader is not None
-async_vs_sync = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = async_vs_sync
-spec.loader.exec_module(async_vs_sync)
+async_vs_sync = bench_script("async_vs_sync")
 
 # The probes of a real run of this benchmark (2026-12-06): async at 73 % of the bound.
 PROBES = {

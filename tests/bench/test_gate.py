@@ -1,31 +1,22 @@
 """The regression gate (``bench/check.py``): its verdicts on hand-made numbers, and one real run
-of its cheapest benchmark against a baseline written by ``--update``."""
+of its cheapest benchmark against a baseline written by ``--update`` (the serial tier: a benchmark
+runs several processes; the checks after it reuse its measurements, ``--reuse``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
+import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from support.cli import BENCH, bench_script
 
-
-def _load(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-gate = _load("gate")
-check = _load("check")
+gate = bench_script("gate")
+check = bench_script("check")
 HERE = check.host()[0]  # this machine's key in a baseline file
 
 
@@ -98,13 +89,29 @@ def _check(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
+@dataclass(frozen=True)
+class RealRun:
+    baseline: Path  # what its --update wrote
+    measured: Path  # its measurements (--json), for --reuse
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory: pytest.TempPathFactory) -> RealRun:
+    """The one real run of the queue benchmark, with ``--update`` into a fresh baseline."""
+    where = tmp_path_factory.mktemp("real-run")
+    run = RealRun(where / "first.json", where / "measured.json")
+    done = _check("--baseline", str(run.baseline), "--update", "--json", str(run.measured))
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+@pytest.mark.serial
+def test_a_real_queue_run_against_its_own_baseline(real_run: RealRun, tmp_path: Path) -> None:
     """``--update`` writes the file; a strict check against an impossible baseline exits 1 and
     names the fall; without ``--strict`` the same check exits 0 (those two reuse the real run's
     measurements: ``--reuse``)."""
-    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
-    done = _check("--baseline", str(path), "--update", "--json", str(measured))
-    assert done.returncode == 0, done.stderr
+    path, measured = tmp_path / "baseline.json", real_run.measured
+    shutil.copy(real_run.baseline, path)
     doc = json.loads(path.read_text())
     assert list(doc["hosts"]) == [HERE]
     mine = doc["hosts"][HERE]
@@ -120,13 +127,14 @@ def test_a_real_queue_run_against_its_own_baseline(tmp_path: Path) -> None:
     assert _check(*again).returncode == 0
 
 
-def test_an_update_of_some_entries_keeps_how_the_others_were_made(tmp_path: Path) -> None:
+@pytest.mark.serial
+def test_an_update_of_some_entries_keeps_how_the_others_were_made(
+    real_run: RealRun, tmp_path: Path
+) -> None:
     """``--update --only queue`` on a file with other entries for this host keeps those entries
     and appends its command to the host's, each entry it wrote names that command, and another
     host's baseline stays as it was."""
-    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
-    done = _check("--baseline", str(tmp_path / "first.json"), "--update", "--json", str(measured))
-    assert done.returncode == 0, done.stderr
+    path, measured = tmp_path / "baseline.json", real_run.measured
     other = {"value": 2.0, "band": 0.1, "samples": [2.0], "command": "an earlier run"}
     elsewhere = {"cpu": "a CPU", "command": "a run there", "ratios": {"queue_vs_raw_8k": other}}
     hosts = {HERE: {"command": "an earlier run", "ratios": {"engine_x": other}}, "x": elsewhere}
@@ -142,12 +150,11 @@ def test_an_update_of_some_entries_keeps_how_the_others_were_made(tmp_path: Path
     assert doc["hosts"]["x"] == elsewhere
 
 
+@pytest.mark.serial
 def test_a_host_without_a_baseline_is_compared_with_another_hosts_and_told(
-    tmp_path: Path,
+    real_run: RealRun, tmp_path: Path
 ) -> None:
-    path, measured = tmp_path / "baseline.json", tmp_path / "measured.json"
-    done = _check("--baseline", str(tmp_path / "first.json"), "--update", "--json", str(measured))
-    assert done.returncode == 0, done.stderr
+    path, measured = tmp_path / "baseline.json", real_run.measured
     fell = {"value": 1000.0, "band": 0.05}
     path.write_text(json.dumps({"hosts": {"z80, 1 cpus": {"ratios": {"queue_vs_raw_8k": fell}}}}))
     done = _check("--baseline", str(path), "--reuse", str(measured), "--strict")

@@ -2,22 +2,22 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import psutil
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-spec = importlib.util.spec_from_file_location("bench_tree_memory", BENCH / "tree_memory.py")
-assert spec is not None and spec.loader is not None
-tree_memory = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = tree_memory  # dataclasses look their module up there
-spec.loader.exec_module(tree_memory)
+from support import eventually
+from support.cli import bench_script
 
-CHILD = "import time; held = bytearray(64 * 2**20); held[::4096] = b'x' * len(held[::4096]); time.sleep(30)"
+tree_memory = bench_script("tree_memory")
+
+MIB = 2**20
+# The child touches every page of its 64 MiB, then lives until it is killed.
+CHILD = (
+    "import signal; held = bytearray(64 * 2**20); held[::4096] = b'x' * len(held[::4096]); "
+    "signal.pause()"
+)
 PARENT = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {CHILD!r}])"
 
 
@@ -28,16 +28,16 @@ def label(proc: psutil.Process, is_root: bool) -> str:
 def test_the_child_s_peak_is_seen_and_summed() -> None:
     parent = subprocess.Popen([sys.executable, "-c", PARENT])
     sampler = tree_memory.TreeSampler(parent.pid, label, interval=0.1)
+
+    def both_peaks() -> bool:
+        """Both peaks show the whole array: the kernel's high-water mark (RSS) can pass 64 MiB
+        while the sampled PSS still trails the child's last pages."""
+        sampler.sample()
+        child = [p for p in sampler.processes.values() if p.label == "child"]
+        return bool(child) and child[0].peak_rss > 64 * MIB and child[0].peak_pss > 60 * MIB
+
     try:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            sampler.sample()
-            child = [p for p in sampler.processes.values() if p.label == "child"]
-            # Until both peaks show the whole array: the kernel's high-water mark (RSS) can
-            # pass 64 MiB while the sampled PSS still trails the child's last pages.
-            if child and child[0].peak_rss > 64 * 2**20 and child[0].peak_pss > 60 * 2**20:
-                break
-            time.sleep(0.1)
+        eventually(both_peaks, 60, "the child's 64 MiB in its sampled peaks")
     finally:
         for proc in psutil.Process(parent.pid).children(recursive=True):
             proc.kill()

@@ -17,6 +17,7 @@ from areal import __version__, hookimpl
 from areal.cli.errors import CLIError
 from areal.cli.main import main, make_app, report_error
 from areal.core.plugins import DEFAULT_PLUGINS, PluginError, make_plugin_manager
+from support.cli import areal_script
 
 runner = CliRunner()
 
@@ -39,9 +40,7 @@ def test_python_dash_m_areal_help() -> None:
 
 
 def test_console_script_version() -> None:
-    script = Path(sys.executable).parent / "areal"
-    if not script.exists():
-        pytest.skip("the areal console script is not installed in this environment")
+    script = areal_script()
     plain = subprocess.run(
         [str(script), "version"], capture_output=True, text=True, env=_env(), timeout=60
     )
@@ -229,7 +228,6 @@ def test_two_plugins_adding_one_command_name_both() -> None:
 def test_model_init_tiny_writes_a_checkpoint(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("torch")
     out = tmp_path / "nano"
     assert main(["model", "init-tiny", str(out), "--size", "nano", "--seed", "1", "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)

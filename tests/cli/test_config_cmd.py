@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -29,17 +30,10 @@ SEED_ERRORS = [
     "train.parallelism: dp 4 × tp 2 × pp 1 × cp 1 = 8 ranks but async.train_workers is 4: set "
     "async.train_workers=8 or make the product 4",
 ]
-# The --sets of the seed file's header comment: areal's embedded defaults, one rank, one engine.
-CPU_SETS = [
-    "model.path=runs/quickstart/model",
-    "model.init_tiny=tiny",
-    "dataset.name=calculator",
-    "train.parallelism.dp=1",
-    "train.parallelism.tp=1",
-    "async.train_workers=1",
-    "inference.backend=embedded",
-    "inference.engines=1",
-]
+# The --sets of the seed file's header comment: areal's embedded defaults, one rank, one engine
+# (tests/core/test_run_config.py checks the header says just these).
+HEADER = [line for line in (ROOT / SEED).read_text().splitlines() if line.startswith("#")]
+CPU_SETS = re.findall(r"--set (\S+)", "\n".join(HEADER))
 QUICKSTART_WARNING = (
     "model.path: runs/quickstart/model does not exist; create a tiny model there with "
     "`areal model init-tiny runs/quickstart/model` or point it at a checkpoint"

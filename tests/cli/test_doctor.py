@@ -21,8 +21,6 @@ from areal.cli.doctor_async import async_checks
 from areal.cli.main import main
 from areal.tools.template_check import CONVERSATION
 
-pytest.importorskip("transformers")
-
 # Strips the reasoning of assistant turns that are not the last message (as Qwen3's does).
 STRIP_REASONING = (
     "{%- if not loop.last and '</think>' in content -%}"
@@ -53,9 +51,9 @@ def _check(report: dict[str, Any], name: str) -> dict[str, Any]:
 def held_port() -> Iterator[tuple[int, int]]:
     """A port held by another process: ``(port, pid)``."""
     script = (
-        "import socket, sys, time\n"
+        "import signal, socket\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
-        "print(s.getsockname()[1], flush=True); time.sleep(120)\n"
+        "print(s.getsockname()[1], flush=True); signal.pause()\n"
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:

@@ -13,8 +13,6 @@ import pytest
 
 from areal.cli.main import main
 
-pytest.importorskip("torch")
-
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
     code = main(list(args))

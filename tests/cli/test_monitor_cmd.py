@@ -1,7 +1,11 @@
 """``areal monitor`` end to end: a real publisher (the ``events`` sink) in the test replays a
 recorded run over ZeroMQ, and the command subscribes (``--once``, or following the run until its
 ``end`` event); a finished run's directory is replayed from its metrics.jsonl; ``areal train``
-draws the monitor only on a terminal and keeps its plain log lines otherwise."""
+draws the monitor only on a terminal and keeps its plain log lines otherwise.
+
+A live run is played in step with the monitor: what comes after its subscription is published once
+the publisher has sent the replay to it (``EventPublisher.sent``), never after a pause.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -22,31 +27,47 @@ from areal.cli.main import make_app
 from areal.cli.monitor.source import read_records
 from areal.plugins.metrics.events_pub import EventPublisher
 from areal.plugins.metrics.jsonl import RESERVED
+from support import eventually
 
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 RECORDED = SNAPSHOTS / "quickstart_events.jsonl"
 FINISHED = (SNAPSHOTS / "monitor_finished.txt").read_text(encoding="utf-8")
 
 runner = CliRunner()
+CEILING_S = 120  # --exit-after: a monitor that missed the end stops here, and the test fails
 
 
-def publish_recorded(pub_dir: Path | None, *, pause: float = 0.0) -> EventPublisher:
-    """A publisher replaying the recorded run with its recorded times (``pause`` s apart)."""
+def play(pub: EventPublisher, records: list[dict[str, Any]]) -> None:
+    for r in records:
+        pub.write(r["event"], r["step"], {k: v for k, v in r.items() if k not in RESERVED})
+
+
+def publish_recorded(pub_dir: Path | None) -> EventPublisher:
+    """A publisher that has played the recorded run, with its recorded times."""
     records = read_records(RECORDED)
     times = iter(float(r["time"]) for r in records)
     pub = EventPublisher(pub_dir, clock=lambda: next(times))
-
-    def play() -> None:
-        for r in records:
-            values = {k: v for k, v in r.items() if k not in RESERVED}
-            pub.write(r["event"], r["step"], values)
-            time.sleep(pause)
-
-    if pause:
-        threading.Thread(target=play, daemon=True).start()
-    else:
-        play()
+    play(pub, records)
     return pub
+
+
+def subscribed(pub: EventPublisher, before: int) -> None:
+    """Returns once the ``before`` events sent before the monitor subscribed have gone out
+    again, as the replay of its subscription: the monitor is watching."""
+    eventually(lambda: pub.sent >= before, 60, f"the {before} events sent with no subscriber")
+    eventually(lambda: pub.sent >= 2 * before, 60, "the monitor's subscription and replay")
+
+
+def when_subscribed(pub: EventPublisher, before: int, then: Any) -> threading.Thread:
+    """``then()`` on a thread, once the monitor is watching (:func:`subscribed`)."""
+
+    def run() -> None:
+        subscribed(pub, before)
+        then()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread
 
 
 def test_once_over_pub_sub_shows_what_the_file_replay_shows(tmp_path: Path) -> None:
@@ -60,36 +81,45 @@ def test_once_over_pub_sub_shows_what_the_file_replay_shows(tmp_path: Path) -> N
 
 
 def test_following_a_url_until_the_run_ends(tmp_path: Path) -> None:
-    pub = publish_recorded(None, pause=0.01)
+    """Half the run before the monitor comes, the rest while it watches, up to the end event."""
+    records = read_records(RECORDED)
+    half = len(records) // 2
+    times = iter(float(r["time"]) for r in records)
+    pub = EventPublisher(None, clock=lambda: next(times))
+    play(pub, records[:half])
+    rest = when_subscribed(pub, half, lambda: play(pub, records[half:]))
     started = time.monotonic()
     try:
-        args = ["monitor", pub.address, "--exit-after", "20", "--width", "100"]
+        args = ["monitor", pub.address, "--exit-after", str(CEILING_S), "--width", "100"]
         result = runner.invoke(make_app(), args)
     finally:
+        rest.join(60)
         pub.close()
     assert result.exit_code == 0, result.output
-    assert time.monotonic() - started < 15  # it stopped at the run's end event
+    assert time.monotonic() - started < CEILING_S  # it stopped at the run's end event
     assert result.stdout.rstrip("\n") == FINISHED.rstrip("\n")
 
 
 def test_a_run_killed_before_its_end_event_stops_the_watch(tmp_path: Path) -> None:
     records = [r for r in read_records(RECORDED) if r["event"] != "end"]
     pub = EventPublisher(None)
-    for r in records[:20]:
-        pub.write(r["event"], r["step"], {k: v for k, v in r.items() if k not in RESERVED})
-    run = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    play(pub, records[:20])
+    run = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     info = {"address": pub.address, "pid": run.pid, "run": pub.run_id}
     (tmp_path / "events.json").write_text(json.dumps(info))
-    threading.Timer(1.0, lambda: (run.kill(), run.wait())).start()  # killed, reaped: gone
+    # Killed and reaped (gone) while the monitor watches.
+    killer = when_subscribed(pub, 20, lambda: (run.kill(), run.wait()))
     started = time.monotonic()
     try:
-        result = runner.invoke(make_app(), ["monitor", str(tmp_path), "--width", "100"])
+        args = ["monitor", str(tmp_path), "--width", "100", "--exit-after", str(CEILING_S)]
+        result = runner.invoke(make_app(), args)
     finally:
+        killer.join(60)
         run.kill()
         run.wait()
         pub.close()
     assert result.exit_code == 0, result.output
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < CEILING_S  # it stopped when the run's process was gone
     assert "running" in result.stdout.splitlines()[0]  # no end event came: it never finished
 
 
@@ -150,11 +180,8 @@ def test_train_shows_the_monitor_only_on_a_terminal(
     def run(config: object, out: Path, *, resume: bool = False, torchrun: object = ()) -> int:
         logging.getLogger("areal.train").info("run started")
         pubs.append(publish_recorded(log_dir))
-        # The run goes on until the monitor has subscribed: every event was sent once with nobody
-        # listening, then once more as the replay to the monitor's subscription.
-        deadline, replayed = time.monotonic() + (60 if terminal else 0), 2 * len(records)
-        while pubs[-1].sent < replayed and time.monotonic() < deadline:
-            time.sleep(0.05)
+        if terminal:  # the run goes on until the monitor has subscribed and had its replay
+            subscribed(pubs[-1], len(records))
         pubs[-1].close()
         return 0
 

@@ -26,8 +26,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "areal-example-reward"
 OFFLINE = ["--no-deps", "--no-build-isolation", "-q"]
 
-pytest.importorskip("setuptools", reason="building the example needs setuptools")
-pytest.importorskip("pip", reason="areal plug install needs pip")
+SETUP = "the venv `make setup` builds (python -m venv) has it"
+pytest.importorskip("setuptools", reason=f"building the example needs setuptools: {SETUP}")
+pytest.importorskip("pip", reason=f"areal plug install needs pip: {SETUP}")
 
 
 @dataclass

@@ -17,6 +17,7 @@ REPO = Path(__file__).parents[2]
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_quickstart_trains_two_steps_with_sapo(tmp_path: Path) -> None:
     env = dict(os.environ)
     # The subprocesses run the areal under test, wherever it is imported from.

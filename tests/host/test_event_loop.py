@@ -62,7 +62,6 @@ def test_run_returns_what_the_coroutine_returns_on_the_chosen_loop(
     monkeypatch.delenv(event_loop.ENV, raising=False)
 
     async def which() -> str:
-        await asyncio.sleep(0)
         return loop_name(asyncio.get_running_loop())
 
     assert event_loop.run(which()) == "uvloop"

@@ -44,7 +44,10 @@ def _has_mallinfo2() -> bool:
     )
 
 
-@pytest.mark.skipif(not _has_mallinfo2(), reason="needs glibc >= 2.33 (mallinfo2)")
+@pytest.mark.skipif(
+    not _has_mallinfo2(),
+    reason="needs glibc >= 2.33 (mallinfo2): the system's C library, not one `make setup` installs",
+)
 def test_large_tensors_come_from_the_heap_after_keep_freed_memory() -> None:
     out = subprocess.run(
         [sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=120, check=True

@@ -6,6 +6,10 @@ no flush. The points sit between the steps of rare, slow operations (a checkpoin
 at most once per episode (the gateway's hand-over of a trajectory), never in a per-token or
 per-sample path; unset, each costs one environment look-up.
 
+``AREAL_TEST_STOP_AT=weight_sync.to_engines`` makes every :func:`crash_point` of that name stop
+its own process (SIGSTOP) until another sends SIGCONT: a test holds the process exactly there,
+acts (stops an engine the next calls go to), and lets it go on, with nothing left to timing.
+
 :func:`trace` records the points an operation passes, so a test can check that the phases it
 kills at are all the phases there are.
 """
@@ -17,20 +21,23 @@ import os
 import signal
 from collections.abc import Iterator
 
-__all__ = ["CRASH_ENV", "crash_point", "trace"]
+__all__ = ["CRASH_ENV", "STOP_ENV", "crash_point", "trace"]
 
 CRASH_ENV = "AREAL_TEST_CRASH_AT"
+STOP_ENV = "AREAL_TEST_STOP_AT"
 
 _traces: list[list[str]] = []
 
 
 def crash_point(name: str) -> None:
-    """Die here (SIGKILL) when :data:`CRASH_ENV` names this point; otherwise note it for
-    :func:`trace` and go on."""
+    """Die here (SIGKILL) when :data:`CRASH_ENV` names this point, stop here (SIGSTOP, until a
+    SIGCONT) when :data:`STOP_ENV` does; note it for :func:`trace` and go on."""
     for reached in _traces:
         reached.append(name)
     if os.environ.get(CRASH_ENV) == name:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STOP_ENV) == name:
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 @contextlib.contextmanager

@@ -70,7 +70,9 @@ class ServerThread:
             self._thread.join(timeout)
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()  # asyncio: uvloop made the reaper tests flaky here
+        # asyncio's own loop for a server on a thread beside other work; a server with a process
+        # of its own (the gateway) runs uvloop there (areal.host.event_loop).
+        loop = asyncio.new_event_loop()
         self._loop = loop
         asyncio.set_event_loop(loop)
         runner = web.AppRunner(

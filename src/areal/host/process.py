@@ -20,7 +20,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -30,11 +29,16 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any
 
+from areal.host.clock import SYSTEM_CLOCK, Clock
 from areal.host.parent_death import guarded
 
 LOG_TAIL_LINES = 40
-# How long to wait for a SIGKILLed process to be gone: it cannot refuse, but on a loaded machine
-# the kernel took over 5 s to tear down an engine (a full test run, 2026-12-04).
+# How long a stop waits for a SIGKILLed process to be reaped. The process cannot refuse, so the
+# wait only bounds the kernel's teardown: unmapping an engine's tens of GB and closing its GPU
+# context take seconds, more on a busy machine. The caller needs the process gone (its port,
+# memory and GPU free) when stop() returns, so the bound is generous; running out means the
+# process is stuck in the kernel (uninterruptible sleep), which no longer wait would fix, and
+# the error says so instead of the run hanging.
 KILLED_EXIT_S = 30.0
 
 # How a server that could not bind says so: strerror(EADDRINUSE), in Python's, uvicorn's and
@@ -42,6 +46,7 @@ KILLED_EXIT_S = 30.0
 _ADDRESS_IN_USE = os.strerror(errno.EADDRINUSE).lower()
 
 PORT_TRIES = 3  # ports a server's first start tries when another process takes the one picked
+STOP_POLL_S = 0.05  # how often stop() looks whether the group has exited
 
 _live: weakref.WeakSet[ServerProcess] = weakref.WeakSet()
 
@@ -105,7 +110,8 @@ class ServerProcess:
     server is killed when this process dies, by any signal (:mod:`areal.host.parent_death`).
     ``serves_here``: the command itself listens, on this machine (False for a launcher's wrapper
     that runs the server elsewhere), so a health check can tell its answers from another
-    process's on the same port (:mod:`areal.host.ports`).
+    process's on the same port (:mod:`areal.host.ports`). ``clock``: what the waits (health,
+    a printed line, the grace of :meth:`stop`) read and sleep on (:mod:`areal.host.clock`).
     """
 
     def __init__(
@@ -119,6 +125,7 @@ class ServerProcess:
         die_with_parent: bool = True,
         stop_signal: signal.Signals = signal.SIGTERM,
         serves_here: bool = True,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
         if not command:
             raise ValueError("ServerProcess needs a non-empty command")
@@ -132,6 +139,7 @@ class ServerProcess:
             stop_signal  # what asks it to stop (a launcher's wrapper may want SIGINT)
         )
         self.serves_here = serves_here
+        self.clock = clock
         self.url: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -175,14 +183,15 @@ class ServerProcess:
         proc = self._proc
         if proc is None:
             return None
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         try:
             self._signal_group(self.stop_signal)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=timeout)
-            # Forked workers may outlive the leader: give them the rest of the time, then SIGKILL.
-            while self._group_alive() and time.monotonic() < deadline:
-                time.sleep(0.05)
+            # The leader and the workers it forked (which may outlive it) share the ``timeout``;
+            # whatever of the group is left then is SIGKILLed.
+            while self.clock.monotonic() < deadline and (
+                proc.poll() is None or self._group_alive()
+            ):
+                self.clock.sleep(STOP_POLL_S)
             self._signal_group(signal.SIGKILL)
             if proc.poll() is None:  # it dies; tearing down a big address space may take a while
                 proc.wait(timeout=KILLED_EXIT_S)
@@ -266,7 +275,7 @@ class ServerProcess:
         self.url = base
         health_url = base + "/health"
         port = urllib.parse.urlsplit(base).port
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         last = "no answer yet"
         while True:
             code = self._proc.poll()
@@ -285,11 +294,11 @@ class ServerProcess:
                     return
                 status = f"another process answers on port {port}"
             last = status
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 raise TimeoutError(
                     self._failure(f"was not healthy at {health_url} after {timeout:g}s ({last})")
                 )
-            time.sleep(interval)
+            self.clock.sleep(interval)
 
     def wait_for_line(self, prefix: str, timeout: float, interval: float = 0.1) -> str:
         """The rest of the first line of this start's output that begins with ``prefix`` (a
@@ -297,7 +306,7 @@ class ServerProcess:
         if self._proc is None:
             raise RuntimeError(f"{self.name} was not started")
         wanted = prefix.encode()
-        deadline = time.monotonic() + timeout
+        deadline = self.clock.monotonic() + timeout
         while True:
             code = self._proc.poll()
             with open(self.log_path, "rb") as fh:
@@ -309,9 +318,9 @@ class ServerProcess:
                 raise ServerExitedError(
                     self._failure(f"exited with code {code} before it printed {prefix!r}")
                 )
-            if time.monotonic() >= deadline:
+            if self.clock.monotonic() >= deadline:
                 raise TimeoutError(self._failure(f"printed no {prefix!r} in {timeout:g}s"))
-            time.sleep(interval)
+            self.clock.sleep(interval)
 
     def output(self) -> str:
         """What this start has logged so far (the log also holds earlier starts': a restart, or
@@ -391,13 +400,16 @@ def _stop_leftovers() -> None:
 
 
 def wait_passing_on_stops(
-    *procs: subprocess.Popen[bytes], grace: float = 60.0, interval: float = 0.2
+    *procs: subprocess.Popen[bytes],
+    grace: float = 60.0,
+    interval: float = 0.2,
+    clock: Clock = SYSTEM_CLOCK,
 ) -> tuple[int, bool]:
     """Wait for ``procs``, the trainer's processes started by this one (one per node); a SIGINT
     or SIGTERM meanwhile is passed on to each as SIGINT, the trainer's graceful stop. One that
     fails stops the others the same way (SIGKILL after ``grace`` seconds): a trainer node alone
     would wait for its peers until the collectives time out. Returns the first failure's exit
-    code (else 0) and whether a stop was passed on."""
+    code (else 0) and whether a stop was passed on. ``clock`` times the grace and the polls."""
     signalled: list[int] = []
 
     def stop_all(signum: int) -> None:
@@ -422,11 +434,11 @@ def wait_passing_on_stops(
             if all(code is not None for code in codes):
                 break
             if failed is not None and stopping_since is None:
-                stopping_since = time.monotonic()
+                stopping_since = clock.monotonic()
                 stop_all(signal.SIGINT)
-            elif stopping_since is not None and time.monotonic() - stopping_since > grace:
+            elif stopping_since is not None and clock.monotonic() - stopping_since > grace:
                 stop_all(signal.SIGKILL)
-            time.sleep(interval)
+            clock.sleep(interval)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
