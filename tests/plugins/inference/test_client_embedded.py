@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from pathlib import Path
@@ -21,6 +20,8 @@ from areal.core.inference_records import (
     StreamOutput,
 )
 from areal.plugins.inference.sglang_client import InferenceClient
+from support import eventually_async
+from support.engines import DECODE_S, queued, wait_decoding_async
 
 PROMPT = [11, 402, 77, 1500, 9, 333]
 GREEDY = SamplingParams(max_new_tokens=12, temperature=0.0, ignore_eos=True)
@@ -34,20 +35,6 @@ def run(url: str, scenario: Callable[[InferenceClient], Awaitable[Any]]) -> Any:
             return await asyncio.wait_for(scenario(client), timeout=60)
 
     return asyncio.run(main())
-
-
-async def wait_running(client: InferenceClient, n: int = 1) -> None:
-    """Until ``n`` sequences run and each has had a few decode steps since they all started."""
-    deadline = time.monotonic() + 20
-    start: int | None = None
-    while True:
-        info = await client.server_info()
-        if start is None and info["running"] >= n:
-            start = info["tokens_generated"]
-        if start is not None and info["tokens_generated"] >= start + 4 * n:
-            return
-        assert time.monotonic() < deadline, f"never saw {n} running: {info}"
-        await asyncio.sleep(0.01)
 
 
 def teacher_forced_greedy(model: Any, prompt: list[int], output: list[int]) -> torch.Tensor:
@@ -189,7 +176,7 @@ def test_pause_abort_returns_partial_output_and_continue_resumes(start_server: A
         running = asyncio.create_task(
             client.generate(input_ids=[5, 6], sampling_params=LONG, rid="long")
         )
-        await wait_running(client)
+        await wait_decoding_async(client.server_info)
         assert (await client.pause_generation("abort"))["status"] == "ok"
         out = await running
         assert out.aborted and out.rid == "long"
@@ -197,13 +184,18 @@ def test_pause_abort_returns_partial_output_and_continue_resumes(start_server: A
         assert len(out.output_logprobs) == len(out.output_ids)
         assert out.token_versions() == ["0"] * len(out.output_ids)
 
-        queued = asyncio.create_task(
+        waiting = asyncio.create_task(
             client.generate(input_ids=[7], sampling_params={"max_new_tokens": 3})
         )
-        await asyncio.sleep(0.5)
-        assert not queued.done(), "a request was served while paused"
+
+        async def held() -> bool:
+            return queued(await client.server_info())
+
+        await eventually_async(held, DECODE_S, "the request queued at the paused engine")
+        # a later turn of the engine's loop still holds it
+        assert await held() and not waiting.done(), "a request was served while paused"
         assert (await client.continue_generation())["status"] == "ok"
-        done = await queued
+        done = await waiting
         assert done.completion_tokens == 3 and not done.aborted
 
     with start_server() as srv:
@@ -215,7 +207,7 @@ def test_abort_request_by_rid_then_all_and_flush_cache(server: Any) -> None:
         assert await client.flush_cache() is True  # idle
         a = asyncio.create_task(client.generate(input_ids=[5], sampling_params=LONG, rid="a"))
         b = asyncio.create_task(client.generate(input_ids=[6], sampling_params=LONG, rid="b"))
-        await wait_running(client, 2)
+        await wait_decoding_async(client.server_info, 2)
         await client.abort_request("a")
         out_a = await a
         assert out_a.aborted and out_a.rid == "a" and 0 < len(out_a.output_ids) < 4000

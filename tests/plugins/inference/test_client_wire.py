@@ -47,11 +47,20 @@ class StandIn:
     old_sglang: bool = False  # True: no meta_info.weight_versions, as SGLang before spans
     versions_by_chunk: list[str] = field(default_factory=list)  # weight_version of stream chunk i
     fail_next: tuple[int, str, str] | None = None  # (status, body, media type) for the next call
-    token_delay: float = 0.0  # seconds before each stream chunk
+    token_delay: float = 0.0  # seconds before each stream chunk (the wall-clock timeout test)
+    # Set: a stream's next chunk leaves only once the test released it (one release per chunk
+    # after the first), so the client reads each chunk before the next exists.
+    lockstep: threading.Semaphore | None = None
     one_write: bool = False  # True: a stream's chunks leave in one write (a reader fell behind)
-    answer_delay: float = 0.0  # seconds before /generate answers at all
+    # Cleared: /generate holds its answer until the test sets it again (a server that stalls).
+    answering: threading.Event = field(default_factory=lambda: _set(threading.Event()))
     abort_event: threading.Event = field(default_factory=threading.Event)
     log: list[tuple[str, Any]] = field(default_factory=list)
+
+
+def _set(event: threading.Event) -> threading.Event:
+    event.set()
+    return event
 
 
 def _token_text(token: int) -> str:
@@ -131,7 +140,8 @@ def build_app(state: StandIn) -> web.Application:
     async def generate(request: Request) -> StreamResponse:
         body = await request.json()
         state.log.append(("generate", body))
-        await asyncio.sleep(state.answer_delay)
+        if not state.answering.is_set():
+            await asyncio.to_thread(state.answering.wait)
         if body.get("input_ids") == []:
             error = {
                 "message": "The input_ids is empty.",
@@ -175,7 +185,10 @@ def build_app(state: StandIn) -> web.Application:
             yield b"data: [DONE]\n\n"
             return
         for i in range(1, len(ids) + 1):
-            await asyncio.sleep(state.token_delay)
+            if state.lockstep is not None and i > 1:
+                await asyncio.to_thread(state.lockstep.acquire)
+            if state.token_delay:
+                await asyncio.sleep(state.token_delay)
             done = i == len(ids)
             end_reason: Any = finish if done else None
             if state.abort_event.is_set():
@@ -283,9 +296,10 @@ def standin(server: tuple[StandIn, str]) -> tuple[StandIn, str]:
     state, url = server
     fresh = StandIn()
     for name in fresh.__dataclass_fields__:
-        if name != "abort_event":
+        if name not in ("abort_event", "answering"):
             setattr(state, name, getattr(fresh, name))
     state.abort_event.clear()
+    state.answering.set()
     return state, url
 
 
@@ -508,9 +522,17 @@ def test_a_coalesced_stream_read_as_it_comes_yields_every_chunk(
     standin: tuple[StandIn, str],
 ) -> None:
     state, url = standin
-    state.chunking, state.token_delay = "incremental", 0.05
+    state.chunking, state.lockstep = "incremental", threading.Semaphore(0)
     kwargs: dict[str, Any] = {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 4}}
-    chunks = run(url, lambda c: collect(c, **kwargs, coalesce=True))
+
+    async def read_as_it_comes(client: InferenceClient) -> list[GenerateOutput]:
+        chunks = []
+        async for chunk in client.generate_stream(**kwargs, coalesce=True):
+            chunks.append(_snapshot(chunk))
+            state.lockstep.release()  # type: ignore[union-attr]  # only now the next one
+        return chunks
+
+    chunks = run(url, read_as_it_comes)
     assert [c.delta_output_ids for c in chunks] == [[100], [101], [102], [103]]
     assert [c.delta_text for c in chunks] == ["<100>", "<101>", "<102>", "<103>"]
 
@@ -529,7 +551,7 @@ def test_stream_auto_survives_repeated_tokens_with_counts() -> None:
 
 def test_pause_abort_ends_a_running_stream(standin: tuple[StandIn, str]) -> None:
     state, url = standin
-    state.token_delay = 0.02
+    state.lockstep = threading.Semaphore(0)
 
     async def scenario(client: InferenceClient) -> tuple[list[GenerateOutput], dict[str, Any]]:
         chunks: list[GenerateOutput] = []
@@ -539,6 +561,7 @@ def test_pause_abort_ends_a_running_stream(standin: tuple[StandIn, str]) -> None
             chunks.append(chunk)
             if len(chunks) == 3:
                 answer = await client.pause_generation("abort")
+            state.lockstep.release()  # type: ignore[union-attr]
         await client.continue_generation()
         return chunks, answer
 
@@ -672,18 +695,22 @@ def test_unreachable_server_raises_inference_error_without_status() -> None:
 
 def test_a_slow_answer_times_out_without_status(standin: tuple[StandIn, str]) -> None:
     state, url = standin
-    state.answer_delay = 1.0
-    for scenario in (
-        lambda c: c.generate(input_ids=[1], sampling_params={}),
-        lambda c: collect(c, input_ids=[1], sampling_params={}),
-    ):
-        with pytest.raises(InferenceError, match="Timeout") as info:
-            run(url, scenario, timeout=0.2)
-        assert info.value.status_code is None and info.value.url == f"{url}/generate"
+    state.answering.clear()  # the stand-in holds its answers until the end of the test
+    try:
+        for scenario in (
+            lambda c: c.generate(input_ids=[1], sampling_params={}),
+            lambda c: collect(c, input_ids=[1], sampling_params={}),
+        ):
+            with pytest.raises(InferenceError, match="Timeout") as info:
+                run(url, scenario, timeout=0.2)
+            assert info.value.status_code is None and info.value.url == f"{url}/generate"
+    finally:
+        state.answering.set()
 
 
 def test_timeout_bounds_each_wait_not_the_whole_stream(standin: tuple[StandIn, str]) -> None:
-    """A stream that keeps producing outlives ``timeout``, as with httpx's read timeout."""
+    """A stream that keeps producing outlives ``timeout``, as with httpx's read timeout (the
+    wall-clock smoke test of the stand-in's ``token_delay``: chunks 0.1 s apart, 0.8 s in all)."""
     state, url = standin
     state.token_delay = 0.1
     started = time.monotonic()

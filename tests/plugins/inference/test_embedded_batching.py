@@ -3,12 +3,13 @@ bounds memory and makes the rest wait rather than grow."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+
+from support.engines import wait_decoding
 
 
 def _greedy(url: str, prompt: list[int], n: int) -> dict[str, Any]:
@@ -41,16 +42,23 @@ def test_concurrent_requests_equal_solo_runs(start_server: Any) -> None:
 
 
 def test_finished_sequence_leaves_at_once(server: Any) -> None:
-    with ThreadPoolExecutor(2) as pool:
-        long = pool.submit(_greedy, server.url, [5, 6, 7], 600)
-        time.sleep(0.2)
-        t0 = time.monotonic()
+    """A short request that joins a long one's batch answers while the long one still decodes:
+    a finished sequence leaves the batch at its last token, not when the batch ends."""
+    long_body = {
+        "input_ids": [5, 6, 7],
+        "sampling_params": {"max_new_tokens": 4000, "temperature": 0.0, "ignore_eos": True},
+        "rid": "long",
+    }
+    with ThreadPoolExecutor(1) as pool:
+        long = pool.submit(httpx.post, f"{server.url}/generate", json=long_body, timeout=120)
+        wait_decoding(server.stats)
         short = _greedy(server.url, [8, 9], 2)
-        short_done = time.monotonic() - t0
-        assert not long.done(), "the long request finished first; make it longer"
-        assert len(long.result()["output_ids"]) == 600
+        assert server.stats()["running"] == 1 and not long.done(), "the long one ended first"
+        assert server.http.post("/abort_request", json={"rid": "long"}).status_code == 200
+        cut = long.result(timeout=60).json()
     assert len(short["output_ids"]) == 2
-    assert short_done < 2.0
+    assert cut["meta_info"]["finish_reason"]["type"] == "abort"
+    assert 0 < len(cut["output_ids"]) < 4000
 
 
 def test_kv_budget_queues_instead_of_growing(start_server: Any) -> None:

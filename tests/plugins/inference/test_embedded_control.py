@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
-import time
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import torch
+
+from support import eventually
+from support.engines import DECODE_S, bare_request, queued, wait_decoding
 
 LONG = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
 
 
 def _post(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
     return httpx.post(f"{url}{path}", json=body, timeout=120)
-
-
-def _wait_running(srv: Any, n: int = 1) -> None:
-    deadline = time.monotonic() + 10
-    while srv.server.engine.stats()["running"] < n:
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    time.sleep(0.05)  # let a few tokens come out
 
 
 def test_update_weights_from_disk(
@@ -78,7 +74,7 @@ def test_pause_abort_returns_partial_output_and_new_requests_wait(start_server: 
             "/generate",
             {"input_ids": [5, 6], "sampling_params": LONG, "return_logprob": True},
         )
-        _wait_running(srv)
+        wait_decoding(srv.stats)
         assert _post(srv.url, "/pause_generation", {"mode": "abort"}).json()["status"] == "ok"
         out = running.result(timeout=30).json()
         finish = out["meta_info"]["finish_reason"]
@@ -91,8 +87,9 @@ def test_pause_abort_returns_partial_output_and_new_requests_wait(start_server: 
             "/generate",
             {"input_ids": [7], "sampling_params": {"max_new_tokens": 3}},
         )
-        time.sleep(0.5)
-        assert not waiting.done(), "a request was served while paused"
+        eventually(lambda: queued(srv.stats()), DECODE_S, "the request queued at the paused engine")
+        # a later turn of the engine's loop still holds it
+        assert queued(srv.stats()) and not waiting.done(), "a request was served while paused"
         _post(srv.url, "/continue_generation", {})
         assert waiting.result(timeout=30).json()["meta_info"]["completion_tokens"] == 3
 
@@ -110,7 +107,7 @@ def test_retract_resumes_with_partial_output_and_records_versions(
     }
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         running = pool.submit(_post, srv.url, "/generate", body)
-        _wait_running(srv)
+        wait_decoding(srv.stats)
         _post(srv.url, "/pause_generation", {"mode": "retract"})
         assert srv.server.engine.stats()["kv_used_tokens"] == 0
         _post(
@@ -137,7 +134,7 @@ def test_abort_request_by_rid_and_all(start_server: Any) -> None:
         b = pool.submit(
             _post, srv.url, "/generate", {"input_ids": [6], "sampling_params": LONG, "rid": "b"}
         )
-        _wait_running(srv, 2)
+        wait_decoding(srv.stats, 2)
         assert _post(srv.url, "/abort_request", {"rid": "a"}).status_code == 200
         out_a = a.result(timeout=30).json()
         assert out_a["meta_info"]["finish_reason"]["type"] == "abort" and not b.done()
@@ -155,7 +152,7 @@ def test_update_weights_mid_generation_records_both_versions(
     body = {"input_ids": [9], "sampling_params": {**LONG, "max_new_tokens": 500}}
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         running = pool.submit(_post, srv.url, "/generate", body)
-        _wait_running(srv)
+        wait_decoding(srv.stats)
         _post(srv.url, "/update_weights_from_disk", {"model_path": str(tmp_path / "v1")})
         out = running.result(timeout=60).json()
     assert [s["version"] for s in out["meta_info"]["weight_versions"]] == ["0", "1"]
@@ -171,7 +168,7 @@ def test_retract_keeps_prompt_logprobs_of_the_prompt(start_server: Any) -> None:
     }
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         running = pool.submit(_post, srv.url, "/generate", body)
-        _wait_running(srv)
+        wait_decoding(srv.stats)
         _post(srv.url, "/pause_generation", {"mode": "retract"})
         _post(srv.url, "/continue_generation", {})
         out = running.result(timeout=60).json()
@@ -193,47 +190,48 @@ def test_a_client_that_goes_away_aborts_its_generation(start_server: Any) -> Non
         other = pool.submit(
             _post, srv.url, "/generate", {"input_ids": [6], "sampling_params": LONG, "rid": "b"}
         )
-        _wait_running(srv, 1)
+        wait_decoding(srv.stats)
         for stream in (False, True):
             body = {"input_ids": [5], "sampling_params": LONG, "stream": stream}
-            before = srv.server.engine.stats()["running"]
-            with httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
-                try:
-                    with client.stream("POST", f"{srv.url}/generate", json=body) as resp:
-                        for _ in resp.iter_bytes():
-                            break  # a streaming client reads a chunk and leaves
-                except httpx.ReadTimeout:
-                    pass  # the other waits 0.3 s for the answer, gives up and closes
-            deadline = time.monotonic() + 5
-            while srv.server.engine.stats()["running"] >= before + 1:
-                assert time.monotonic() < deadline, f"stream={stream}: still decoding"
-                time.sleep(0.02)
-            assert srv.server.engine.stats()["running"] == 1 and not other.done()
+            with bare_request(srv.url, "/generate", body):
+                eventually(
+                    lambda: srv.stats()["running"] == 2, DECODE_S, f"stream={stream}: decoding"
+                )
+            # the client went away mid-generation
+            eventually(
+                lambda: srv.stats()["running"] == 1, DECODE_S, f"stream={stream}: decoding stopped"
+            )
+            assert not other.done()
         _post(srv.url, "/abort_request", {"abort_all": True})
         assert other.result(timeout=30).json()["meta_info"]["finish_reason"]["type"] == "abort"
 
 
 def test_a_control_call_whose_client_goes_away_leaves_the_engine_serving(
-    start_server: Any,
+    start_server: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A ``/pause_generation`` whose client gives up while the engine thread is busy (here: held
-    by a call of our own) is cancelled with its handler; the engine must skip it when its turn
-    comes, not die setting the result of a cancelled future (a trainer whose weight-sync call
-    timed out once killed the engine that way), and must not pause for a caller that left."""
-    import threading
-
+    """A ``/pause_generation`` whose client goes away while the engine thread is busy (here:
+    held by a call of our own) is cancelled with its handler; the engine must skip it when its
+    turn comes, not die setting the result of a cancelled future (a trainer whose weight-sync
+    call timed out does exactly this), and must not pause for a caller that left."""
     with start_server() as srv:
         engine = srv.server.engine
         held, release = threading.Event(), threading.Event()
         busy = engine.call(lambda: (held.set(), release.wait(30)))
         assert held.wait(10)
-        with httpx.Client(timeout=httpx.Timeout(10, read=0.3)) as client:
-            try:
-                client.post(f"{srv.url}/pause_generation", json={"mode": "abort"})
-                raise AssertionError("the pause answered while the engine thread was held")
-            except httpx.ReadTimeout:
-                pass  # the client gives up and closes: the server cancels its handler
-        time.sleep(0.3)  # the disconnect reaches the server
+        calls: list[Future[Any]] = []  # what the HTTP layer hands the engine thread from now on
+        real_call = engine.call
+
+        def recording(fn: Any) -> Future[Any]:
+            calls.append(real_call(fn))
+            return calls[-1]
+
+        monkeypatch.setattr(engine, "call", recording)
+        with bare_request(srv.url, "/pause_generation", {"mode": "abort"}) as client:
+            eventually(lambda: calls, DECODE_S, "the pause queued behind the held engine thread")
+            client.setblocking(False)
+            with pytest.raises(BlockingIOError):  # nothing to read: no answer yet
+                client.recv(1)
+        eventually(lambda: calls[0].cancelled(), DECODE_S, "the server cancelling the pause")
         release.set()
         busy.result(timeout=10)
         out = srv.generate(input_ids=[3, 1, 4], sampling_params={"max_new_tokens": 4})

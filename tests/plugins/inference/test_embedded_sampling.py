@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from support.engines import wait_decoding
+
 
 def test_stop_token_ids_end_generation_and_stay_in_output(server: Any) -> None:
     free = server.generate(
@@ -200,8 +202,6 @@ def test_request_stop_ids_end_a_completed_grammar(server: Any) -> None:
 
 
 def test_n_samples_abort_by_the_client_rid(start_server: Any) -> None:
-    import time
-
     long = {"max_new_tokens": 3000, "ignore_eos": True}
     with start_server() as srv, ThreadPoolExecutor(1) as pool:
         fut = pool.submit(
@@ -210,8 +210,7 @@ def test_n_samples_abort_by_the_client_rid(start_server: Any) -> None:
             json={"input_ids": [5], "sampling_params": {**long, "n": 2}, "rid": "job"},
             timeout=60,
         )
-        while srv.server.engine.stats()["running"] < 2:
-            time.sleep(0.01)
+        wait_decoding(srv.stats, 2)
         assert srv.http.post("/abort_request", json={"rid": "job"}).status_code == 200
         outs = fut.result(timeout=30).json()
     assert sorted(o["meta_info"]["id"] for o in outs) == ["job-0", "job-1"]

@@ -39,6 +39,15 @@ from areal.plugins.inference.embedded.schema import (
     UpdateWeightsFromDistributedRequest,
     UpdateWeightVersionRequest,
 )
+from support.fuzz import (
+    JUNK,
+    MISSING,
+    NON_FINITE,
+    OVERFLOW,
+    TEXT,
+    BadRequest,
+    encode,
+)
 
 EXAMPLES = 1000
 SENT: Counter[str] = Counter()  # requests sent per property, to prove the count
@@ -51,37 +60,8 @@ WEIGHT_ROUTES = {
 }
 
 
-class BadRequest:
-    """One generated request and what makes it bad (its repr is short: failures print it)."""
-
-    def __init__(self, why: str, path: str, body: bytes | None, method: str = "POST") -> None:
-        self.why, self.path, self.body, self.method = why, path, body, method
-
-    def __repr__(self) -> str:
-        body = self.body or b""
-        shown = body[:300] + (b"..." if len(body) > 300 else b"")
-        return f"<{self.why}: {self.method} {self.path} {shown!r} ({len(body)} bytes)>"
-
-
 # --- values --------------------------------------------------------------------------------------
 
-TEXT = st.text(max_size=12)
-# NaN and Infinity are not JSON but Python's json writes them; 1e999 is JSON that reads as
-# infinity. ``encode`` writes the two markers as the literals 1e999 and -1e999.
-OVERFLOW, NEG_OVERFLOW = "<1e999>", "<-1e999>"
-NON_FINITE = st.sampled_from([float("nan"), float("inf"), float("-inf"), OVERFLOW, NEG_OVERFLOW])
-JUNK_LEAF = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(-(2**70), 2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    TEXT,
-)
-JUNK = st.recursive(
-    JUNK_LEAF,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(TEXT, inner, max_size=4),
-    max_leaves=8,
-)
 VOCAB = 4096  # the nano model's (checked against /model_info's server in a fixture)
 
 
@@ -102,11 +82,6 @@ def refused(annotation: Any) -> st.SearchStrategy[Any]:
 
 def field_of(model: Any, name: str) -> st.SearchStrategy[Any]:
     return refused(model.model_fields[name].annotation)
-
-
-def encode(body: Any) -> bytes:
-    raw = json.dumps(body, allow_nan=True).encode()
-    return raw.replace(b'"<1e999>"', b"1e999").replace(b'"<-1e999>"', b"-1e999")
 
 
 def malformed(base: dict[str, Any]) -> st.SearchStrategy[tuple[str, bytes]]:
@@ -139,9 +114,6 @@ def malformed(base: dict[str, Any]) -> st.SearchStrategy[tuple[str, bytes]]:
             lambda v: ("JSON that is not an object", encode(v))
         ),
     )
-
-
-MISSING = object()  # a field strategy's way of saying "leave the key out"
 
 
 def bad_bodies(

@@ -14,9 +14,6 @@ from typing import Any
 
 import pytest
 import torch
-from tests.plugins.inference.conftest import RunningServer
-from tests.plugins.inference.test_paged_attention import alone, prefilled
-from tests.plugins.inference.test_vllm import reference_logprobs
 
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
@@ -26,6 +23,7 @@ from areal.plugins.inference.embedded.paged_attention import PagedAttention, bui
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import copy_weights
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
+from support.engines import RunningServer, alone, prefilled, reference_logprobs
 
 pytestmark = pytest.mark.skipif(not decode_kernel.load().loaded, reason="no C++ compiler")
 

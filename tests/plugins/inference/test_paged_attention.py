@@ -13,8 +13,8 @@ import torch
 from areal.plugins.inference.embedded import decode_kernel
 from areal.plugins.inference.embedded.kv_pool import TokenKVPool
 from areal.plugins.inference.embedded.paged_attention import build_packed_step, build_step
-from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.tiny import Qwen3ForCausalLM, tiny_config
+from support.engines import alone, prefilled
 
 
 def _model() -> Qwen3ForCausalLM:
@@ -22,27 +22,6 @@ def _model() -> Qwen3ForCausalLM:
     model = Qwen3ForCausalLM(tiny_config("nano")).eval()
     model.init_weights(generator=torch.Generator().manual_seed(0))
     return model
-
-
-def alone(model: Qwen3ForCausalLM, ids: list[int]) -> torch.Tensor:
-    """Hidden states of one sequence by the model's plain causal forward (no cache)."""
-    with torch.inference_mode():
-        return model.hidden_states(torch.tensor([ids]))[0]
-
-
-def prefilled(
-    model: DecoderForCausalLM, pool: TokenKVPool, cached: list[int], seed: int = 3
-) -> tuple[list[list[int]], list[torch.Tensor]]:
-    """Random sequences of ``cached`` + 1 tokens, all but the last already in ``pool`` (by the
-    model's own modules, one sequence at a time), and each one's slots: a decode step's input."""
-    rng = random.Random(seed)
-    seqs = [[rng.randrange(1, 4096) for _ in range(n + 1)] for n in cached]
-    slots = [pool.alloc(40) for _ in seqs]
-    with torch.inference_mode():
-        for seq, seq_slots in zip(seqs, slots):
-            ids, positions, attention = build_step(pool, [seq_slots], [0], [seq[:-1]])  # type: ignore[list-item]
-            model.hidden_states(ids, positions, attention)
-    return seqs, slots  # type: ignore[return-value]
 
 
 def test_packed_prefill_matches_each_sequence_alone() -> None:

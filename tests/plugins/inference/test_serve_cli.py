@@ -19,8 +19,9 @@ from areal.host.process import (
     start_on_free_port,
 )
 from areal.plugins.inference.embedded.launcher import EmbeddedServerConfig, build_command
+from support import eventually
 
-STARTUP_S = 90  # loading torch and the tokenizer on a busy 2-core box
+STARTUP_S = 90  # the ceiling for loading torch and the tokenizer; a healthy start takes seconds
 
 
 def _config(model_path: str, port: int) -> EmbeddedServerConfig:
@@ -46,6 +47,7 @@ def _stop_timed(proc: ServerProcess, timeout: float) -> tuple[int | None, float]
     return code, time.monotonic() - start
 
 
+@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Path) -> None:
     proc, url = _start(nano_model_dir, tmp_path)
     try:
@@ -77,6 +79,7 @@ def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Pat
         httpx.get(url + "/health", timeout=2, trust_env=False)
 
 
+@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_sigterm_with_a_request_in_flight_exits_promptly(
     nano_model_dir: str, tmp_path: Path
 ) -> None:
@@ -90,16 +93,18 @@ def test_sigterm_with_a_request_in_flight_exits_promptly(
     client = threading.Thread(target=long_request, daemon=True)
     client.start()
     try:
-        deadline = time.monotonic() + 20
-        while httpx.get(url + "/server_info", timeout=5, trust_env=False).json()["running"] < 1:
-            assert time.monotonic() < deadline, "the long request never started"
-            time.sleep(0.02)
+        eventually(
+            lambda: httpx.get(url + "/server_info", timeout=5, trust_env=False).json()["running"],
+            60,
+            "the long request running",
+        )
     finally:
         code, took = _stop_timed(proc, timeout=3)  # SIGKILL after 3 s: the test fails fast
     client.join(timeout=30)
     assert code == 0 and took < 3, f"exit code {code} after {took:.1f}s"
 
 
+@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_bad_model_path_exits_with_one_error_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     port = pick_free_port()
@@ -118,6 +123,7 @@ def test_bad_model_path_exits_with_one_error_line(tmp_path: Path) -> None:
     assert "config.json" in lines[0]
 
 
+@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_port_in_use_exits_non_zero(nano_model_dir: str, tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
@@ -127,10 +133,7 @@ def test_port_in_use_exits_non_zero(nano_model_dir: str, tmp_path: Path) -> None
             build_command(_config(nano_model_dir, port)), log_path=tmp_path / "serve.log"
         ).start()
         try:
-            deadline = time.monotonic() + STARTUP_S
-            while proc.running:
-                assert time.monotonic() < deadline, "the server kept running on a taken port"
-                time.sleep(0.05)
+            eventually(lambda: not proc.running, STARTUP_S, "the server exiting on a taken port")
         finally:
             proc.stop()
     assert proc.returncode not in (0, None)

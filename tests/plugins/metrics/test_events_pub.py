@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-import time
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +14,7 @@ import zmq
 
 from areal.core.metrics import make_metric_sink
 from areal.plugins.metrics.events_pub import EventPublisher, events_sink, read_events_file
+from support import eventually
 
 
 def subscribe(address: str) -> zmq.Socket[bytes]:
@@ -24,24 +25,13 @@ def subscribe(address: str) -> zmq.Socket[bytes]:
     return socket
 
 
-def receive(socket: zmq.Socket[bytes], count: int, timeout: float = 5.0) -> list[dict[str, Any]]:
+def receive(socket: zmq.Socket[bytes], count: int, timeout: float = 30.0) -> list[dict[str, Any]]:
+    """The next ``count`` messages; ``timeout`` is a ceiling for each, not a pace."""
     got: list[dict[str, Any]] = []
-    deadline = time.monotonic() + timeout
-    while len(got) < count and time.monotonic() < deadline:
-        if socket.poll(100):
-            got.append(json.loads(socket.recv()))
+    for _ in range(count):
+        assert socket.poll(round(timeout * 1000)), f"only {len(got)} of {count} messages came"
+        got.append(json.loads(socket.recv()))
     return got
-
-
-def wait_for_subscriber(pub: EventPublisher, sub: zmq.Socket[bytes]) -> None:
-    """Write probes until one arrives: the subscription has reached the publisher."""
-    for i in range(100):
-        pub.write("probe", i, {})
-        if sub.poll(50):
-            while sub.poll(100):
-                sub.recv()
-            return
-    raise AssertionError("the subscriber never got a probe")
 
 
 def test_events_json_names_the_address_and_goes_away_on_close(tmp_path: Path) -> None:
@@ -58,7 +48,8 @@ def test_a_subscriber_gets_each_record_once_in_order(tmp_path: Path) -> None:
     pub = EventPublisher(tmp_path, clock=lambda: 1700000000.0)
     sub = subscribe(pub.address)
     try:
-        wait_for_subscriber(pub, sub)
+        # live, not replayed: the subscription reached the publisher before the writes
+        eventually(lambda: pub.subscribed, 30, "the subscription reaching the publisher")
         pub.write("train", 1, {"loss": 0.5, "version": 1})
         pub.write("rollout", 2, {"generated": 4, "reward": float("nan")})
         got = receive(sub, 2)
@@ -79,7 +70,7 @@ def test_a_late_subscriber_gets_the_recent_past_replayed(tmp_path: Path) -> None
     pub.write("run", 0, {"max_steps": 10})
     for step in range(1, 6):
         pub.write("train", step, {"loss": step / 10})
-    time.sleep(0.2)  # published to nobody
+    eventually(lambda: pub.sent == 6, 30, "the six events published to nobody")
     sub = subscribe(pub.address)
     try:
         got = receive(sub, 4)
@@ -91,14 +82,37 @@ def test_a_late_subscriber_gets_the_recent_past_replayed(tmp_path: Path) -> None
     assert [m["seq"] for m in got] == sorted(m["seq"] for m in got)
 
 
-def test_writes_never_wait_without_subscribers(tmp_path: Path) -> None:
-    pub = EventPublisher(None)
-    started = time.perf_counter()
-    for step in range(20_000):
-        pub.write("train", step, {"loss": 0.1, "reward": 0.5})
-    per_write = (time.perf_counter() - started) / 20_000
-    pub.close()
-    assert per_write < 50e-6  # an append, not a send
+def test_writes_never_wait_for_the_socket(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write only appends: with the socket's thread stuck in a send (a subscriber that never
+    reads, a socket that would block), the trainer's writes still all return, and what they wrote
+    is handed to the socket once it moves again (sent, or dropped where a pipe is full)."""
+    pub = EventPublisher(None, poll_interval=0.01)
+    sub = subscribe(pub.address)
+    release, inside = threading.Event(), threading.Event()
+    real_send = pub._send
+
+    def stuck_send(message: bytes) -> None:
+        inside.set()
+        release.wait()
+        real_send(message)
+
+    try:
+        eventually(
+            lambda: pub.subscribed, timeout=30, what="the subscription to reach the publisher"
+        )
+        monkeypatch.setattr(pub, "_send", stuck_send)
+        pub.write("train", 0, {"loss": 0.1})
+        assert inside.wait(30), "the socket's thread never tried to send"
+        for step in range(1, 20_001):
+            pub.write("train", step, {"loss": 0.1, "reward": 0.5})  # returns with the thread stuck
+        assert len(pub._pending) == 20_000  # appended, none sent: the thread is still in its send
+        release.set()
+        eventually(lambda: not pub._pending, timeout=60, what="every write to be handed on")
+        assert pub.sent >= 1
+    finally:
+        release.set()
+        sub.close()
+        pub.close()
 
 
 def test_bad_options_are_one_clear_error(tmp_path: Path) -> None:

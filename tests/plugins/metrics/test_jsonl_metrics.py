@@ -14,21 +14,14 @@ from areal.core.metrics import make_metric_sink
 from areal.core.plugins import registry
 from areal.plugins.metrics.jsonl import JsonlMetricSink, jsonl_metric_sink, read_metrics
 from areal.plugins.metrics.register import TENSORBOARD_MISSING, tensorboard_sink
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import FakeClock
 
 
 def test_round_trip(tmp_path: Path) -> None:
     clock = FakeClock(1_700_000_000.12345)
     sink = JsonlMetricSink(tmp_path, clock=clock)
     sink.write("rollout", 120, {"generated": 32, "tokens": 18420})
-    clock.now += 0.114
+    clock.advance(0.114)
     sink.write("train", 118, {"updated": 32, "loss": 0.421, "note": "ok", "kl": float("nan")})
     sink.close()
     records = read_metrics(tmp_path)

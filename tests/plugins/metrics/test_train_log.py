@@ -17,6 +17,7 @@ from areal.plugins.metrics.train_log import (
     format_value,
     train_log_sink,
 )
+from support.clock import FakeClock
 
 ROLLOUT = re.compile(r"^\[rollout\] step=\d+ generated=\d+ tokens=\d+ ts=\d\d:\d\d:\d\d\.\d{3}$")
 TRAIN = re.compile(r"^\[train\] step=\d+ updated=\d+ loss=-?\d+\.\d{3} ts=\d\d:\d\d:\d\d\.\d{3}$")
@@ -30,16 +31,6 @@ def at(h: int, m: int, s: int, ms: int) -> float:
     return datetime(2025, 3, 14, h, m, s, ms * 1000).timestamp()
 
 
-class FakeClock:
-    """Time that moves only when a test says so."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
@@ -47,10 +38,10 @@ def lines(path: Path) -> list[str]:
 def test_the_seed_lines_exactly(tmp_path: Path) -> None:
     clock = FakeClock(at(14, 23, 0, 0))
     sink = TrainLogSink(tmp_path, clock=clock, throughput_interval=3600)
-    clock.now = at(14, 23, 1, 221)
+    clock.advance(at(14, 23, 1, 221) - clock())
     # keys out of order on purpose: the seed's order is restored
     sink.write("rollout", 120, {"tokens": 18420, "generated": 32})
-    clock.now = at(14, 23, 1, 335)
+    clock.advance(at(14, 23, 1, 335) - clock())
     sink.write("train", 118, {"updated": 32, "loss": 0.4213})
     sink.close()
     got = lines(tmp_path / "train.log")
@@ -96,7 +87,7 @@ def test_throughput_from_a_synthetic_stream(tmp_path: Path) -> None:
         (22.5, "train", 4, {"updated": 4, "loss": 0.1}),  # closes window 2: 10 s long
     ]
     for dt, event, step, values in events:
-        clock.now = t0 + dt
+        clock.advance(t0 + dt - clock())
         sink.write(event, step, values)
     sink.close()
     got = lines(tmp_path / "train.log")

@@ -24,8 +24,17 @@ from areal.plugins.queues.zmq_queue import (
     ZmqTrajectorySink,
     ZmqTrajectorySource,
 )
+from support import eventually_async
+from support.clock import FakeSleeps
 
 LOOPBACK = "tcp://127.0.0.1:*"
+WAIT_S = 30.0  # the ceiling for a message to cross a local socket
+
+
+async def until_sent(sink: ZmqTrajectorySink, count: int) -> None:
+    """Until ``count`` puts have left the producer: what is not acknowledged by then is held."""
+    await eventually_async(lambda: sink.sent >= count, WAIT_S, f"{count} puts sent")
+
 
 # A producer in another process: reads trajectories (JSON) and puts them, then closes at once.
 PRODUCER = """
@@ -127,8 +136,8 @@ def test_a_full_queue_makes_put_wait_until_the_consumer_reads() -> None:
             await asyncio.wait_for(sink.put(trajectory(0)), 5)
             await asyncio.wait_for(sink.put(trajectory(1)), 5)
             third = asyncio.create_task(sink.put(trajectory(2)))
-            done, _ = await asyncio.wait([third], timeout=0.3)
-            assert not done, "the third put returned while the consumer held queue_max_size"
+            await until_sent(sink, 3)
+            assert not third.done(), "the third put returned while the consumer held its bound"
             assert sink.counters()["pending"] == 1 and source.buffered == 2
             assert source.received == 2
 
@@ -149,29 +158,27 @@ def test_a_send_at_the_high_water_mark_waits_for_room_without_blocking_the_loop(
     """The consumer is not there yet: ZeroMQ's pipe takes ``send_hwm`` messages (of
     ``batch_max`` puts each), the next send is refused (EAGAIN) and waits on the socket's
     edge-triggered FD. Once the consumer binds the pipe drains and every put completes;
-    meanwhile the event loop kept running."""
+    meanwhile the event loop kept running (the sender yields only where it waits for room, so
+    the loop running the check below while puts are pending proves both)."""
     with zmq.Context() as ctx, ctx.socket(zmq.REP) as probe:
         port = probe.bind_to_random_port("tcp://127.0.0.1")
     address = f"tcp://127.0.0.1:{port}"
-    sent = [trajectory(i) for i in range(12)]
+    trajectories = [trajectory(i) for i in range(12)]
 
     async def scenario() -> ZmqTrajectorySource:
         sink = ZmqTrajectorySink(address, send_hwm=2, batch_max=2)
-        puts = [asyncio.create_task(sink.put(t)) for t in sent]
-        ticks = 0
-        while sink.sent < 2 or ticks < 20:  # the loop turns while sends wait for room
-            await asyncio.sleep(0.01)
-            ticks += 1
-        assert sink.sent < len(sent) and not any(p.done() for p in puts)
+        puts = [asyncio.create_task(sink.put(t)) for t in trajectories]
+        await until_sent(sink, 2)
+        assert sink.sent < len(trajectories) and not any(p.done() for p in puts)
         source = ZmqTrajectorySource(address, queue_max_size=64)
         await asyncio.wait_for(asyncio.gather(*puts), timeout=30)
         await sink.close()
-        assert sink.counters()["acked"] == len(sent)
+        assert sink.counters()["acked"] == len(trajectories)
         return source
 
     source = asyncio.run(scenario())
     with source:
-        assert [source.get(timeout=5) for _ in sent] == sent
+        assert [source.get(timeout=5) for _ in trajectories] == trajectories
 
 
 def test_many_puts_in_flight_never_lose_an_acknowledgement() -> None:
@@ -230,8 +237,7 @@ def test_a_message_bigger_than_the_room_left_waits_unacknowledged() -> None:
         async def produce() -> None:
             sink = ZmqTrajectorySink(source.address, close_timeout=5)
             puts = [asyncio.create_task(sink.put(t)) for t in sent]
-            await asyncio.wait_for(asyncio.gather(*puts[:2]), 5)
-            await asyncio.sleep(0.3)
+            await asyncio.wait_for(asyncio.gather(*puts[:2]), 5)  # one message: all six sent
             assert [p.done() for p in puts] == [True, True, False, False, False, False]
             assert sink.messages == 1 and source.buffered == 2
             got = [await source.aget(timeout=1) for _ in range(3)]
@@ -258,7 +264,7 @@ def test_the_consumer_counts_the_bytes_its_bound_holds() -> None:
             for t in sent[:2]:
                 await asyncio.wait_for(sink.put(t), 5)
             third = asyncio.create_task(sink.put(sent[2]))
-            await asyncio.wait([third], timeout=0.3)
+            await until_sent(sink, 3)
             assert source.counters()["buffered_bytes"] == sizes[0] + sizes[1]
             assert await source.aget(timeout=1) == sent[0]
             await asyncio.wait_for(third, 5)
@@ -308,7 +314,7 @@ def test_a_restarted_consumer_gets_what_the_crashed_one_never_acknowledged(
         sink = ZmqTrajectorySink(address, close_timeout=5)
         await asyncio.wait_for(sink.put(trajectory(0)), 5)
         pending = asyncio.create_task(sink.put(trajectory(1)))  # waits: the consumer is full
-        await asyncio.sleep(0.2)
+        await until_sent(sink, 2)
         assert not pending.done()
         first.close()  # the consumer goes away without acknowledging trajectory 1
         assert first.get(timeout=0) == trajectory(0) and first.get(timeout=0) is None
@@ -335,8 +341,7 @@ def test_a_restarted_consumer_gets_the_part_of_a_message_the_crashed_one_held(
         first = ZmqTrajectorySource(address, queue_max_size=1)
         sink = ZmqTrajectorySink(address, close_timeout=5)
         puts = [asyncio.create_task(sink.put(t)) for t in sent]
-        await asyncio.wait_for(puts[0], 5)
-        await asyncio.sleep(0.2)
+        await asyncio.wait_for(puts[0], 5)  # one message: all four sent
         assert sink.messages == 1 and not any(p.done() for p in puts[1:])
         first.close()
         assert first.get(timeout=0) == sent[0] and first.get(timeout=0) is None
@@ -352,17 +357,25 @@ def test_a_restarted_consumer_gets_the_part_of_a_message_the_crashed_one_held(
 
 
 def test_close_reports_trajectories_that_were_never_acknowledged() -> None:
+    """``close`` waits ``close_timeout`` for acknowledgements, not less (on a fake clock), then
+    names how many never came; the puts waiting for them fail, and the sink takes no more."""
     with zmq.Context() as ctx, ctx.socket(zmq.ROUTER) as silent:  # accepts, never acks
         port = silent.bind_to_random_port("tcp://127.0.0.1")
 
         async def scenario() -> None:
-            sink = ZmqTrajectorySink(f"tcp://127.0.0.1:{port}", close_timeout=0.2)
+            sleeps = FakeSleeps()
+            sink = ZmqTrajectorySink(
+                f"tcp://127.0.0.1:{port}", close_timeout=20, sleep=sleeps.sleep
+            )
             put = asyncio.create_task(sink.put(trajectory(0)))
-            await asyncio.sleep(0.05)
-            with pytest.raises(
-                QueueError, match=r"1 trajectories .* not acknowledged within 0.2 s"
-            ):
-                await sink.close()
+            await until_sent(sink, 1)
+            closing = asyncio.create_task(sink.close())
+            await eventually_async(lambda: sleeps.sleeping, WAIT_S, "close waiting for acks")
+            sleeps.advance(19.5)
+            assert sleeps.sleeping == 1 and not closing.done(), "close gave up early"
+            sleeps.advance(0.5)
+            with pytest.raises(QueueError, match=r"1 trajectories .* not acknowledged within 20 s"):
+                await closing
             with pytest.raises(QueueError, match="closed before an ack"):
                 await put
             with pytest.raises(QueueError, match="is closed"):
@@ -399,9 +412,9 @@ def test_the_consumer_rejects_a_corrupted_trajectory_and_keeps_serving() -> None
 def test_a_decoder_that_fails_unexpectedly_costs_one_trajectory_not_the_queue(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """An exception that is not a ``CodecError`` (a bug in the decoder) used to end the socket
-    thread, and with it the queue: now that trajectory is refused and logged, its neighbours in
-    the same message are delivered, and the queue keeps serving."""
+    """An exception that is not a ``CodecError`` (a bug in the decoder) must not end the socket
+    thread, and with it the queue: that trajectory is refused and logged, its neighbours in the
+    same message are delivered, and the queue keeps serving."""
     real_decode = codec.decode
 
     def buggy_decode(frames: Any) -> Trajectory:
@@ -474,19 +487,20 @@ def test_a_cancelled_put_still_arrives_and_close_waits_for_its_ack() -> None:
     with ZmqTrajectorySource(LOOPBACK, queue_max_size=1) as source:
 
         async def produce() -> None:
-            sink = ZmqTrajectorySink(source.address, close_timeout=5)
+            sleeps = FakeSleeps()  # close's timeout never runs out: it waits for the ack
+            sink = ZmqTrajectorySink(source.address, close_timeout=5, sleep=sleeps.sleep)
             await asyncio.wait_for(sink.put(trajectory(0)), 5)
             second = asyncio.create_task(sink.put(trajectory(1)))
-            done, _ = await asyncio.wait([second], timeout=0.3)
-            assert not done and sink.pending == 1  # the consumer is full
+            await until_sent(sink, 2)
+            assert not second.done() and sink.pending == 1  # the consumer is full
             second.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await second
             assert sink.pending == 1
-            taker = threading.Timer(0.3, source.get)  # room, after close() began waiting
-            taker.start()
-            await sink.close()
-            taker.join()
+            closing = asyncio.create_task(sink.close())
+            await eventually_async(lambda: sleeps.sleeping, WAIT_S, "close waiting for the ack")
+            assert await asyncio.to_thread(source.get) == trajectory(0)  # room, during close
+            await closing
             assert sink.counters()["acked"] == 2 and sink.pending == 0
 
         asyncio.run(produce())
@@ -515,8 +529,8 @@ def test_aget_takes_buffered_trajectories_without_a_worker_thread() -> None:
             await asyncio.wait_for(asyncio.gather(*(sink.put(t) for t in sent)), 5)
             assert [await source.aget(timeout=1) for _ in sent] == sent
             assert _CountingExecutor.calls == 0
-            late = asyncio.create_task(source.aget(timeout=5))  # empty: waits in a thread
-            await asyncio.sleep(0.2)
+            late = asyncio.create_task(source.aget(timeout=WAIT_S))  # empty: waits in a thread
+            await eventually_async(lambda: _CountingExecutor.calls, WAIT_S, "aget in a thread")
             await asyncio.wait_for(sink.put(trajectory(99)), 5)
             assert await late == trajectory(99)
             assert _CountingExecutor.calls == 1

@@ -1,14 +1,17 @@
 """Collective weight sync for real: the trainer (this process, rank 0) broadcasts its weights over
 gloo to an embedded engine running as its own process, bucket by bucket, while the engine's
 ``/update_weights_from_distributed`` calls are in flight; then the engine generates exactly what
-the trainer's model predicts. A stopped engine (SIGSTOP) trips the watchdog, which names it."""
+the trainer's model predicts. The watchdog's rule on a fake clock: a phase stalls at its timeout,
+not before, and the error names the engines that had not answered; a stopped engine (SIGSTOP)
+trips it for real (the wall-clock smoke test)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
-from collections.abc import Iterator
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +25,8 @@ from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 from areal.plugins.trainer.weight_sync import WeightSyncError
+from support import eventually_async
+from support.clock import FakeSleeps
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +107,109 @@ def test_the_engine_serves_the_broadcast_weights(engine: str, model_dir: str) ->
     assert before != greedy(engine, prompt)[0]
 
 
-@pytest.mark.parametrize("fires_first", ["watchdog", "engine call timeout"])
-def test_a_stalled_engine_is_named_by_the_watchdog(
-    engine: str, model_dir: str, fires_first: str
+# --- the watchdog, on a fake clock ----------------------------------------------------------
+
+ENGINES = ["http://engine-a:1", "http://engine-b:2"]
+
+
+class HeldGroup:
+    """A weight group whose broadcast waits until :attr:`release` is set: rank 0's side of an
+    update that an engine never joined."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> Any:
+        release = self.release
+
+        class Work:
+            def wait(self) -> None:
+                release.wait(60)
+
+        return Work()
+
+
+def watched_update(
+    answer: Callable[[str], Awaitable[None]],
+    check: Callable[[asyncio.Future[None], FakeSleeps], Awaitable[None]],
 ) -> None:
+    """One bucket's update with engine b (rank 2) answering by ``answer`` and engine a at once,
+    under a watchdog on a fake clock (update timeout 30 s); ``check`` gets the update and the
+    clock once the watchdog's timer runs (or the update ended without it)."""
+
+    async def run() -> None:
+        sleeps = FakeSleeps()
+        sync = CollectiveWeightSync(ENGINES, update_timeout=30, sleep=sleeps.sleep)
+        group = HeldGroup()
+        sync._group, sync._members = group, tuple(ENGINES)
+
+        async def one(phase: str, url: str, call: Any) -> None:
+            if url == ENGINES[1]:
+                await answer(url)
+
+        sync._one = one  # type: ignore[method-assign]
+        bucket = buckets({"w": torch.zeros(4)}, 1024)[0]
+        update = asyncio.ensure_future(sync._send(bucket, "2/3", None))
+        try:
+            await eventually_async(
+                lambda: sleeps.sleeping or update.done(), 30, "the watchdog's timer (or an end)"
+            )
+            await check(update, sleeps)
+        finally:
+            group.release.set()  # the broadcast's thread ends
+            update.cancel()
+            await asyncio.gather(update, *sync._abandoned, return_exceptions=True)
+
+    asyncio.run(run())
+
+
+async def never(url: str) -> None:
+    await asyncio.Event().wait()
+
+
+async def stalls_at_the_timeout(update: asyncio.Future[None], sleeps: FakeSleeps) -> None:
+    sleeps.advance(29.5)
+    assert sleeps.sleeping == 1, "the watchdog gave up before its timeout"
+    sleeps.advance(0.5)
+    with pytest.raises(WeightSyncError) as caught:
+        await update
+    err = caught.value
+    assert err.phase == "update" and err.stalled and err.url == ENGINES[1]
+    assert "rank 0 (the trainer) stalled 30 s in the update of bucket 2/3" in str(err)
+    assert str(err).endswith(f"not answered: rank 2 ({ENGINES[1]})")  # engine a answered
+
+
+def test_the_watchdog_names_the_engine_that_did_not_answer_at_its_timeout() -> None:
+    watched_update(never, stalls_at_the_timeout)
+
+
+def test_an_engine_calls_own_timeout_leaves_the_stall_to_the_watchdog() -> None:
+    """The engine call's timeout is the watchdog's too, so either may end first: a call that
+    timed out is one that has not answered, and the error is still the watchdog's, at its time,
+    naming the engine to restart."""
+
+    async def timed_out(url: str) -> None:
+        raise WeightSyncError("update", url, "no answer within 30 s", stalled=True)
+
+    watched_update(timed_out, stalls_at_the_timeout)
+
+
+def test_an_engine_calls_error_is_raised_as_it_is_before_the_timeout() -> None:
+    async def refused(url: str) -> None:
+        raise WeightSyncError("update", url, "the engine refused the bucket")
+
+    async def check(update: asyncio.Future[None], sleeps: FakeSleeps) -> None:
+        with pytest.raises(WeightSyncError, match="refused the bucket"):
+            await update  # the clock never moved
+
+    watched_update(refused, check)
+
+
+@pytest.mark.serial  # the wall-clock smoke test: an engine process stopped for seconds
+def test_a_stopped_engine_is_named_by_the_watchdog(engine: str, model_dir: str) -> None:
     """Stop the engine process (SIGSTOP) right after the pause: its update call never answers
     and rank 0's broadcast cannot finish; after the update timeout the error names the phase,
-    the bucket and the engine's rank instead of hanging. The engine call's own timeout is the
-    watchdog's, so either may fire first (under load the call's did, in CI): forced here to
-    fire 2 s early, the error is still the watchdog's, and names the engine to restart."""
+    the bucket and the engine's rank instead of hanging."""
     (holder,) = port_holders(int(engine.rsplit(":", 1)[1]))
     assert holder.pid is not None
 
@@ -118,14 +217,6 @@ def test_a_stalled_engine_is_named_by_the_watchdog(
         async def _pause_all(self) -> None:
             await super()._pause_all()
             os.kill(holder.pid, signal.SIGSTOP)  # type: ignore[arg-type]
-
-        async def _one(self, phase: str, url: str, call: Any) -> None:
-            if phase != "update" or fires_first == "watchdog":
-                return await super()._one(phase, url, call)
-            try:
-                await asyncio.wait_for(super()._one(phase, url, call), 1)
-            except TimeoutError:
-                raise WeightSyncError(phase, url, "no answer within 1 s", stalled=True) from None
 
     async def run() -> WeightSyncError:
         sync = StopsAfterPause([engine], update_timeout=3, continue_timeout=3)
@@ -146,6 +237,7 @@ def test_a_stalled_engine_is_named_by_the_watchdog(
     assert httpx.get(f"{engine}/health", timeout=10).status_code == 200
 
 
+@pytest.mark.serial  # a whole `areal train` run: engine, gateway, rollout worker, trainer
 def test_areal_train_runs_with_the_collective_sync(tmp_path: Path) -> None:
     """``inference.weight_sync: collective`` in a real run: engine, gateway, rollout worker and
     trainer, with every update broadcast (the first one joins the group) and no weights on disk."""

@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -110,11 +109,15 @@ def _start(
     command = [sys.executable, "-m", "areal", "train", str(config), "-o", str(out)]
     with open(tmp / "stderr.txt", "w") as stderr:  # a file: a full pipe would block the run
         proc = subprocess.Popen(command, stderr=stderr, text=True, env=env)
+    from support import eventually  # not at the top: the ranks run this file without it
+
     log = tmp / "logs" / "train.log"
-    deadline = time.monotonic() + 120
-    while not (log.exists() and "[train] step=2 " in log.read_text()):
-        assert proc.poll() is None and time.monotonic() < deadline, "the run did not reach step 2"
-        time.sleep(0.2)
+    eventually(
+        lambda: proc.poll() is not None or (log.exists() and "[train] step=2 " in log.read_text()),
+        240,
+        "the run reaching step 2",
+    )
+    assert proc.poll() is None, "the run ended before step 2"
     return proc, psutil.Process(proc.pid).children(recursive=True)
 
 
@@ -126,6 +129,7 @@ def _rank(processes: list[psutil.Process], rank: int) -> psutil.Process:
     raise AssertionError(f"no trainer rank {rank}")
 
 
+@pytest.mark.serial  # an `areal train` run on two torchrun ranks
 def test_two_ranks_train_stop_on_ctrl_c_and_resume_in_another_layout(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc, processes = _start(tmp_path, out)
@@ -164,6 +168,7 @@ def test_two_ranks_train_stop_on_ctrl_c_and_resume_in_another_layout(tmp_path: P
     assert all(4 <= n <= 5 for n in per_step.values()), per_step
 
 
+@pytest.mark.serial  # an `areal train` run on two torchrun ranks
 def test_a_dead_follower_fails_the_run_with_a_clear_error(tmp_path: Path) -> None:
     """Under pp=2 with the KL penalty (the run trains 2 steps through the pipeline first, its
     policy and reference each loaded stage by stage), then the follower stage is killed."""
@@ -221,6 +226,7 @@ def test_a_node_of_two_gets_one_rank_and_a_command_torchrun_accepts(tmp_path: Pa
     ]
 
 
+@pytest.mark.serial  # two torchrun ranks
 @pytest.mark.parametrize("layout", ["dp2", "pp2"])
 def test_a_rank_group_trains_like_one_process_and_resumes_exactly(
     tmp_path: Path, layout: str

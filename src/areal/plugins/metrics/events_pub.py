@@ -58,6 +58,7 @@ class EventPublisher:
         self.run_id = secrets.token_hex(6)
         self.poll_interval = poll_interval
         self.sent = 0
+        self.subscribed = 0  # subscriptions seen: a counted subscriber gets every later event
         self._clock = clock
         self._pending: deque[tuple[str, int, float, dict[str, MetricValue]]] = deque()
         self._recent: deque[tuple[int, bytes]] = deque(maxlen=replay)
@@ -122,7 +123,9 @@ class EventPublisher:
                 message = self._socket.recv(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            joined = joined or message[:1] == b"\x01"
+            if message[:1] == b"\x01":
+                joined = True
+                self.subscribed += 1
         if joined:
             self._flush()  # what was written before the subscriber came is part of its replay
             oldest = self._recent[0][0] if self._recent else self._seq + 1

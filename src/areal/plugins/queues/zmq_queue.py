@@ -53,7 +53,7 @@ import struct
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -152,7 +152,9 @@ class ZmqTrajectorySink:
         send_hwm: int = 1000,
         batch_max: int = BATCH_MAX,
         batch_bytes: int = BATCH_BYTES,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
+        """``sleep`` times ``close_timeout`` (``asyncio.sleep``; a test passes a fake clock's)."""
         if batch_max < 1:
             raise ValueError(f"batch_max must be at least 1, got {batch_max}")
         self.address = address
@@ -161,6 +163,7 @@ class ZmqTrajectorySink:
         self.send_hwm = send_hwm
         self.batch_max = batch_max
         self.batch_bytes = batch_bytes
+        self._sleep = sleep
         self.sent = 0
         self.acked = 0
         self.resent = 0
@@ -369,13 +372,18 @@ class ZmqTrajectorySink:
             return
         assert self._settled is not None
         try:
+            settled = asyncio.ensure_future(self._settled.wait())
+            timer = asyncio.ensure_future(self._sleep(self.close_timeout))
             try:
-                await asyncio.wait_for(self._settled.wait(), self.close_timeout)
-            except TimeoutError:
+                await asyncio.wait({settled, timer}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                settled.cancel()
+                timer.cancel()
+            if not self._settled.is_set():
                 raise QueueError(
                     f"{len(self._pending)} trajectories sent to {self.address} were not "
                     f"acknowledged within {self.close_timeout:g} s; they may be lost"
-                ) from None
+                )
         finally:
             await self._shutdown()
 

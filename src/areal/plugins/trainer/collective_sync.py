@@ -108,7 +108,10 @@ class CollectiveWeightSync(EngineCalls):
         pause_mode: PauseMode = "retract",
         engine_backend: str | None = None,
         tp_size: int = 1,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
+        """``sleep`` is the watchdog's timer (``asyncio.sleep``; a test passes a fake clock's, to
+        say when a phase's timeout has passed)."""
         if tp_size < 1:
             raise ValueError(f"tp_size must be >= 1; got {tp_size}")
         if backend not in ("gloo", "nccl"):
@@ -129,6 +132,7 @@ class CollectiveWeightSync(EngineCalls):
         self.master_address = master_address
         self.bucket_bytes = bucket_bytes
         self.tp_size = tp_size  # ranks per engine: SGLang joins every tensor-parallel rank
+        self._sleep = sleep
         self.device = torch.device("cuda") if backend == "nccl" else torch.device("cpu")
         self._group: Any = None
         self._store: Any = None
@@ -232,7 +236,7 @@ class CollectiveWeightSync(EngineCalls):
     def _group_timeout(self) -> datetime.timedelta:
         """The watchdog's update timeout plus ``GROUP_TIMEOUT_SLACK_S``: a stalled broadcast is
         named by the watchdog (which phase, which bucket, which engine), and the group's timeout
-        only ends the abandoned thread afterwards. With equal timeouts, a busy event loop let
+        only ends the abandoned thread afterwards. With equal timeouts, a busy event loop can let
         gloo's bare "timed out" error win the race."""
         return datetime.timedelta(seconds=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S)
 
@@ -310,18 +314,18 @@ class CollectiveWeightSync(EngineCalls):
         of the two timers fires first is chance, the error is the watchdog's either way."""
         timeout = self.timeouts[phase]
         task = asyncio.ensure_future(work)
-        pending: set[asyncio.Future[Any]] = {task, *(calls or [])}
-        deadline = time.monotonic() + timeout
-        while not task.done():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            done, _ = await asyncio.wait(pending, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-            for finished in done:
-                pending.discard(finished)
-                failed = finished is not task and finished.exception() is not None
-                if failed and not _timed_out(finished):
-                    raise finished.exception()  # type: ignore[misc]
+        timer = asyncio.ensure_future(self._sleep(timeout))
+        pending: set[asyncio.Future[Any]] = {task, timer, *(calls or [])}
+        try:
+            while not task.done() and not timer.done():
+                done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                for finished in done:
+                    pending.discard(finished)
+                    failed = finished not in (task, timer) and finished.exception() is not None
+                    if failed and not _timed_out(finished):
+                        raise finished.exception()  # type: ignore[misc]
+        finally:
+            timer.cancel()
         if not task.done():
             self._abandoned.append(task)  # its thread ends at the group's timeout; close() waits
             members = list(urls or self._members)

@@ -5,18 +5,17 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-WORKER = Path(__file__).with_name("dist_worker.py")
+from support import dist_worker
 
 
 @pytest.fixture(scope="session")
 def launch(tmp_path_factory: pytest.TempPathFactory) -> Callable[[int], Path]:
-    """``launch(world)`` runs ``dist_worker.py`` with ``world`` gloo ranks once per test run and
+    """``launch(world)`` runs ``support.dist_worker`` with ``world`` gloo ranks once per test run and
     returns its output directory; a failed rank fails the test with its traceback.
 
     Once per run, not per pytest-xdist worker: the 4-rank launch is the suite's costliest
@@ -45,14 +44,13 @@ def _launch(world: int, out: Path, failed: Path) -> None:
     """Run the launch into ``out``; a failure is written to ``failed`` instead (and ``out`` is
     renamed away), so every worker that asks fails with the same report."""
     partial = out.with_name(out.name + ".partial")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     try:
         proc = subprocess.run(
-            [sys.executable, str(WORKER), str(world), str(partial)],
+            dist_worker.command(str(world), str(partial)),
             capture_output=True,
             text=True,
             timeout=240,
-            env=env,
+            env=dist_worker.env(),
         )
     except subprocess.TimeoutExpired as exc:
         failed.write_text(f"{world}-rank launch timed out after {exc.timeout} s")

@@ -14,7 +14,7 @@ import torch
 
 from areal.plugins.models.hf_io import load_model
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # multi-rank launches (conftest.py)
 
 
 @pytest.mark.parametrize("case", ["dense", "moe", "untied", "tied_out_of_pp"])

@@ -3,21 +3,14 @@ over NCCL, track the fp32 eager step (bf16 rounding allows ~1e-2)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
+from support import dist_worker as worker
 
-_spec = importlib.util.spec_from_file_location(
-    "dist_worker", Path(__file__).with_name("dist_worker.py")
-)
-assert _spec is not None and _spec.loader is not None
-worker: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(worker)
+pytestmark = pytest.mark.gpu
 
 
 def test_bf16_compiled_fsdp_step_tracks_fp32(tmp_path: Path) -> None:

@@ -4,9 +4,6 @@ and the DTensor-aware gradient clipping against torch's own."""
 from __future__ import annotations
 
 import copy
-import importlib.util
-from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
@@ -14,14 +11,9 @@ import torch
 from areal.plugins.trainer.packing import pack
 from areal.plugins.trainer.parallel.layout import clip_grad_norm, pad_pack, split_by_tokens
 from areal.plugins.trainer.step import token_logprobs
+from support import dist_worker as worker
 
-_spec = importlib.util.spec_from_file_location(
-    "dist_worker", Path(__file__).with_name("dist_worker.py")
-)
-assert _spec is not None and _spec.loader is not None
-_worker: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_worker)
-build_model, build_samples = _worker.build_model, _worker.build_samples
+build_model, build_samples = worker.build_model, worker.build_samples
 
 
 def test_split_by_tokens_balances_and_keeps_order() -> None:

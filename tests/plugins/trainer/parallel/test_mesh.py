@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # multi-rank launches (conftest.py)
 
 EXPECTED: dict[str, dict[str, list[list[int]]]] = {
     "dp2_tp2": {

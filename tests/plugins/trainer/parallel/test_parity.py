@@ -14,7 +14,6 @@ of near-zero gradients into differences of the learning rate's order.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import signal
@@ -30,14 +29,9 @@ import torch
 
 from areal.plugins.trainer.step import train_step
 from areal.run.launch import torchrun_command
+from support import dist_worker as worker
 
-pytestmark = pytest.mark.slow
-
-WORKER = Path(__file__).with_name("dist_worker.py")
-_spec = importlib.util.spec_from_file_location("dist_worker", WORKER)
-assert _spec is not None and _spec.loader is not None
-worker: Any = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(worker)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # multi-rank launches (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +108,14 @@ def _node_command(node_args: list[str], out: Path) -> list[str]:
     """areal's own torchrun command for 2 ranks with a user's multi-node flags, running the
     worker's ``dp2`` instead of ``areal.run.train``."""
     command = torchrun_command(2, out / "resolved.yaml", out, resume=False, extra=node_args)
-    launcher = command[: command.index("areal.run.train") - 1]  # up to "-m areal.run.train"
-    return [*launcher, str(WORKER), "torchrun", "dp2", str(out)]
+    launcher = command[: command.index("areal.run.train")]  # up to "-m areal.run.train"'s "-m"
+    return [*launcher, worker.MODULE, "torchrun", "dp2", str(out)]
 
 
 def _run_nodes(commands: list[list[str]], outs: list[Path], timeout: float = 180) -> None:
     """Start every node's torchrun at once (as on separate machines) and wait for all; a node
     that fails or hangs fails the test with every node's log. Nothing outlives the call."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+    env = worker.env()
     procs: list[subprocess.Popen[bytes]] = []
     codes: list[int | None] = []
     try:

@@ -1,13 +1,14 @@
-"""One multi-process launch that runs the RL step under several layouts (imported by the tests).
+"""One multi-process launch that runs the RL step under several layouts; the tests import its
+models, samples and layouts from here (``support.dist_worker``) and start it as a module.
 
-``python dist_worker.py WORLD OUT_DIR`` spawns WORLD gloo ranks on CPU; for each layout of that
+``python -m support.dist_worker WORLD OUT_DIR`` (:func:`command`, under :func:`env`) spawns WORLD gloo ranks on CPU; for each layout of that
 world size it builds a fresh mesh and model, runs the real ``train_step`` and writes the loss,
 statistics and the updated full parameters to ``OUT_DIR/<layout>.pt`` (rank 0). With WORLD = 4 it
 also saves a DCP checkpoint in one layout, resumes it in another and exports HF safetensors from
 the sharded model. Torch imports cost seconds per process, so one launch does everything of its
 world size; the tests compare the files with the single-process step computed in the test.
 
-``python dist_worker.py torchrun LAYOUT OUT_DIR`` is one rank that torchrun started (``env://``):
+``python -m support.dist_worker torchrun LAYOUT OUT_DIR`` is one rank that torchrun started (``env://``):
 it runs LAYOUT alone and also writes ``OUT_DIR/env-rank<RANK>.json``, where torchrun put it.
 """
 
@@ -36,6 +37,22 @@ from areal.plugins.trainer.step import token_logprobs
 
 # name -> ParallelDims sizes (+ "ac": activation checkpointing). The model by the name's prefix:
 # the nano Qwen3 (tied embeddings), "moe_" its Qwen3-MoE twin, "untied_" it with an untied LM head.
+MODULE = "support.dist_worker"  # run as a module: its folder on sys.path would shadow stdlib names
+TESTS = Path(__file__).resolve().parents[1]  # the folder that holds ``support``
+
+
+def command(*args: str) -> list[str]:
+    """This worker's command line: ``args`` are its own (``WORLD OUT_DIR``, or ``torchrun ...``)."""
+    return [sys.executable, "-m", MODULE, *args]
+
+
+def env() -> dict[str, str]:
+    """The environment to start it under: ``support`` importable, one thread per rank (the
+    ranks share the machine's cores), no warnings in the logs the tests read."""
+    path = os.pathsep.join(p for p in (str(TESTS), os.environ.get("PYTHONPATH", "")) if p)
+    return {**os.environ, "PYTHONPATH": path, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+
+
 LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
     2: {
         "dp2": {"dp": 2},
