@@ -1,6 +1,7 @@
 """A real one-node Slurm cluster for the session, brought up by ``tests/cluster/slurm_local.sh``
 (the script ``make slurm`` runs): installed with apt when missing, started, stopped at the end
-unless it was already up. Skips, naming what failed, where Slurm cannot be had."""
+unless it was already up. Where it cannot be had, the tests that need it fail, naming the step
+that failed (the script says which: install, munge, slurmctld, slurmd, the node's first job)."""
 
 from __future__ import annotations
 
@@ -31,15 +32,22 @@ def _node_up() -> bool:
 def slurm_cluster() -> Iterator[Path]:
     """The cluster's slurm.conf; ``SLURM_CONF`` points at it for the session."""
     if shutil.which("slurmctld") is None and os.geteuid() != 0:
-        pytest.skip("Slurm is not installed and installing it (apt) needs root")
+        pytest.fail(
+            "Slurm is not installed and installing it (apt) needs root: run "
+            f"`sudo bash {SCRIPT} start` (`make slurm`) once",
+            pytrace=False,
+        )
     was_up = _node_up()
     if not was_up:
         done = subprocess.run(
             ["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=600
         )
         if done.returncode:
-            why = (done.stderr.strip().splitlines() or ["no output"])[-1]
-            pytest.skip(f"the local Slurm cluster did not start: {why}")
+            errors = [line for line in done.stderr.splitlines() if "error:" in line]
+            why = (errors or done.stderr.strip().splitlines() or ["no output"])[-1]
+            pytest.fail(
+                f"the local Slurm cluster did not start ({SCRIPT} start): {why}", pytrace=False
+            )
     conf = STATE_DIR / "slurm.conf"
     previous = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)

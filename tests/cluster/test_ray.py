@@ -15,7 +15,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,8 +25,9 @@ import pytest
 import areal
 from areal.host.on_node import node_address
 from areal.host.process import pick_free_port
+from support import eventually
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 REPO = Path(__file__).parents[2]
 RAY = Path(sys.executable).with_name("ray")
@@ -124,10 +124,10 @@ def test_a_stand_in_runs_its_command_as_an_actor_where_the_resource_is(
 
     # SIGTERM reaches the command, which exits on its own terms; its actor goes with it.
     program = (
-        "import signal, sys, time\n"
+        "import signal, sys\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(3)))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(120)\n"
+        "signal.pause()\n"
     )
     log = tmp_path / "stopped.log"
     with log.open("wb") as out:
@@ -136,10 +136,8 @@ def test_a_stand_in_runs_its_command_as_an_actor_where_the_resource_is(
                      sys.executable, "-c", program),
             env=env, stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        deadline = time.monotonic() + 90
-        while "ready" not in log.read_text() and time.monotonic() < deadline:
-            assert proc.poll() is None, log.read_text()
-            time.sleep(0.2)
+        eventually(lambda: "ready" in log.read_text() or proc.poll() is not None, 120, "ready")
+        assert proc.poll() is None, log.read_text()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 3, log.read_text()
     assert "got SIGTERM" in log.read_text()
@@ -156,7 +154,7 @@ def test_spread_actors_land_on_different_nodes(ray_cluster: RayCluster, tmp_path
     """Two small actors fit on either node; ``--spread`` (the engines' default) puts them on
     both, where Ray's default would pack them."""
     env = {**ray_cluster.env, "AREAL_RAY_NAMESPACE": "spread"}
-    program = "import time; print('ready', flush=True); time.sleep(120)"
+    program = "import signal; print('ready', flush=True); signal.pause()"
     logs = [tmp_path / f"engine{i}.log" for i in range(2)]
     procs = []
     for i, log in enumerate(logs):
@@ -166,11 +164,15 @@ def test_spread_actors_land_on_different_nodes(ray_cluster: RayCluster, tmp_path
                 env=env, stdout=out, stderr=subprocess.STDOUT,
             ))  # fmt: skip
     try:
-        deadline = time.monotonic() + 90
-        while not all("ready" in log.read_text() for log in logs):
-            assert time.monotonic() < deadline, [log.read_text() for log in logs]
-            assert all(p.poll() is None for p in procs), [log.read_text() for log in logs]
-            time.sleep(0.2)
+        eventually(
+            lambda: (
+                all("ready" in log.read_text() for log in logs)
+                or any(p.poll() is not None for p in procs)
+            ),
+            120,
+            "both actors ready",
+        )
+        assert all(p.poll() is None for p in procs), [log.read_text() for log in logs]
         actors = ray_cluster.actors("spread")
         assert actors["engine0"]["node_id"] != actors["engine1"]["node_id"], actors
     finally:

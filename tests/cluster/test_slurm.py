@@ -31,22 +31,14 @@ from areal.plugins.launchers.slurm import (
     submit,
     submit_with,
 )
+from support import eventually
+from support.runs import small
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[2]
 SRC = str(Path(areal.__file__).resolve().parents[1])
-# The quickstart, made small (as tests/faults/test_secrets.py): no warm start, the nano model,
-# a step every 8 episodes, 3 steps.
-SMALL = [
-    "warm_start.steps=0",
-    "model.init_tiny=nano",
-    "async.trigger_batch_size=8",
-    "train.global_batch_size=8",
-    "train.mini_batch_size=8",
-    "agent.concurrency=8",
-    "algorithm.group_size=4",
-    "train.max_steps=3",
-]
+# The quickstart, made small: a step every 8 episodes, 3 steps.
+SMALL = [*small(8), "train.max_steps=3"]
 
 
 def quickstart(tmp: Path, *sets: str) -> RunConfig:
@@ -154,6 +146,7 @@ def _job_env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.serial  # the session's Slurm cluster
 def test_wrapped_children_are_steps_of_the_allocation(slurm_cluster: Path, tmp_path: Path) -> None:
     report = tmp_path / "report.json"
     script = tmp_path / "steps.sbatch"
@@ -184,10 +177,12 @@ def test_wrapped_children_are_steps_of_the_allocation(slurm_cluster: Path, tmp_p
     assert out["step_seen_s"] >= 0 and out["task_seen_s"] >= 0 and out["sleeper_rc"] != 0
     assert 0 <= out["sleep_gone_s"] < 10 and 0 <= out["sleeper_step_gone_s"] < 15
     # SIGINT reaches the task itself (--disable-status), which stops on its own terms.
+    assert out["handler_set_s"] >= 0
     assert out["graceful_rc"] == 0 and out["graceful_signal"] == "2"
     assert time.monotonic() - started < 60
 
 
+@pytest.mark.serial  # the session's Slurm cluster
 def test_a_quickstart_run_trains_three_steps_inside_the_allocation(
     slurm_cluster: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -226,6 +221,7 @@ def test_a_quickstart_run_trains_three_steps_inside_the_allocation(
     assert took < 90, took
 
 
+@pytest.mark.serial  # the session's Slurm cluster
 def test_a_job_cancelled_before_it_starts_is_a_failure(
     slurm_cluster: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -234,16 +230,14 @@ def test_a_job_cancelled_before_it_starts_is_a_failure(
     name = f"areal-held-{os.getpid()}"
     options = SlurmOptions(inference_nodes=0, job_name=name, sbatch_args=["--hold"])
 
+    def queued() -> list[str]:
+        return subprocess.run(
+            ["squeue", "--noheader", f"--name={name}", "--format=%i"],
+            capture_output=True, text=True,
+        ).stdout.split()  # fmt: skip
+
     def cancel() -> None:
-        for _ in range(100):
-            listed = subprocess.run(
-                ["squeue", "--noheader", f"--name={name}", "--format=%i"],
-                capture_output=True, text=True,
-            ).stdout.split()  # fmt: skip
-            if listed:
-                subprocess.run(["scancel", *listed], check=True)
-                return
-            time.sleep(0.1)
+        subprocess.run(["scancel", *eventually(queued, 60, f"job {name} queued")], check=True)
 
     canceller = threading.Thread(target=cancel)
     canceller.start()

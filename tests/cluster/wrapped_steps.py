@@ -11,22 +11,27 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the support package
+
 from areal.plugins.launchers.slurm import Placement, SlurmLauncher, SlurmOptions
+from support.wait import NeverHappened, eventually
 
 WRITE = (
     "import os, pathlib, socket; pathlib.Path(os.environ['OUT']).write_text("
     "os.environ['SLURM_JOB_ID'] + '.' + os.environ['SLURM_STEP_ID'] + ' ' + socket.gethostname())"
 )
 GRACEFUL = (
-    "import pathlib, signal, sys, time\n"
+    "import pathlib, signal, sys\n"
     "def stop(signum, frame):\n"
     "    pathlib.Path(sys.argv[1]).write_text(str(signum)); sys.exit(0)\n"
     "signal.signal(signal.SIGINT, stop)\n"
-    "time.sleep(120)\n"
+    "pathlib.Path(sys.argv[1] + '.ready').touch()\n"
+    "signal.pause()\n"
 )
 
 
@@ -46,13 +51,14 @@ def _sleeping() -> bool:
     )
 
 
-def wait_for(predicate: object, timeout: float) -> float:
+def wait_for(predicate: Callable[[], object], timeout: float, what: str) -> float:
+    """Seconds until ``predicate`` held; -1 if it never did (the test reads the report)."""
     started = time.monotonic()
-    while time.monotonic() - started < timeout:
-        if predicate():  # type: ignore[operator]
-            return time.monotonic() - started
-        time.sleep(0.2)
-    return -1.0
+    try:
+        eventually(predicate, timeout, what)
+    except NeverHappened:
+        return -1.0
+    return time.monotonic() - started
 
 
 def main(report: Path) -> None:
@@ -67,20 +73,20 @@ def main(report: Path) -> None:
     out["written"] = written.read_text() if written.exists() else None
 
     sleeper = subprocess.Popen(launcher.wrap(Placement("rollout0", "rollout"), ["sleep", "377"]))
-    out["step_seen_s"] = wait_for(lambda: steps_named("rollout0"), 20)
-    # The step is listed a moment before its task runs; a SIGTERM in between ends srun cleanly
-    # (exit 0, seen once in a loaded full run). The premise is a running child: wait for it.
-    out["task_seen_s"] = wait_for(_sleeping, 20)
+    out["step_seen_s"] = wait_for(lambda: steps_named("rollout0"), 60, "the step listed")
+    # The step is listed before its task runs, and a SIGTERM in between ends srun cleanly (exit
+    # 0): the premise is a running child, so the signal waits for the task itself.
+    out["task_seen_s"] = wait_for(_sleeping, 60, "the task running")
     sleeper.send_signal(signal.SIGTERM)
     out["sleeper_rc"] = sleeper.wait(timeout=30)
-    out["sleep_gone_s"] = wait_for(lambda: not _sleeping(), 20)
-    out["sleeper_step_gone_s"] = wait_for(lambda: not steps_named("rollout0"), 20)
+    out["sleep_gone_s"] = wait_for(lambda: not _sleeping(), 60, "the task gone")
+    out["sleeper_step_gone_s"] = wait_for(lambda: not steps_named("rollout0"), 60, "step gone")
 
     flag = report.with_name("graceful")
     graceful = launcher.wrap(Placement("gateway", "gateway"), [sys.executable, "-c", GRACEFUL])
     child = subprocess.Popen([*graceful, str(flag)])
-    wait_for(lambda: steps_named("gateway"), 20)
-    time.sleep(1.0)  # the task's signal handler is set
+    ready = flag.with_name(flag.name + ".ready")
+    out["handler_set_s"] = wait_for(ready.exists, 60, "the task's SIGINT handler set")
     child.send_signal(signal.SIGINT)
     out["graceful_rc"] = child.wait(timeout=30)
     out["graceful_signal"] = flag.read_text() if flag.exists() else None

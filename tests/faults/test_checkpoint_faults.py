@@ -8,7 +8,8 @@ either writes inside its hidden ``.step-N.tmp/`` (invisible to a loader, removed
 writer) or does one ``rename`` (atomic); so a kill anywhere leaves what a kill at the point before
 or after it leaves. The phase list is the code's own (``SAVE_PHASES`` of the run and of the
 engine), and a test checks that a save passes exactly those points and that the source holds no
-others. A kill at arbitrary moments of a save, mid-file included, is tested as well.
+others. A save killed by the kernel in the middle of writing each of its files is tested as
+well (``RLIMIT_FSIZE``: the kill lands at an exact byte).
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ import json
 import logging
 import os
 import re
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +40,7 @@ from areal.core.types import Sample, Trajectory
 from areal.host import faults
 from areal.plugins.trainer import engine as fsdp
 from areal.run import checkpoint as ckpt
+from support.runs import make_config, trained
 
 ROOT = Path(__file__).resolve().parents[2]
 UNSHARED_ENV = "AREAL_TEST_IN_MOUNT_NAMESPACE"
@@ -60,7 +62,7 @@ def with_engine_phases(phases: list[str]) -> list[str]:
 # --- a small run's trainer state ------------------------------------------------------------
 
 
-def make_config(tmp: Path) -> RunConfig:
+def world_config(tmp: Path) -> RunConfig:
     return run_config_from_dict(
         {
             "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
@@ -194,7 +196,7 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> World:
     tmp = tmp_path_factory.mktemp("world")
-    config = make_config(tmp)
+    config = world_config(tmp)
     base = tmp / "out"
     engine = fsdp.build(EngineSetup.from_config(config, base))
     saved: dict[int, Saved] = {}
@@ -242,8 +244,11 @@ def save_scenario(world: World, out: Path, scenario: str) -> Callable[[], Path]:
 # --- a child process that saves, and dies ---------------------------------------------------
 
 
-def in_child(work: Callable[[], Any], *, crash_at: str | None = None) -> int:
-    """Run ``work`` in a forked child (with ``AREAL_TEST_CRASH_AT=crash_at``); its wait status.
+def in_child(
+    work: Callable[[], Any], *, crash_at: str | None = None, file_limit: int | None = None
+) -> int:
+    """Run ``work`` in a forked child (with ``AREAL_TEST_CRASH_AT=crash_at``; killed by the
+    kernel at the write that takes a file past ``file_limit`` bytes); its wait status.
 
     Forked, not spawned, so the child starts in milliseconds with torch and the engine already
     in memory; it runs torch on one thread (a forked OpenMP pool is not to be used)."""
@@ -254,6 +259,10 @@ def in_child(work: Callable[[], Any], *, crash_at: str | None = None) -> int:
             torch.set_num_threads(1)
             if crash_at is not None:
                 os.environ[faults.CRASH_ENV] = crash_at
+            if file_limit is not None:
+                signal.signal(signal.SIGXFSZ, signal.SIG_DFL)  # Python ignores it by default
+                resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+                resource.setrlimit(resource.RLIMIT_FSIZE, (file_limit, file_limit))
             work()
         except BaseException:
             import traceback
@@ -331,38 +340,33 @@ def test_a_save_killed_at_a_phase_leaves_the_last_good_checkpoint(
     assert_exact(world.config, out, world.saved[3])
 
 
-def test_a_save_killed_at_arbitrary_moments(world: World, tmp_path: Path) -> None:
-    """SIGKILL from outside at moments spread over a whole save, mid-file included.
+def cut_points(world: World) -> list[int]:
+    """Byte counts that cut each file of a checkpoint in the middle (half its size)."""
+    files = [p for p in (world.base / "checkpoints" / "step-000002").rglob("*") if p.is_file()]
+    return sorted({p.stat().st_size // 2 for p in files if p.stat().st_size >= 2})
 
-    The moments are spread over the save's measured length; on a loaded machine a save may take
-    longer or shorter than measured, so the kills go on (re-measuring the save) until one has
-    landed mid-file and both outcomes have been seen, every kill checked the same way."""
-    steps, partial, kills = set(), 0, 0
-    while kills < 10 or not partial or steps != {2, 3}:
-        assert kills < 60, f"after {kills} kills: mid-file {partial} times, resumed at {steps}"
-        if kills % 10 == 0:  # (re-)measure how long a save takes now
-            out = world.fresh(tmp_path / f"timing{kills}")
-            started = time.perf_counter()
-            assert in_child(save_scenario(world, out, "new_step")) == 0
-            duration = time.perf_counter() - started
-        out = world.fresh(tmp_path / f"kill{kills}")
-        pid = os.fork()
-        if pid == 0:
-            try:
-                torch.set_num_threads(1)
-                save_scenario(world, out, "new_step")()
-            finally:
-                os._exit(0)
-        time.sleep(duration * 1.2 * (kills % 10) / 10)
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        kills += 1
+
+def test_a_save_killed_in_the_middle_of_a_file_leaves_the_last_good_checkpoint(
+    world: World, tmp_path: Path
+) -> None:
+    """The kernel stops the save at an exact byte: with ``RLIMIT_FSIZE`` at ``limit``, the write
+    (or preallocation) that would take a file past it is cut there and the process is killed
+    (SIGXFSZ, which the child does not ignore), as a power cut mid-write would leave the file. One cut in the middle
+    of each of a checkpoint's files; each leaves the last good checkpoint, exact, and nothing
+    partial after the recovery."""
+    limits = cut_points(world)
+    assert len(limits) >= 3, limits  # the weights, the optimizer, the run's files
+    for limit in limits:
+        out = world.fresh(tmp_path / f"cut{limit}")
+        status = in_child(save_scenario(world, out, "new_step"), file_limit=limit)
+        assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGXFSZ, (limit, status)
         tmp = out / "checkpoints" / ".step-000003.tmp"
-        partial += tmp.is_dir() and any(p.is_file() for p in tmp.rglob("*"))
-        checkpoint, _ = resume(world.config, out)
-        assert_exact(world.config, out, world.saved[checkpoint.step])
+        # SIGXFSZ comes only from a write past the limit: the file it cut is in the save's
+        # hidden folder, holding at most ``limit`` bytes (a preallocating writer: none).
+        cut = [p.name for p in tmp.rglob("*") if p.is_file() and p.stat().st_size <= limit]
+        assert cut, f"no file was cut at {limit} bytes in {tmp}"
+        assert_exact(world.config, out, world.saved[2])
         assert leftovers(out) == []
-        steps.add(checkpoint.step)
 
 
 # --- a full disk ------------------------------------------------------------------------------
@@ -389,7 +393,8 @@ def cannot_mount() -> str | None:
 
 def needs_tmpfs(test: Callable[..., None]) -> Callable[..., None]:
     """Run the test where it may mount a tmpfs: here (root), else again under ``unshare -rm`` (a
-    user and mount namespace of its own), else skip with the reason."""
+    user and mount namespace of its own), else fail with the reason: a full disk can be had on
+    any Linux machine that allows either."""
 
     @functools.wraps(test)
     def wrapper(*args: Any, **kwargs: Any) -> None:
@@ -398,10 +403,14 @@ def needs_tmpfs(test: Callable[..., None]) -> Callable[..., None]:
             test(*args, **kwargs)
             return
         if os.environ.get(UNSHARED_ENV):
-            pytest.skip(f"cannot mount a tmpfs, even under unshare -rm: {why}")
+            pytest.fail(f"cannot mount a tmpfs, even under unshare -rm: {why}", pytrace=False)
         unshare = shutil.which("unshare")
         if unshare is None or subprocess.run([unshare, "-rm", "true"]).returncode != 0:
-            pytest.skip(f"cannot mount a tmpfs ({why}), and unshare -rm is not permitted")
+            pytest.fail(
+                f"cannot mount a tmpfs ({why}), and unshare -rm is not permitted: run as root, "
+                "or allow unprivileged user namespaces",
+                pytrace=False,
+            )
         nodeid = os.environ["PYTEST_CURRENT_TEST"].rsplit(" ", 1)[0]
         done = subprocess.run(
             [
@@ -422,8 +431,7 @@ def needs_tmpfs(test: Callable[..., None]) -> Callable[..., None]:
             text=True,
         )
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-        if " skipped" in done.stdout:
-            pytest.skip(done.stdout.strip().splitlines()[-2])
+        assert " passed" in done.stdout, done.stdout[-4000:]
 
     return wrapper
 
@@ -500,28 +508,8 @@ def test_a_full_disk_fails_the_save_in_one_line_and_keeps_the_last_good(
         assert_exact(world.config, out, world.saved[3])
 
 
-def run_config(tmp: Path, **train: Any) -> RunConfig:
-    """test_runner's small run: the nano model, real engine, gateway, workers and queue."""
-    return run_config_from_dict(
-        {
-            "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
-            "dataset": {"name": "tool_then_answer", "seed": 0},
-            "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 3, **train},
-            "algorithm": {"group_size": 2},
-            "sampling": {"max_new_tokens": 8},
-            "inference": {"max_total_tokens": 4096},
-            "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
-            "agent": {"reward_source": "agent", "concurrency": 4, "episode_timeout_s": 60},
-            "logging": {"log_dir": str(tmp / "logs"), "save_interval": 1},
-        }
-    )
-
-
-def trained(out: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (out / "run" / "trained.jsonl").open()]
-
-
 @pytest.mark.slow
+@pytest.mark.serial
 @needs_tmpfs
 def test_areal_train_stops_in_one_line_on_a_full_disk_and_resumes(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
@@ -532,7 +520,7 @@ def test_areal_train_stops_in_one_line_on_a_full_disk_and_resumes(
     from areal.run import train as entry
 
     out = tmp_path / "out"
-    config = run_config(tmp_path)
+    config = make_config(tmp_path, logging={"save_interval": 1})
     with tmpfs(out / "checkpoints", 7 << 20) as disk:
         with caplog.at_level(logging.INFO):
             assert entry.run(config, out) == 1

@@ -14,7 +14,10 @@ from pathlib import Path
 
 import openai
 import pytest
-from tests.faults.gateway_processes import (
+
+from areal.core.episode_journal import EpisodeBooks, read_journal
+from areal.plugins.models.tiny import init_tiny
+from support.processes import (
     POLICY,
     client,
     end_session,
@@ -22,9 +25,6 @@ from tests.faults.gateway_processes import (
     start_engine,
     start_gateway,
 )
-
-from areal.core.episode_journal import EpisodeBooks, read_journal
-from areal.plugins.models.tiny import init_tiny
 
 
 def _end(gateway: str, session: str) -> dict[str, object]:
@@ -34,6 +34,7 @@ def _end(gateway: str, session: str) -> dict[str, object]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 def test_an_engine_killed_mid_stream_ends_the_stream_cleanly_and_the_episode_untrained(
     tmp_path: Path,
 ) -> None:

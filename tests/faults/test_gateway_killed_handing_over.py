@@ -2,26 +2,18 @@
 and gateway processes, the real ZeroMQ queue, the run's episode ledger): just before the put,
 the trainer never gets the episode and the books count it lost; just after the queue's
 acknowledgement, before the gateway noted it, the trainer has it and the books count it
-accepted, not lost (once they counted it both, and ``episodes_running`` went negative). Either
-way the books balance against what the trainer received, and read the same on a resume."""
+accepted, not lost, and never both (``episodes_running`` stays >= 0). Either way the books
+balance against what the trainer received, and read the same on a resume. Real processes: the
+serial tier."""
 
 from __future__ import annotations
 
 import signal
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from tests.faults.gateway_processes import (
-    POLICY,
-    client,
-    end_session,
-    open_session,
-    start_engine,
-    start_gateway,
-)
 
 from areal.core.episode_journal import EpisodeBooks, read_journal
 from areal.core.queue import make_source
@@ -29,6 +21,15 @@ from areal.host.faults import CRASH_ENV
 from areal.host.process import ServerProcess
 from areal.plugins.models.tiny import init_tiny
 from areal.run.accounting import EpisodeLedger
+from support import eventually
+from support.processes import (
+    POLICY,
+    client,
+    end_session,
+    open_session,
+    start_engine,
+    start_gateway,
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,7 @@ def engine_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.mark.slow
+@pytest.mark.serial
 @pytest.mark.parametrize(
     ("crash_at", "delivered"), [("gateway.handing_over", False), ("gateway.handed_over", True)]
 )
@@ -64,9 +66,7 @@ def test_a_gateway_killed_handing_over_leaves_books_that_balance(
         )
         with pytest.raises(httpx.TransportError):  # the gateway dies answering the end
             end_session(url, session)
-        deadline = time.monotonic() + 30
-        while dying.returncode is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        eventually(lambda: dying.returncode is not None, 60, "the gateway's exit")
         assert dying.returncode == -signal.SIGKILL, "the gateway did not die at the crash point"
 
         arrived = source.get(timeout=10 if delivered else 1)

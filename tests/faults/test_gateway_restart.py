@@ -6,36 +6,21 @@ go stale (AReaL's PR #1345: a gateway that forgot the run admitted (Î· + v + 1)Â
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-STEPS, KILL_AT, BATCH = 10, 4, 32
-# The quickstart, made small enough for a test: no format warm start, the nano model, a step
-# every 32 episodes (one sample each), 32 in flight. The rule and the processes are the same.
-SMALL = (
-    "warm_start.steps=0",
-    "model.init_tiny=nano",
-    f"async.trigger_batch_size={BATCH}",
-    f"train.global_batch_size={BATCH}",
-    f"train.mini_batch_size={BATCH}",
-    f"agent.concurrency={BATCH}",
-    "algorithm.group_size=4",
-)
+from support.runs import BATCH, ROOT, SMALL, run_and_kill
+
+STEPS, KILL_AT = 10, 4
 
 
 @pytest.mark.slow
-def test_a_killed_gateway_comes_back_without_a_stale_burst(
-    tmp_path: Path, gateway_kill: ModuleType
-) -> None:
-    run = gateway_kill.run_and_kill(
-        tmp_path / "out", steps=STEPS, kill_at=KILL_AT, timeout=240, overrides=SMALL
-    )
+@pytest.mark.serial
+def test_a_killed_gateway_comes_back_without_a_stale_burst(tmp_path: Path) -> None:
+    run = run_and_kill(tmp_path / "out", steps=STEPS, kill_at=KILL_AT, timeout=240, overrides=SMALL)
     assert run.returncode == 0, "the run did not finish"
     assert run.killed_at_step >= KILL_AT, "the gateway was never killed"
-    assert run.gateway_pythonpath == str(
-        gateway_kill.ROOT / "src"
-    )  # the child ran this checkout's areal
+    assert run.gateway_pythonpath == str(ROOT / "src")  # the child ran this checkout's areal
     assert run.last("end")["stopped_by"] == "max_steps"
 
     # The books balance on the last accounting event, the killed gateway's episodes included.

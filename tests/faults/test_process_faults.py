@@ -2,56 +2,63 @@
 injected by signal at a random step, and its books and audit trail say exactly what happened:
 nothing trained twice, nothing lost that the trainer had acknowledged.
 
-- an engine SIGKILLed, then the rollout worker SIGKILLed, then the engine SIGSTOPped as a weight
-  sync begins (one run, the faults one after another, each checked on its own): the supervisor
-  restarts each; the sync's watchdog names the stopped engine in one line and it is killed and
-  restarted like a dead one;
-- the trainer itself (``areal train``) SIGKILLed: every process it started is gone within
-  seconds (they die with it), its ports are free, and ``--resume`` finishes from the last
-  checkpoint.
+- an engine SIGKILLed, then the rollout worker SIGKILLed, then the engine SIGSTOPped while the
+  trainer waits at the start of a weight sync (one run, the faults one after another, each
+  checked on its own): the supervisor restarts each; the sync's watchdog names the stopped
+  engine in one line and it is killed and restarted like a dead one;
+- the trainer itself (``areal train``) SIGKILLed: every process it started dies with it (gone
+  within the time the product gives a SIGKILLed process, ``KILLED_EXIT_S``), its ports are
+  free, and ``--resume`` finishes from the last checkpoint.
 
 The steps are drawn from ``AREAL_FAULT_SEED`` (random unless set); a failure prints the seed.
+Whole ``areal train`` runs: the serial tier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
 import signal
-import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
 from areal.host.ports import port_holders
+from areal.host.process import KILLED_EXIT_S
 from areal.run.checkpoint import latest_checkpoint, load_checkpoint
+from support import eventually
+from support.runs import SMALL, TRAINER, Fault, identity_breaks, run
+from support.wait import NeverHappened
+
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 SEED = int(os.environ.get("AREAL_FAULT_SEED") or random.randrange(1_000_000))
 WATCHDOG_S = 5  # inference.weight_sync_timeout_s: a healthy sync's calls answer in ~10 ms here
 
 
-def _why(seed: int, run: Any, **where: Any) -> str:
+def _why(seed: int, done: Any, **where: Any) -> str:
     faults = ", ".join(f"{k}={v}" for k, v in where.items())
-    tail = "\n".join(run.log.splitlines()[-25:])
+    tail = "\n".join(done.log.splitlines()[-25:])
     return f"AREAL_FAULT_SEED={seed} ({faults}); areal train's log ends:\n{tail}"
 
 
-def _holders_after_teardown(ports: list[int], within_s: float = 3.0) -> dict[int, list[Any]]:
-    """Who still listens on ``ports``, asked until none does or ``within_s`` passed.
+def _holders(ports: list[int]) -> dict[int, list[Any]]:
+    """Who still listens on each of ``ports`` that is held."""
+    held = {port: port_holders(port) for port in ports}
+    return {port: who for port, who in held.items() if who}
 
-    A process the kernel is still tearing down has let go of its file table before its
-    listening socket leaves ``/proc/net/tcp``: for a moment the socket is listed with no
-    owner (seen once in four full runs). Asking again lets that moment pass; a port some
-    process really kept stays held and is reported with its owner."""
-    deadline = time.monotonic() + within_s
-    while True:
-        holders = {port: port_holders(port) for port in ports}
-        if not any(holders.values()) or time.monotonic() > deadline:
-            return holders
-        time.sleep(0.1)
+
+def _holders_after_teardown(ports: list[int]) -> dict[int, list[Any]]:
+    """Who still listens on ``ports`` once the kernel had the time it gets to tear a SIGKILLed
+    process down (``KILLED_EXIT_S``). A process in teardown lets go of its file table before
+    its listening socket leaves ``/proc/net/tcp``, so a socket may be listed a moment with no
+    owner; a port some process really kept stays held and is reported with its owner."""
+    with contextlib.suppress(NeverHappened):
+        eventually(lambda: not _holders(ports), KILLED_EXIT_S, f"ports {ports} to be free")
+    return _holders(ports)
 
 
 def _once(records: list[dict[str, Any]]) -> list[str]:
@@ -66,32 +73,30 @@ def _once(records: list[dict[str, Any]]) -> list[str]:
     return twice
 
 
-@pytest.mark.slow
-def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(
-    tmp_path: Path, fault_run: ModuleType
-) -> None:
+def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(tmp_path: Path) -> None:
     rng = random.Random(SEED)
     engine_at = rng.randint(1, 3)
     worker_at = engine_at + rng.randint(2, 3)
     stall_at = worker_at + rng.randint(2, 3)
-    # room for every try the stall may need to catch a sync (_stop_in_sync), and two steps more
-    steps = stall_at + fault_run.SYNC_TRIES + 2
-    Fault = fault_run.Fault
-    run = fault_run.run(
+    # The stall strikes at the first sync once the worker is back (while it is down the trainer
+    # has only what the staleness budget let through, one batch ahead), then two steps more.
+    steps = stall_at + 4
+    done = run(
         tmp_path / "out",
         steps=steps,
         faults=[
             Fault("engine0", engine_at),
             Fault("rollout0", worker_at),
-            Fault("engine0", stall_at, signal.SIGSTOP, during_sync=True, sync_timeout_s=WATCHDOG_S),
+            Fault("engine0", stall_at, signal.SIGSTOP, during_sync=True),
         ],
-        overrides=(*fault_run.SMALL, f"inference.weight_sync_timeout_s={WATCHDOG_S}"),
+        overrides=(*SMALL, f"inference.weight_sync_timeout_s={WATCHDOG_S}"),
         timeout=300,
     )
-    why = _why(SEED, run, engine=engine_at, rollout=worker_at, stall=stall_at, steps=steps)
-    assert run.returncode == 0, why
-    assert run.last("end")["stopped_by"] == "max_steps", why
-    killed, worker, stalled = run.injected  # all three struck
+    why = _why(SEED, done, engine=engine_at, rollout=worker_at, stall=stall_at, steps=steps)
+    assert done.returncode == 0, why
+    assert done.last("end")["stopped_by"] == "max_steps", why
+    assert len(done.injected) == 3, (done.injected, why)  # all three struck
+    killed, worker, stalled = done.injected
     assert stalled.pid == killed.back_pid, why  # the stall hit the restarted engine
 
     # Each fault on its own: the supervisor brought the process back, the run trained on after
@@ -99,16 +104,16 @@ def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(
     for hit, until in ((killed, worker.step), (worker, stalled.step), (stalled, steps)):
         assert hit.back_pid is not None and hit.back_pid != hit.pid, (hit, why)
         assert hit.step < until, (hit, why)
-        before = run.accounting_at(hit.step)["episodes_discarded"]
-        after = run.accounting_at(until)["episodes_discarded"]
+        before = done.accounting_at(hit.step)["episodes_discarded"]
+        after = done.accounting_at(until)["episodes_discarded"]
         assert after > before, (hit.fault, before, after, why)
-    restarts = run.last("accounting")["restarts"]
+    restarts = done.last("accounting")["restarts"]
     assert restarts >= 3, why
 
     # The stopped engine: the sync's watchdog named it (name, URL, pid, the version) in one line
     # and killed it; the helper never had to let it go.
     assert stalled.sync_version is not None and not stalled.released, (stalled, why)
-    named = [line for line in run.log.splitlines() if "the weight sync's watchdog:" in line]
+    named = [line for line in done.log.splitlines() if "the weight sync's watchdog:" in line]
     expected = (
         re.escape(
             f"the weight sync's watchdog: engine0 ({stalled.url}, pid {stalled.pid}) stalled in the "
@@ -119,35 +124,32 @@ def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(
     assert len(named) == 1 and re.search(expected, named[0]), (named, why)
 
     # The books balance exactly at every step, through all three faults.
-    assert fault_run.identity_breaks(run.events) == [], why
+    assert identity_breaks(done.events) == [], why
     # Nothing trained twice; the audit trail and the books agree.
-    assert _once(run.trained) == [], why
-    assert len(run.trained) == run.last("accounting")["episodes_trained"], why
-    assert {r["step"] for r in run.trained} == set(range(1, steps + 1)), why
+    assert _once(done.trained) == [], why
+    assert len(done.trained) == done.last("accounting")["episodes_trained"], why
+    assert {r["step"] for r in done.trained} == set(range(1, steps + 1)), why
 
 
-@pytest.mark.slow
-def test_a_killed_trainer_takes_its_processes_along_and_resumes(
-    tmp_path: Path, fault_run: ModuleType
-) -> None:
+def test_a_killed_trainer_takes_its_processes_along_and_resumes(tmp_path: Path) -> None:
     rng = random.Random(SEED + 1)
     kill_at = rng.randint(3, 5)
     steps = 7
     out = tmp_path / "out"
-    overrides = (*fault_run.SMALL, "logging.save_interval=2")
-    first = fault_run.run(
+    overrides = (*SMALL, "logging.save_interval=2")
+    first = run(
         out,
         steps=steps,
-        faults=[fault_run.Fault(fault_run.TRAINER, kill_at)],
+        faults=[Fault(TRAINER, kill_at)],
         overrides=overrides,
         timeout=240,
     )
     why = _why(SEED + 1, first, trainer=kill_at)
     (hit,) = first.injected
     assert first.returncode == -signal.SIGKILL, why
-    # Every process areal train started died with it, within seconds, and left its ports free.
+    # Every process areal train started died with it and left its ports free.
     assert {"engine0", "gateway", "rollout0"} <= set(hit.children.values()), (hit.children, why)
-    assert hit.gone_after is not None and hit.gone_after < 5.0, (hit.left, why)
+    assert hit.gone_after is not None and hit.left == [], (hit.left, why)
     assert len(hit.ports) >= 2, (hit.ports, why)
     holders = _holders_after_teardown(hit.ports)  # who, if a port is not free
     assert not any(holders.values()), (holders, why)
@@ -159,7 +161,7 @@ def test_a_killed_trainer_takes_its_processes_along_and_resumes(
     assert hit.step - 2 <= saved <= hit.step, (saved, hit.step, why)
     acknowledged = {t.session_id for t in checkpoint.pending}  # received, not trained yet
 
-    second = fault_run.run(out, steps=steps, overrides=overrides, resume=True, timeout=240)
+    second = run(out, steps=steps, overrides=overrides, resume=True, timeout=240)
     why = _why(SEED + 1, second, trainer=kill_at, checkpoint=saved)
     assert second.returncode == 0, why
     assert f"resuming from {found} (step {saved})" in second.log, why
@@ -174,4 +176,4 @@ def test_a_killed_trainer_takes_its_processes_along_and_resumes(
     assert {r["step"] for r in resumed} == set(range(saved + 1, steps + 1)), why
     assert _once(kept + resumed) == [], why
     assert acknowledged <= {r["session_id"] for r in resumed}, why
-    assert fault_run.identity_breaks(second.events) == [], why
+    assert identity_breaks(second.events) == [], why

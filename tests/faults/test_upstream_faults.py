@@ -33,6 +33,7 @@ from areal.gateway.router_config import ApiGatewayConfig, RouterConfig
 from areal.gateway.server import build_state
 from areal.gateway.upstream import StreamEnd, UpstreamChannel, _Failure
 from areal.host.http_server import ServerThread
+from support import eventually
 
 GATEWAY_KEY = "faults-gateway-key-0123456789"
 KEY_VAR = "AREAL_FAULTS_UPSTREAM_KEY"
@@ -99,7 +100,7 @@ class FaultyUpstream:
         if step == "reset":
             return _reset(request)
         if step == "hang":
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # never answers (cancelled when the caller gives up)
         if step[0].isdigit():
             status, _, wait = step.partition("@")
             echo = f"invalid key {self.keys[-1][7:]} (ends in ...{self.keys[-1][-8:]})"
@@ -121,21 +122,19 @@ class FaultyUpstream:
     ) -> web.StreamResponse:
         out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await out.prepare(request)
-        if step == "reset-after-headers":
-            await asyncio.sleep(0.05)
+        if step == "reset-after-headers":  # the headers left with prepare(); then the reset
             _reset(request)
             return out
         events = sse_events(api, model)
         keep = {"cut": 2, "drop": 2, "stall": 1}.get(step, len(events))
         for event in events[:keep]:
             await out.write(event)
-            await asyncio.sleep(0.01)
         if step == "drop":
             assert request.transport is not None
             request.transport.close()  # a FIN in the middle of the chunked body
             return out
         if step == "stall":
-            await asyncio.sleep(30)
+            await asyncio.Event().wait()  # silence (cancelled when the caller gives up)
         await out.write_eof()
         return out
 
@@ -243,15 +242,16 @@ class Rig:
     def anthropic(self) -> anthropic.Anthropic:
         return anthropic.Anthropic(base_url=self.url, api_key=GATEWAY_KEY, max_retries=0)
 
-    def lines(self, model: str, count: int = 1, wait: float = 3.0) -> list[str]:
+    def lines(self, model: str, count: int = 1) -> list[str]:
         """The gateway.log lines of ``model``'s requests, once ``count`` are there (a streamed
         answer's line is written just after its last byte)."""
-        deadline = time.monotonic() + wait
-        while True:
+
+        def found() -> list[str]:
             text = self.log.read_text() if self.log.exists() else ""
-            found = [line for line in text.splitlines() if f" model={model} " in line]
-            if len(found) >= count or time.monotonic() > deadline:
-                return found
+            return [line for line in text.splitlines() if f" model={model} " in line]
+
+        eventually(lambda: len(found()) >= count, 60, f"{count} gateway.log line(s) of {model}")
+        return found()
 
     def line(self, model: str) -> dict[str, str]:
         """The one gateway.log line of ``model``'s request, as its key=value fields."""
@@ -263,7 +263,9 @@ class Rig:
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
     upstream = FaultyUpstream()
-    up = ServerThread(upstream.app(), "127.0.0.1", 0, shutdown_timeout=0.5).start()
+    up = ServerThread(
+        upstream.app(), "127.0.0.1", 0, shutdown_timeout=0.5, handler_cancellation=True
+    ).start()
     log_dir = tmp_path_factory.mktemp("faults-gateway")
     roles = {f"model_{i}": {"model_id": m} for i, m in enumerate(MODELS)}
     with pytest.MonkeyPatch.context() as mp:
@@ -319,7 +321,8 @@ def test_retry_after_beyond_the_cap_goes_to_the_client(rig: Rig) -> None:
     started = time.monotonic()
     with pytest.raises(openai.RateLimitError) as caught:
         rig.openai().chat.completions.create(model="rate-limited-long", messages=ask("x"))
-    assert time.monotonic() - started < 2 and len(rig.upstream.calls["rate-limited-long"]) == 1
+    # At once: one call, and the answer well before the 120 s it was told to wait.
+    assert time.monotonic() - started < 60 and len(rig.upstream.calls["rate-limited-long"]) == 1
     assert caught.value.response.headers["retry-after"] == "120"
     error = caught.value.response.json()["error"]
     assert error["code"] == "upstream_rate_limited" and error["type"] == "rate_limit_error"
@@ -337,9 +340,10 @@ def test_5xx_is_retried_with_growing_jittered_backoff(rig: Rig) -> None:
     reply = rig.openai().chat.completions.create(model="server-errors", messages=ask("x"))
     assert reply.choices[0].message.content == "whole answer"
     t0, t1, t2 = rig.upstream.calls["server-errors"]
-    # Retry n waits uniform(step/2, step), step = min(max, backoff * 2**n): 25-50 ms, then 50-100.
-    assert BACKOFF / 2 <= t1 - t0 < BACKOFF + 0.15, t1 - t0
-    assert BACKOFF <= t2 - t1 < 2 * BACKOFF + 0.15, t2 - t1
+    # Retry n waits uniform(step/2, step), step = min(max, backoff * 2**n): at least 25 ms, then
+    # 50 (the delays' upper ends are proved exactly in test_backoff_is_capped_and_jittered).
+    assert t1 - t0 >= BACKOFF / 2, t1 - t0
+    assert t2 - t1 >= BACKOFF, t2 - t1
     line = rig.line("server-errors")
     assert (line["status"], line["retries"], line["upstream"]) == ("200", "2", "500,503,200")
 
@@ -406,7 +410,7 @@ def test_a_timeout_is_retried_then_a_504_in_each_schema(rig: Rig) -> None:
     assert caught.value.status_code == 504
     body = caught.value.response.json()
     assert body["type"] == "error" and f"within {TIMEOUT_S:g}s" in body["error"]["message"]
-    assert (MAX_RETRIES + 1) * TIMEOUT_S <= elapsed < (MAX_RETRIES + 1) * TIMEOUT_S + 2
+    assert elapsed >= (MAX_RETRIES + 1) * TIMEOUT_S  # each attempt waited its whole timeout
     line = rig.line("hangs")
     assert (line["status"], line["upstream"], line["error"]) == (
         "504",
@@ -523,10 +527,14 @@ def test_a_whole_stream_passes_untouched(rig: Rig) -> None:
 
 
 def test_the_key_is_in_no_log_line(rig: Rig) -> None:
-    rig.upstream.plan("ok", "ok")
+    """Whatever ran before (every scenario here leaves its line), and a refusal that quotes the
+    key, which this test makes itself so it holds in any order."""
+    rig.upstream.plan("ok", "401", "ok")
+    with pytest.raises(openai.APIStatusError):
+        rig.openai().chat.completions.create(model="ok", messages=ask("x"))
     rig.openai().chat.completions.create(model="ok", messages=ask("x"))
+    assert len(rig.lines("ok", count=2)) >= 2
     text = rig.log.read_text()
-    assert text.count("\n") >= len(MODELS) - 2  # every test above left its line
     assert_no_key(text)
     assert GATEWAY_KEY not in text
 

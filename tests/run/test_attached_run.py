@@ -16,16 +16,20 @@ from typing import Any
 
 import httpx
 import pytest
-from tests.run.test_runner import _children, _wait_for, make_config, trained
 
 from areal.host.process import pick_free_port, start_on_free_port, with_port
 from areal.run.runner import RunError, RunSummary, train
+from support import eventually
+from support.processes import children
+from support.runs import jsonl, make_config, trained
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "attached-admin-token-0123456789"
 GATEWAY_KEY = "attached-gateway-key-0123456789"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 STEPS = 60
+
+pytestmark = pytest.mark.serial
 
 
 @pytest.fixture
@@ -85,7 +89,7 @@ def test_a_run_attaches_to_a_running_gateway_and_engines_come_and_go(
     thread, result = in_thread(lambda: train(config, tmp_path / "out"))
     with contextlib.ExitStack() as stack:
         try:
-            _wait_for(lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1")
+            eventually(lambda: "[train] step=1 " in log.read_text(), 120, "step 1 in train.log")
             seat = admin_get(gateway, "/rl/trainer")["trainer"]
             assert seat is not None and not seat["lapsed"]
             # One policy, one trainer: a second run is refused while this one holds the seat.
@@ -106,11 +110,11 @@ def test_a_run_attaches_to_a_running_gateway_and_engines_come_and_go(
             assert attached.status_code == 201, attached.text
             assert int(attached.json()["weight_version"]) >= 1
             # The run's own engine dies; the supervisor restarts it and it registers again.
-            (engine,) = _children("serve inference")
+            (engine,) = children("serve inference")
             own = next(e["url"] for e in admin_get(gateway, "/rl/engines")["engines"] if e["owner"])
             engine.send_signal(signal.SIGKILL)
-            _wait_for(lambda: own not in urls(gateway), 30, "the dead engine to be taken out")
-            _wait_for(lambda: own in urls(gateway), 120, "the restarted engine to register again")
+            eventually(lambda: own not in urls(gateway), 60, "the dead engine to be taken out")
+            eventually(lambda: own in urls(gateway), 120, "the restarted engine to register again")
             assert thread.is_alive(), "the run ended before its engine came back"
         finally:
             thread.join(timeout=300)
@@ -127,7 +131,8 @@ def test_a_run_attaches_to_a_running_gateway_and_engines_come_and_go(
         assert int(info["weight_version"]) >= summary.version - 1
 
     # The books balance, the engine's lost calls included; nothing was trained twice.
-    acc = [e for e in _events(tmp_path) if e.get("event") == "accounting"][-1]
+    events = jsonl(tmp_path / "logs" / "metrics.jsonl")
+    acc = [e for e in events if e.get("event") == "accounting"][-1]
     assert acc["episodes_sent"] == (
         acc["episodes_trained"]
         + acc["episodes_dropped"]
@@ -154,10 +159,3 @@ def test_a_run_naming_no_running_gateway_fails_at_once(
     monkeypatch.setenv("AREAL_ADMIN_TOKEN", ADMIN_TOKEN)
     with pytest.raises(RunError, match=f"no gateway answers at {url}"):
         train(config, tmp_path / "out")
-
-
-def _events(tmp: Path) -> list[dict[str, Any]]:
-    import json
-
-    path = tmp / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()]

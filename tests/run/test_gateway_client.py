@@ -228,13 +228,13 @@ def test_a_gateway_that_is_down_names_the_cause() -> None:
 
 
 def test_a_gateway_that_does_not_answer_in_time() -> None:
-    async def slow(request: web.Request) -> web.Response:
-        await asyncio.sleep(3)
+    async def silent(request: web.Request) -> web.Response:
+        await asyncio.Event().wait()  # never answers (cancelled when the client gives up)
         return web.json_response({})
 
     app = web.Application()
-    app.router.add_get("/rl/sessions", slow)
-    server = ServerThread(app, "127.0.0.1", 0).start()
+    app.router.add_get("/rl/sessions", silent)
+    server = ServerThread(app, "127.0.0.1", 0, handler_cancellation=True).start()
     try:
         with pytest.raises(GatewayUnreachable, match="Timeout"):
             run(GatewayAdmin(server.url, ADMIN, timeout_s=0.3).status())

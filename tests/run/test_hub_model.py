@@ -6,35 +6,27 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from areal.core.run_config import RunConfig, run_config_from_dict
+from areal.core.run_config import RunConfig
 from areal.run.checkpoint import latest_checkpoint
 from areal.run.machine import check_machine
 from areal.run.train import run
+from support.runs import make_config
 
 
 def hub_config(tmp: Path, model_path: str) -> RunConfig:
-    data: dict[str, Any] = {
-        "model": {"path": model_path, "dtype": "float32"},
-        "dataset": {"name": "tool_then_answer", "seed": 0},
-        "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 1},
-        "algorithm": {"group_size": 2},
-        "sampling": {"max_new_tokens": 8},
-        "inference": {"max_total_tokens": 4096},
-        "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
-        "agent": {"reward_source": "agent", "concurrency": 4, "episode_timeout_s": 60},
-        "logging": {"log_dir": str(tmp / "logs"), "save_interval": 100},
-    }
-    return run_config_from_dict(data)
+    """The tests' small run of one step on ``model_path`` (a Hub id or a folder), not a tiny
+    model areal makes."""
+    return make_config(tmp, model={"path": model_path, "init_tiny": None}, train={"max_steps": 1})
 
 
 def _tree(path: Path) -> dict[str, int]:
     return {str(p.relative_to(path)): p.stat().st_size for p in sorted(path.rglob("*"))}
 
 
+@pytest.mark.serial
 def test_a_run_trains_the_hub_model_from_its_cached_snapshot(hub_model, tmp_path: Path) -> None:
     before = _tree(hub_model.cache)
     out = tmp_path / "out"

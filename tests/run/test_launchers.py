@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from areal.core.launcher import LocalLauncher, Placement, launcher_for
 from areal.core.run_config import RunConfigError, load_run_config
 from areal.run.supervisor import Child, Supervisor
+from support import eventually
 
 QUICKSTART = Path(__file__).parents[2] / "configs" / "quickstart.yaml"
 
@@ -50,6 +50,7 @@ PRINT_AND_EXIT = [
 ]  # fmt: skip
 
 
+@pytest.mark.serial
 def test_a_plugins_launcher_places_the_supervised_children(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -134,11 +135,11 @@ def test_a_launchers_stop_signal_is_what_stops_its_children(tmp_path: Path) -> N
         stop_signal = signal.SIGINT
 
     program = (
-        "import signal, sys, time\n"
+        "import signal, sys\n"
         "signal.signal(signal.SIGINT, lambda *a: (print('got SIGINT', flush=True), sys.exit(0)))\n"
         "signal.signal(signal.SIGTERM, lambda *a: (print('got SIGTERM', flush=True), sys.exit(1)))\n"
         "print('up', flush=True)\n"
-        "time.sleep(60)\n"
+        "signal.pause()\n"
     )
     log = tmp_path / "gateway.log"
     child = Child(
@@ -149,9 +150,7 @@ def test_a_launchers_stop_signal_is_what_stops_its_children(tmp_path: Path) -> N
     )
     supervisor = Supervisor([child], poll_interval=0.05, launcher=Interrupting())
     asyncio.run(supervisor.start_all())
-    deadline = time.monotonic() + 30
-    while "up" not in log.read_text() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    eventually(lambda: "up" in log.read_text(), 60, "the child's handlers set ('up' in its log)")
     supervisor.stop_all(timeout=10)
     assert "got SIGINT" in log.read_text() and "got SIGTERM" not in log.read_text()
     assert child.process is not None and child.process.returncode == 0

@@ -6,22 +6,22 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from areal.core.run_config import run_config_from_dict
 from areal.run.leftovers import PROCESSES_FILE, LeftoverProcesses, RunProcesses
 from areal.run.runner import RunError, train
+from support.processes import SLEEPER
+from support.runs import make_config
 
 
 @pytest.fixture
 def leftover() -> Iterator[subprocess.Popen[bytes]]:
     """A process that outlived its run (started by hand here, as an older areal's would be)."""
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    proc = subprocess.Popen(SLEEPER, stdout=subprocess.DEVNULL)
     try:
         yield proc
     finally:
@@ -67,20 +67,11 @@ def test_resume_stops_at_once_while_a_leftover_holds_the_run(
 ) -> None:
     out = tmp_path / "out"
     RunProcesses(out / "run").record("gateway", leftover.pid)
-    config = run_config_from_dict(
-        {
-            "model": {"path": str(tmp_path / "model"), "dtype": "float32", "init_tiny": "nano"},
-            "dataset": {"name": "tool_then_answer", "seed": 0},
-            "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 1},
-            "algorithm": {"group_size": 2},
-            "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
-            "logging": {"log_dir": str(tmp_path / "logs")},
-        }
-    )
-    started = time.monotonic()
+    config = make_config(tmp_path, train={"max_steps": 1})
     with pytest.raises(RunError, match=rf"gateway \(pid {leftover.pid}\)"):
         train(config, out, resume=True)
-    assert time.monotonic() - started < 10  # before the engine, the processes and the checkpoint
+    # It stopped before anything else: no engine was started, no checkpoint looked for.
+    assert not (tmp_path / "logs" / "engine0.log").exists()
     assert leftover.poll() is None  # not ours to kill: named, left alone
     assert RunProcesses(out / "run").alive() == {"gateway": leftover.pid}  # its file stays
 

@@ -26,6 +26,7 @@ from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import TrainerLoop
 from areal.run.trainer_thread import THREAD_NAME
+from support import eventually_async
 
 PROMPTS = [[11, 12, 13, 14], [21, 22, 23]]
 
@@ -64,11 +65,11 @@ async def group_trajectories(client: InferenceClient, tag: str) -> list[Trajecto
     return trajectories
 
 
-async def wait_version(client: InferenceClient, version: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while (await client.model_info())["weight_version"] != version:
-        assert time.monotonic() < deadline, f"the engine never reached version {version}"
-        await asyncio.sleep(0.02)
+async def wait_version(client: InferenceClient, version: str, timeout: float = 60.0) -> None:
+    async def serves() -> bool:
+        return (await client.model_info())["weight_version"] == version
+
+    await eventually_async(serves, timeout, f"the engine to serve version {version}")
 
 
 def recording_threads(policy: Policy, names: list[str]) -> Policy:

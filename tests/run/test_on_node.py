@@ -72,7 +72,7 @@ def test_wait_for_line_reads_only_this_starts_output(tmp_path: Path) -> None:
     log = tmp_path / "child.log"
     log.write_text(f"{ANNOUNCE}10.9.9.9\n")  # an earlier start's announcement
     said = ANNOUNCE + "10.0.0.5"
-    say = [sys.executable, "-c", f"import time; print({said!r}, flush=True); time.sleep(30)"]
+    say = [sys.executable, "-c", f"import signal; print({said!r}, flush=True); signal.pause()"]
     process = ServerProcess(say, log_path=log, name="engine0")
     process.start()
     try:

@@ -5,12 +5,12 @@ run meant; a restart starts the staleness clock at the trainer's version then.""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from tests.host.test_process import someone_else_answering_health
 
 from areal.core.run_config import run_config_from_dict
 from areal.gateway import server
@@ -21,6 +21,7 @@ from areal.run import processes
 from areal.run.gateway_client import GatewayAdmin
 from areal.run.processes import gateway_child, router_config, worker_child
 from areal.run.supervisor import Child, Supervisor
+from support.processes import serve
 
 QUEUE = "tcp://127.0.0.1:5555"
 
@@ -78,6 +79,7 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     assert "admin-token-0123456789" not in " ".join(child.command())
 
 
+@pytest.mark.serial
 def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -104,6 +106,7 @@ def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     assert admin.url == child.url  # the admin client follows once the supervisor learns the url
 
 
+@pytest.mark.serial
 def test_a_gateway_whose_port_was_taken_before_it_bound_starts_on_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -114,7 +117,8 @@ def test_a_gateway_whose_port_was_taken_before_it_bound_starts_on_another(
     config = run_config_from_dict(
         {"model": {"path": str(tmp_path / "model")}, "dataset": {"name": "tool_then_answer"}}
     )
-    with someone_else_answering_health() as taken:
+    # Another process's server answering 200 on every path, as another run's gateway would.
+    with contextlib.contextmanager(serve)(200, b"") as taken:
         picks = iter([taken])
         monkeypatch.setattr(processes, "pick_free_port", lambda: next(picks, 0) or pick_free_port())
         child, admin = gateway_child(
@@ -154,6 +158,7 @@ def _agent_pair(tmp_path: Path, **sections: Any) -> tuple[Child, Child]:
     return gateway, worker
 
 
+@pytest.mark.serial
 def test_agent_cpu_affinity_places_the_gateway_and_the_rollout_workers(tmp_path: Path) -> None:
     pinned = {"train": {"cpu_affinity": [1]}, "inference": {"cpu_affinity": [0]}}
     gateway, worker = _agent_pair(tmp_path, **pinned, agent={"cpu_affinity": [0]})

@@ -8,44 +8,21 @@ import os
 import socket
 import subprocess
 import sys
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 
 from areal.run.reachability import describe_unreachable
+from support import eventually
+from support.processes import serve
 
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def serve(status: int, body: bytes, port: int = 0) -> Iterator[int]:
-    """A server in this process answering ``status`` and ``body`` to every GET, on ``port``
-    (0: a free one); yields its port."""
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            self.send_response(status)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield int(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.fixture
@@ -90,10 +67,11 @@ def test_a_socket_that_does_not_answer_http_yet() -> None:
 
 def test_a_gateway_process_that_has_not_bound_its_port_is_starting() -> None:
     port = free_port()
-    cmd = [sys.executable, "-c", "import time; time.sleep(30)", "areal", "serve", "gateway"]
+    cmd = [sys.executable, "-c", "import signal; signal.pause()", "areal", "serve", "gateway"]
     proc = subprocess.Popen([*cmd, "--port", str(port)])
     try:
-        time.sleep(0.2)
+        # Its command line is the gateway's once the interpreter has been exec'd.
+        eventually(lambda: "gateway" in psutil.Process(proc.pid).cmdline(), 60, "the exec")
         message = describe_unreachable(f"http://127.0.0.1:{port}")
     finally:
         proc.kill()

@@ -1,51 +1,27 @@
 """End-to-end runs of ``areal train`` on the nano model: real engine, gateway, rollout workers,
 ZeroMQ queue and trainer, in both modes; processes killed mid-run; a resume that neither loses nor
-repeats a trajectory. Each run takes ~10-20 s (process start-up dominates)."""
+repeats a trajectory. Each run takes ~10-20 s (process start-up dominates): the serial tier."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
-import psutil
 import pytest
-from tests.run.test_supervisor import someone_else_on
 
-from areal.core.run_config import RunConfig, run_config_from_dict
 from areal.run.checkpoint import latest_checkpoint, load_checkpoint
 from areal.run.runner import RunError, RunSummary, train
+from areal.run.supervisor import Child, Supervisor
+from support import eventually
+from support.processes import children, someone_else_on
+from support.runs import make_config, read_log, trained
 
-
-def make_config(tmp: Path, **sections: dict[str, Any]) -> RunConfig:
-    data: dict[str, Any] = {
-        "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
-        "dataset": {"name": "tool_then_answer", "seed": 0},
-        "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 3},
-        "algorithm": {"group_size": 2},
-        "sampling": {"max_new_tokens": 8},
-        "inference": {"max_total_tokens": 4096},
-        "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
-        "agent": {"reward_source": "agent", "concurrency": 4, "episode_timeout_s": 60},
-        "logging": {"log_dir": str(tmp / "logs"), "save_interval": 100},
-    }
-    for name, values in sections.items():
-        data.setdefault(name, {}).update(values)
-    return run_config_from_dict(data)
-
-
-def read_log(tmp: Path) -> list[str]:
-    return (tmp / "logs" / "train.log").read_text().splitlines()
-
-
-def trained(out: Path) -> list[dict[str, Any]]:
-    path = out / "run" / "trained.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+pytestmark = pytest.mark.serial
 
 
 @pytest.mark.parametrize("enabled", [True, False], ids=["async", "sync"])
@@ -101,35 +77,26 @@ def test_train_runs_end_to_end(tmp_path: Path, enabled: bool) -> None:
     assert all(isinstance(r["task_index"], int) for r in audit)
 
 
-def _children(pattern: str) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.Process().children(recursive=True):
-        try:
-            if pattern in " ".join(proc.cmdline()):
-                found.append(proc)
-        except psutil.Error:
-            continue
-    return found
-
-
-def _wait_for(predicate: Any, timeout: float, what: str, every: float = 0.2) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(every)
-
-
 def test_run_goes_on_when_a_worker_and_the_engine_are_killed(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Steps of the nano model take ~40 ms: with 12 steps, far more than the staleness bound's
-    # look-ahead (2 batches) remains to be generated after the kill at step 1, so the run
-    # cannot finish without the restarted engine and worker. Meanwhile another process takes
-    # the dead engine's freed port (and answers 200 on /health there): the engine must come
-    # back on another port, and the weight sync and the gateway must follow it there.
+    # With 12 steps, far more than the staleness bound's look-ahead (2 batches) remains to be
+    # generated after the kill at step 1, so the run cannot finish without the restarted engine
+    # and worker. Meanwhile another process takes the dead engine's freed port (and answers 200
+    # on /health there): the engine must come back on another port, and the weight sync and the
+    # gateway must follow it there. The engine's restart waits for the stranger to hold the port
+    # (a barrier, not a race with the restart).
     config = make_config(tmp_path, train={"max_steps": 12})
     result: list[RunSummary | BaseException] = []
+    stranger_there = threading.Event()
+    restart = Supervisor._restart
+
+    async def restart_after_the_stranger(self: Supervisor, child: Child) -> None:
+        if child.name == "engine0":
+            await asyncio.to_thread(stranger_there.wait, 120)
+        await restart(self, child)
+
+    monkeypatch.setattr(Supervisor, "_restart", restart_after_the_stranger)
 
     def run() -> None:
         try:
@@ -141,16 +108,16 @@ def test_run_goes_on_when_a_worker_and_the_engine_are_killed(
     thread.start()
     try:
         log = tmp_path / "logs" / "train.log"
-        _wait_for(
-            lambda: log.exists() and "[train] step=1 " in log.read_text(), 120, "step 1", 0.01
-        )
-        (engine,) = _children("serve inference")
+        eventually(lambda: "[train] step=1 " in log.read_text(), 120, "step 1 in train.log")
+        (engine,) = children("serve inference")
         port = int(engine.cmdline()[engine.cmdline().index("--port") + 1])
-        for proc in [*_children("areal.run.rollout_worker"), engine]:
+        for proc in [*children("areal.run.rollout_worker"), engine]:
             proc.send_signal(signal.SIGKILL)
         with someone_else_on(port):
+            stranger_there.set()
             thread.join(timeout=240)
     finally:
+        stranger_there.set()
         thread.join(timeout=240)
     assert result, "the run did not finish"
     summary = result[0]
@@ -170,7 +137,7 @@ def test_a_process_that_keeps_dying_stops_the_run_with_its_name(tmp_path: Path) 
     with pytest.raises(RunError, match=r"rollout0 exited with code .* giving up"):
         train(config, tmp_path / "out")
     # Nothing is left running.
-    assert not _children("areal.gateway.server") and not _children("serve inference")
+    assert not children("areal.gateway.server") and not children("serve inference")
 
 
 def test_resume_loses_nothing_and_trains_nothing_twice(tmp_path: Path) -> None:

@@ -1,22 +1,23 @@
 """The weight sync of a supervised run: an engine the sync's watchdog found stalled is named, killed
 (so the supervisor restarts it) and left out of the retry; an engine that answered with an error
 is not the watchdog's business, and the sync fails as before. Real child processes, a stand-in
-sync."""
+sync. The grace a sync gives an engine whose connection dropped to be seen dead is proved with a
+fake clock."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from areal.core.train_engine import WeightSyncError
-from areal.run.supervised_sync import SupervisedSync
+from areal.run.supervised_sync import DIED_GRACE_S, DIED_POLL_S, SupervisedSync
 from areal.run.supervisor import Child, Supervisor
-
-SLEEPER = [sys.executable, "-c", "import time; time.sleep(600)"]
+from support.clock import FakeClock
+from support.processes import SLEEPER
 
 
 class ScriptedSync:
@@ -59,6 +60,7 @@ async def _start(supervisor: Supervisor) -> None:
         child.url = f"http://127.0.0.1:{40000 + i}"
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("call", ["publish", "deliver"])
 def test_a_stalled_engine_is_named_killed_and_left_out(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, call: str
@@ -94,6 +96,7 @@ def test_a_stalled_engine_is_named_killed_and_left_out(
         supervisor.stop_all(timeout=2)
 
 
+@pytest.mark.serial
 def test_an_engine_that_answered_with_an_error_fails_the_sync(tmp_path: Path) -> None:
     supervisor, (first, second) = _engines(tmp_path)
     sync = ScriptedSync([])
@@ -109,3 +112,88 @@ def test_an_engine_that_answered_with_an_error_fails_the_sync(tmp_path: Path) ->
         assert first.running and second.running
     finally:
         supervisor.stop_all(timeout=2)
+
+
+# --- the grace for an engine whose connection dropped, on a fake clock -------------------------
+
+
+class FakeProcess:
+    """As much of a ServerProcess as the grace reads: whether it still runs."""
+
+    def __init__(self) -> None:
+        self.running = True
+        self.pid = 4242
+
+
+class SleepingClock(FakeClock):
+    """A fake clock that moves only when the code under test sleeps; ``on_sleep`` acts once
+    its time has come (a process reaped 1 s into the grace)."""
+
+    def __init__(self, on_sleep: dict[float, Callable[[], None]] | None = None) -> None:
+        super().__init__(start=0.0)
+        self.slept: list[float] = []
+        self.on_sleep = dict(on_sleep or {})
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)
+        for at in [t for t in self.on_sleep if t <= self.now()]:
+            self.on_sleep.pop(at)()
+
+
+def _fake_engines() -> tuple[Supervisor, list[Child], list[FakeProcess]]:
+    processes = [FakeProcess(), FakeProcess()]
+    children = [
+        Child(
+            name=f"engine{i}",
+            command=lambda: SLEEPER,
+            log_path=Path(f"e{i}.log"),
+            url=f"http://127.0.0.1:{40000 + i}",
+            up=True,
+            process=processes[i],  # type: ignore[arg-type]
+        )
+        for i in range(2)
+    ]
+    return Supervisor(children), children, processes
+
+
+def _dropped(url: str | None) -> WeightSyncError:
+    return WeightSyncError("update", url, "the connection was reset")
+
+
+def test_an_engine_seen_dead_within_the_grace_is_left_out_of_the_retry() -> None:
+    supervisor, (first, second), (_, dying) = _fake_engines()
+
+    def dies() -> None:
+        dying.running = False
+
+    clock = SleepingClock(on_sleep={1.0: dies})  # its process is reaped 1 s after the drop
+    sync = ScriptedSync([_dropped(second.url), None])
+    supervised = SupervisedSync(
+        sync,  # type: ignore[arg-type]
+        supervisor,
+        asyncio.Lock(),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    asyncio.run(supervised.publish(object(), 4))
+    assert sync.published_to == [[first.url, second.url], [first.url]]
+    assert set(clock.slept) == {DIED_POLL_S}
+    assert 1.0 <= clock.now() < 1.0 + 2 * DIED_POLL_S  # it went on as soon as the engine was gone
+
+
+def test_an_engine_still_running_after_the_grace_fails_the_sync() -> None:
+    supervisor, (first, second), _ = _fake_engines()
+    clock = SleepingClock()
+    sync = ScriptedSync([_dropped(second.url), None])
+    supervised = SupervisedSync(
+        sync,  # type: ignore[arg-type]
+        supervisor,
+        asyncio.Lock(),
+        clock=clock,
+        sleep=clock.sleep,
+    )
+    with pytest.raises(WeightSyncError, match="the connection was reset"):
+        asyncio.run(supervised.publish(object(), 4))
+    assert sync.published_to == [[first.url, second.url]]  # not retried
+    assert DIED_GRACE_S < clock.now() <= DIED_GRACE_S + 2 * DIED_POLL_S

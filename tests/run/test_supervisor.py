@@ -1,25 +1,23 @@
 """The supervisor restarts real child processes that die, and gives up with the child's name and
-log once it has restarted it too often."""
+log once it has restarted it too often. Real children: the serial tier."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from tests.host.test_process import HEALTH_SERVER
-from tests.run.test_reachability import serve
 
 from areal.host.process import pick_free_port
 from areal.run.supervisor import Child, ChildFailed, Supervisor
+from support import eventually_async
+from support.processes import HEALTH_SERVER, SLEEPER, someone_else_on
 
-SLEEPER = [sys.executable, "-c", "import time; print('up', flush=True); time.sleep(60)"]
+pytestmark = pytest.mark.serial
+
 CRASHER = [sys.executable, "-c", "import sys; print('boom: bad config', flush=True); sys.exit(3)"]
 
 
@@ -48,10 +46,7 @@ def test_a_dead_child_is_restarted_with_its_hooks(tmp_path: Path) -> None:
         assert first is not None
         watch = asyncio.create_task(supervisor.watch())
         os.kill(first, signal.SIGKILL)
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if child.restarts == 1 and child.up:
-                break
+        await eventually_async(lambda: child.restarts == 1 and child.up, 60, "worker0 back")
         assert child.up and child.running and child.process and child.process.pid != first
         watch.cancel()
 
@@ -136,23 +131,6 @@ def test_a_child_with_cpus_runs_on_those_cores(tmp_path: Path) -> None:
         supervisor.stop_all(timeout=2)
 
 
-@contextlib.contextmanager
-def someone_else_on(port: int, timeout: float = 10.0) -> Iterator[None]:
-    """Another process's server answering 200 on ``port`` once the dead child's socket has
-    let go of it (as another run's gateway or engine picking that freed port would)."""
-    deadline = time.monotonic() + timeout
-    with contextlib.ExitStack() as stack:
-        while True:
-            try:
-                stack.enter_context(contextlib.contextmanager(serve)(200, b"", port))
-                break
-            except OSError:  # the dead child's socket still holds it
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.02)
-        yield
-
-
 @pytest.mark.parametrize("moves", [True, False])
 def test_a_restart_whose_port_was_taken_moves_only_a_child_that_may(
     moves: bool, tmp_path: Path
@@ -163,8 +141,8 @@ def test_a_restart_whose_port_was_taken_moves_only_a_child_that_may(
     knows it by, so it fails, naming the taken port."""
     port = [pick_free_port()]
 
-    def command() -> list[str]:  # binds after 1 s: the stranger gets there first
-        return [sys.executable, "-c", HEALTH_SERVER, str(port[0]), "1"]
+    def command() -> list[str]:
+        return [sys.executable, "-c", HEALTH_SERVER, str(port[0])]
 
     def new_port() -> str:
         port[0] = pick_free_port()
@@ -194,15 +172,14 @@ def test_a_restart_whose_port_was_taken_moves_only_a_child_that_may(
         watch = asyncio.create_task(supervisor.watch())
         os.kill(child.process.pid, signal.SIGKILL)
         taken = int((first or "").rsplit(":", 1)[1])
+        # The stranger binds from this loop's thread, before the watch can run: the restart
+        # always finds the port taken.
         with someone_else_on(taken):
             if not moves:
                 with pytest.raises(ChildFailed, match="its port was taken"):
                     await asyncio.wait_for(watch, 60)
                 return
-            for _ in range(600):
-                await asyncio.sleep(0.05)
-                if child.restarts == 1 and child.up:
-                    break
+            await eventually_async(lambda: child.restarts == 1 and child.up, 60, "engine0 back")
             watch.cancel()
             assert child.up and child.url != first and started == [first, child.url]
             # The restarted child answers at its new url, and the stranger still has the old.

@@ -17,10 +17,17 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from areal.core.train_engine import StagedWeightSync, WeightSync, WeightSyncError, is_staged
+from areal.host.faults import crash_point
 from areal.host.process import ServerProcess
 from areal.run.supervisor import Child, Supervisor
 
 log = logging.getLogger("areal.train")
+
+# How long a sync that lost its connection to one of the run's engines waits for that engine's
+# process to be seen gone before it calls the failure the engine's own: the connection drops as
+# the kernel tears a killed engine down, a moment before its process is reaped.
+DIED_GRACE_S = 3.0
+DIED_POLL_S = 0.05
 
 
 class SupervisedSync:
@@ -34,10 +41,16 @@ class SupervisedSync:
         lock: asyncio.Lock,
         *,
         others: Callable[[], Awaitable[list[str]]] | None = None,
+        clock: Callable[[], float] | None = None,
+        sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     ) -> None:
         self.sync = sync
         self.supervisor = supervisor
         self.lock = lock
+        # The grace for a dying engine (:meth:`_died`) reads ``clock`` (default: the event
+        # loop's) and waits with ``sleep``: a test proves the rule with a fake clock.
+        self.clock = clock
+        self.sleep = sleep
         # Engines the run did not start (attached to its gateway by others), asked before every
         # publish; one that fails is left out (the gateway's health checks take it out of
         # service, and its next attach loads the newest weights first).
@@ -68,6 +81,7 @@ class SupervisedSync:
         """``call`` (a publish or a delivery) to the engines that are up, again without one that
         died or stalled meanwhile (up to 3 tries)."""
         async with self.lock:
+            crash_point("weight_sync.to_engines")  # a test may hold the run here (host.faults)
             left_out: set[str] = set()
             for _attempt in range(3):
                 engines = [
@@ -122,22 +136,21 @@ class SupervisedSync:
     def _child(self, url: str | None) -> Child | None:
         return next((c for c in self.supervisor.children if url and c.url == url), None)
 
-    async def _died(
-        self, url: str | None, process: ServerProcess | None, grace_s: float = 3.0
-    ) -> bool:
+    async def _died(self, url: str | None, process: ServerProcess | None) -> bool:
         """Did the engine at ``url`` die (the process the sync talked to has exited, or the
         supervisor already replaced it)? A killed engine's connection can drop a moment before
-        its process is gone, so this waits up to ``grace_s`` for the process to say so."""
+        its process is gone, so this waits up to :data:`DIED_GRACE_S` for the process to say so."""
         child = self._child(url)
         if child is None or process is None:
             return False
-        deadline = asyncio.get_running_loop().time() + grace_s
+        clock = self.clock or asyncio.get_running_loop().time
+        deadline = clock() + DIED_GRACE_S
         while True:
             if child.process is not process or not process.running:
                 return True
-            if asyncio.get_running_loop().time() > deadline:
+            if clock() > deadline:
                 return False
-            await asyncio.sleep(0.05)
+            await self.sleep(DIED_POLL_S)
 
     async def close(self) -> None:
         await self.sync.close()

@@ -10,8 +10,9 @@ SGLang API (the embedded one or real SGLang) and needs no shared process group:
    and resumed on the new weights (interruptible generation: exact, but each update costs the
    engine a prefill of everything in flight); ``in_place`` keeps their KV caches and goes on with
    the new weights (cheap; the tokens after the switch attend to keys and values of the previous
-   weights). Either way their ``weight_versions`` record the switch. bench/async_vs_sync.py
-   measured retract as what limits an async run on one CPU core (docs/benchmarks.md).
+   weights). Either way their ``weight_versions`` record the switch. With packed prefill the
+   re-prefill costs a CPU engine a fraction of a second per update, and the trainer, not the
+   engine, bounds an async run (bench/async_vs_sync.py, docs/benchmarks.md).
 3. **update**: ``/update_weights_from_disk`` with ``weight_version=str(version)`` on every engine.
 4. **continue**: ``/continue_generation`` on every engine.
 

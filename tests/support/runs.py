@@ -1,27 +1,29 @@
-"""Run ``areal train`` as a real process, inject faults into it by signal, and read back what the
-run recorded: its events, its audit trail of trained samples, its own log. Shared by the fault
-tests (loaded by path: the test folders are not packages) and by ``gateway_kill.py``.
+"""Whole runs of areal for the tests: a small run config, what a run left behind (its audit trail,
+its log), and ``areal train`` as a real process with faults injected into it by signal.
 
 A fault names its target as the supervisor names the process (``AREAL_PROCESS`` in the child's
 environment: ``gateway``, ``engine0``, ``rollout0``) or :data:`TRAINER` (``areal train`` itself),
 and the step after which it strikes. Faults strike in order, each once its step is logged and the
 previous target is back (the supervisor restarted it), so each fault is seen on its own.
-``during_sync``: at the start of the next weight sync (the disk sync's save phase: the moment its
-``weights/.vN.tmp`` appears, caught with inotify), so the sync's calls to the engine that follow
-meet a stopped process. A rollout worker is struck only while it has an episode open at the
-gateway: with all its session requests held in the gateway's long poll (the staleness budget
-full), a kill would cut no episode short, and those requests open nothing once it is dead.
+
+``during_sync``: the target is stopped while the trainer waits at the start of a weight sync's
+engine calls. The run is started with ``AREAL_TEST_STOP_AT=weight_sync.to_engines``
+(:mod:`areal.host.faults`): before every sync's engine calls the trainer stops itself; the harness
+sees it stopped, strikes the target if the fault is due, and lets the trainer go on. The sync's
+calls that follow meet a stopped engine, every time: nothing here races the sync.
+
+A rollout worker is struck only while it has an episode open at the gateway: with all its
+session requests held in the gateway's long poll (the staleness budget full), a kill would cut no
+episode short, and those requests open nothing once it is dead.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
-import select
+import re
 import signal
-import struct
 import subprocess
 import sys
 import time
@@ -33,23 +35,77 @@ from typing import Any
 import httpx
 import psutil
 
+from areal.core.run_config import RunConfig, run_config_from_dict
+from areal.host.faults import STOP_ENV
+from areal.host.process import KILLED_EXIT_S
+from support.wait import NeverHappened, eventually
+
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 TRAINER = "trainer"
 PROCESS_ENV = "AREAL_PROCESS"
+SYNC_POINT = "weight_sync.to_engines"  # the crash point a sync passes before its engine calls
+STOPPED_FOR_S = 30.0  # a stopped target nobody killed by then is let go (SIGCONT): no hang
+FOLLOW_S = 0.05  # how often the harness looks at a run it follows (it wakes at once on exit)
+
+
+# --- an in-process run's config and what a run leaves behind ------------------------------------
+
+
+def make_config(tmp: Path, **sections: dict[str, Any]) -> RunConfig:
+    """The tests' small run: the nano model, real engine, gateway, workers and queue, 3 steps
+    of 4 episodes; ``sections`` update the sections they name."""
+    data: dict[str, Any] = {
+        "model": {"path": str(tmp / "model"), "dtype": "float32", "init_tiny": "nano"},
+        "dataset": {"name": "tool_then_answer", "seed": 0},
+        "train": {"global_batch_size": 4, "mini_batch_size": 4, "max_steps": 3},
+        "algorithm": {"group_size": 2},
+        "sampling": {"max_new_tokens": 8},
+        "inference": {"max_total_tokens": 4096},
+        "async": {"staleness_threshold": 1, "queue_max_size": 32, "trigger_batch_size": 4},
+        "agent": {"reward_source": "agent", "concurrency": 4, "episode_timeout_s": 60},
+        "logging": {"log_dir": str(tmp / "logs"), "save_interval": 100},
+    }
+    for name, values in sections.items():
+        data.setdefault(name, {}).update(values)
+    return run_config_from_dict(data)
+
+
+def small(batch: int) -> tuple[str, ...]:
+    """``--set`` overrides that shrink the quickstart for a test: no format warm start, the nano
+    model, a step every ``batch`` episodes (one sample each), ``batch`` in flight. The rule and
+    the processes are the quickstart's."""
+    return (
+        "warm_start.steps=0",
+        "model.init_tiny=nano",
+        f"async.trigger_batch_size={batch}",
+        f"train.global_batch_size={batch}",
+        f"train.mini_batch_size={batch}",
+        f"agent.concurrency={batch}",
+        "algorithm.group_size=4",
+    )
+
+
 BATCH = 32
-# The quickstart, made small enough for a test: no format warm start, the nano model, a step
-# every 32 episodes (one sample each), 32 in flight. The rule and the processes are the same.
-SMALL = (
-    "warm_start.steps=0",
-    "model.init_tiny=nano",
-    f"async.trigger_batch_size={BATCH}",
-    f"train.global_batch_size={BATCH}",
-    f"train.mini_batch_size={BATCH}",
-    f"agent.concurrency={BATCH}",
-    "algorithm.group_size=4",
-)
-STOPPED_FOR_S = 30.0  # a stopped process nobody killed by then is let go (SIGCONT): no hang
+SMALL = small(BATCH)
+
+
+def trained(out: Path) -> list[dict[str, Any]]:
+    """The run's audit trail: one record per trained trajectory."""
+    return jsonl(out / "run" / "trained.jsonl")
+
+
+def read_log(tmp: Path) -> list[str]:
+    return (tmp / "logs" / "train.log").read_text().splitlines()
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# --- areal train with faults --------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -57,8 +113,7 @@ class Fault:
     target: str  # a child's AREAL_PROCESS name, or TRAINER
     step: int  # strikes once this run has logged this many steps (a resumed run: since it began)
     sig: int = signal.SIGKILL
-    during_sync: bool = False  # at the start of the next weight sync after ``step``
-    sync_timeout_s: float = 5.0  # during_sync: the run's weight-sync watchdog (see _stop_in_sync)
+    during_sync: bool = False  # while the trainer waits at the next weight sync after ``step``
 
 
 @dataclass
@@ -72,11 +127,10 @@ class Injected:
     pythonpath: str = ""  # the target's PYTHONPATH: which areal it ran
     url: str = ""  # where the target listened (http://127.0.0.1:PORT), if it did
     sync_version: int | None = None  # during_sync: the version whose sync it struck
-    tries: int = 0  # during_sync: syncs tried until one was caught before it had answered
     back_pid: int | None = None  # the target's new pid once the supervisor restarted it
     back_after: float | None = None  # seconds from the fault to the new pid
-    released: bool = False  # a stopped target the run never killed: SIGCONT by the helper
-    # TRAINER: every process areal train had started, and the seconds until all were gone.
+    released: bool = False  # a stopped target the run never killed: SIGCONT by the harness
+    # TRAINER: every process areal train had started, and whether all were gone in time.
     children: dict[int, str] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
     gone_after: float | None = None
@@ -136,6 +190,8 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     logs, log_path = out / "logs", out / "areal-train.log"
     env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
+    if any(f.during_sync for f in faults):
+        env[STOP_ENV] = SYNC_POINT
     started = time.monotonic()
     offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as log:
@@ -149,19 +205,22 @@ def run(
     trainer = psutil.Process(proc.pid)
     pending, injected = list(faults), []
     first_step = _steps(logs / "train.log")  # a resumed run's log goes on from the first's
+    code: int | None = None
     try:
-        while proc.poll() is None and time.monotonic() - started < timeout:
+        while time.monotonic() - started < timeout:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                code = proc.wait(timeout=FOLLOW_S)
+                break
             _follow(trainer, injected, started)
+            held = _stopped(trainer)  # at a sync's stop point, waiting for us
             done = _steps(logs / "train.log")  # the step numbers of the events
             if pending and done - first_step >= pending[0].step and _settled(injected):
-                hit = _inject(pending[0], proc, trainer, out, done, started)
+                hit = _inject(pending[0], proc, trainer, out, done, started, held=held)
                 if hit is not None:
                     injected.append(hit)
                     pending.pop(0)
-            time.sleep(0.05)
-        code = proc.wait(timeout=max(1.0, timeout - (time.monotonic() - started)))
-    except subprocess.TimeoutExpired:
-        code = None
+            if held:
+                os.kill(proc.pid, signal.SIGCONT)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -171,8 +230,8 @@ def run(
         code,
         time.monotonic() - started,
         injected,
-        _jsonl(logs / "metrics.jsonl"),
-        _jsonl(out / "run" / "trained.jsonl"),
+        jsonl(logs / "metrics.jsonl"),
+        jsonl(out / "run" / "trained.jsonl"),
         log_path.read_bytes()[offset:].decode(errors="replace"),
     )
 
@@ -206,6 +265,13 @@ def gone(proc: psutil.Process) -> bool:
         return True
 
 
+def _stopped(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() == psutil.STATUS_STOPPED
+    except psutil.Error:
+        return False
+
+
 def listening(proc: psutil.Process) -> list[int]:
     with contextlib.suppress(psutil.Error):
         return [
@@ -216,15 +282,18 @@ def listening(proc: psutil.Process) -> list[int]:
 
 def _inject(
     fault: Fault, proc: subprocess.Popen[bytes], trainer: psutil.Process, out: Path, step: int,
-    started: float,
+    started: float, *, held: bool,
 ) -> Injected | None:  # fmt: skip
+    """Strike ``fault`` now if it can be; ``None``: not yet (asked again while the run goes on)."""
     if fault.target == TRAINER:
         return _kill_trainer(fault, proc, trainer, step, started)
+    if fault.during_sync and not held:
+        return None  # the trainer is not waiting at a sync
     target = child(trainer, fault.target)
     if target is None:
-        return None  # not (re)started yet: try again
+        return None  # not (re)started yet
     if fault.target.startswith("rollout") and not _has_open_episode(trainer, fault.target):
-        return None  # nothing to cut short yet: try again
+        return None  # nothing to cut short yet
     ports = listening(target)
     hit = Injected(
         fault,
@@ -235,10 +304,11 @@ def _inject(
         url=f"http://127.0.0.1:{ports[0]}" if ports else "",
     )
     if fault.during_sync:
-        if not _stop_in_sync(hit, out, proc):
-            return None  # the run ended first
-    else:
-        os.kill(target.pid, fault.sig)
+        # Versions reach the engines one at a time, in order, each sync's line logged before the
+        # next sync starts: the one held now is the version after the last logged.
+        hit.sync_version = _last_synced(out) + 1
+        hit.step = hit.sync_version - 1
+    os.kill(target.pid, fault.sig)
     hit.at = time.monotonic() - started
     return hit
 
@@ -268,34 +338,12 @@ def _has_open_episode(trainer: psutil.Process, worker: str) -> bool:
     return False
 
 
-SYNC_TRIES = 8
-
-
-def _stop_in_sync(hit: Injected, out: Path, proc: subprocess.Popen[bytes]) -> bool:
-    """Signal the target as a weight sync begins (its save phase), so the sync's engine calls
-    meet a stopped process. A sync of the nano model takes ~20 ms, and on a loaded machine the
-    signal may come after it answered: then that sync's step is logged well before a watchdog
-    could have fired (within ``0.6 * sync_timeout_s``), so the target is let go (SIGCONT), and
-    the next sync is tried."""
-    for tries in range(1, SYNC_TRIES + 1):
-        version = _next_sync(out / "weights", proc)
-        if version is None:
-            return False
-        os.kill(hit.pid, hit.fault.sig)
-        deadline = time.monotonic() + 0.6 * hit.fault.sync_timeout_s
-        while time.monotonic() < deadline and not _logged(out, version):
-            time.sleep(0.02)
-        if not _logged(out, version):  # the sync waits on it: caught
-            hit.sync_version, hit.tries, hit.step = version, tries, version - 1
-            return True
-        os.kill(hit.pid, signal.SIGCONT)  # too late: that sync was through; the next one
-    return False
-
-
 def _kill_trainer(
     fault: Fault, proc: subprocess.Popen[bytes], trainer: psutil.Process, step: int,
     started: float,
 ) -> Injected:  # fmt: skip
+    """SIGKILL ``areal train``; then wait for every process it started to be gone, as long as
+    the product waits for a SIGKILLed process (``KILLED_EXIT_S``)."""
     children = trainer.children(recursive=True)
     names = {}
     for p in children:
@@ -306,10 +354,8 @@ def _kill_trainer(
     proc.wait()
     killed = time.monotonic()
     hit = Injected(fault, proc.pid, step, killed - started, children=names, ports=ports)
-    deadline = killed + 10.0
-    while time.monotonic() < deadline and not all(gone(p) for p in children):
-        time.sleep(0.02)
-    if all(gone(p) for p in children):
+    with contextlib.suppress(NeverHappened):
+        eventually(lambda: all(gone(p) for p in children), KILLED_EXIT_S, "areal train's children")
         hit.gone_after = time.monotonic() - killed
     hit.left = [f"{names.get(p.pid, '?')} (pid {p.pid})" for p in children if not gone(p)]
     return hit
@@ -339,59 +385,24 @@ def _settled(injected: list[Injected]) -> bool:
     return last.fault.target == TRAINER or last.back_pid is not None or last.released
 
 
-# --- the start of a weight sync, by inotify ----------------------------------------------------
-
-IN_CREATE, IN_MOVED_TO = 0x100, 0x80
-
-
-def _next_sync(weights: Path, proc: subprocess.Popen[bytes], wait_s: float = 60.0) -> int | None:
-    """Block until the next ``weights/.vN.tmp`` appears (a sync's save began); its ``N``."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    fd = libc.inotify_init1(os.O_CLOEXEC)
-    if fd < 0:
-        raise OSError(ctypes.get_errno(), "inotify_init1")
-    try:
-        if libc.inotify_add_watch(fd, str(weights).encode(), IN_CREATE | IN_MOVED_TO) < 0:
-            raise OSError(ctypes.get_errno(), f"inotify_add_watch {weights}")
-        deadline = time.monotonic() + wait_s
-        while proc.poll() is None and time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.5)
-            if not ready:
-                continue
-            data = os.read(fd, 65536)
-            offset = 0
-            while offset < len(data):
-                _wd, _mask, _cookie, size = struct.unpack_from("iIII", data, offset)
-                name = data[offset + 16 : offset + 16 + size].rstrip(b"\0").decode()
-                offset += 16 + size
-                if name.startswith(".v") and name.endswith(".tmp"):
-                    return int(name[2:-4])
-        return None
-    finally:
-        os.close(fd)
-
-
 # --- reading the run back ----------------------------------------------------------------------
 
+_SYNC_LINE = re.compile(r"^\[sync\] step=(\d+) ", re.MULTILINE)
 
-def _logged(out: Path, version: int) -> bool:
-    """The weight sync of ``version`` is in the train log: its ``[sync]`` line is written once
-    the engines serve it (an async step's ``[train]`` line comes earlier: the engines load beside
-    the next step). Step and version are one number, also across a resume."""
+
+def _last_synced(out: Path) -> int:
+    """The newest version the train log says the engines serve (0 before the first sync). Its
+    ``[sync]`` line is written once the engines serve it; step and version are one number, also
+    across a resume."""
     log = out / "logs" / "train.log"
-    return log.exists() and f"[sync] step={version} " in log.read_text()
+    versions = [int(v) for v in _SYNC_LINE.findall(log.read_text())] if log.exists() else []
+    return max(versions, default=0)
 
 
 def _steps(log: Path) -> int:
     if not log.exists():
         return 0
     return sum(line.startswith("[train] step=") for line in log.read_text().splitlines())
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def identity_breaks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -406,3 +417,72 @@ def identity_breaks(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if not balanced or not acc["episodes_discarded"] >= acc["episodes_lost"] >= 0:
             broken.append(acc)
     return broken
+
+
+# --- the gateway SIGKILLed at a step (also ``tests/faults/gateway_kill.py``, by hand) -----------
+
+
+@dataclass
+class KilledRun:
+    returncode: int
+    seconds: float
+    killed_at_step: int
+    gateway_pythonpath: str  # the killed child's PYTHONPATH: which areal it ran
+    events: list[dict[str, Any]] = field(default_factory=list)
+    trained: list[dict[str, Any]] = field(default_factory=list)
+
+    def last(self, event: str) -> dict[str, Any]:
+        return [e for e in self.events if e["event"] == event][-1]
+
+    def stale_at(self, step: int) -> int:
+        """Samples dropped as stale by the end of ``step`` (0 before the first)."""
+        trains = [e for e in self.events if e["event"] == "train" and e["step"] <= step]
+        return int(trains[-1]["dropped_stale"]) if trains else 0
+
+
+def run_and_kill(
+    out: Path,
+    *,
+    steps: int,
+    kill_at: int,
+    src: Path | None = None,
+    timeout: float = 600.0,
+    overrides: tuple[str, ...] = (),
+) -> KilledRun:
+    """``areal train configs/quickstart.yaml`` for ``steps`` steps, the gateway killed once the
+    run logged ``kill_at`` steps. ``src``: which areal to run (default: this checkout's);
+    ``overrides``: more ``--set`` values."""
+    done = run(
+        out,
+        steps=steps,
+        faults=[Fault("gateway", kill_at)],
+        overrides=overrides,
+        src=src,
+        timeout=timeout,
+    )
+    hit = done.injected[0] if done.injected else None
+    return KilledRun(
+        done.returncode if done.returncode is not None else -1,
+        done.seconds,
+        hit.step if hit else 0,
+        hit.pythonpath if hit else "",
+        done.events,
+        done.trained,
+    )
+
+
+def summary(run: KilledRun, steps: int) -> dict[str, Any]:
+    before = run.stale_at(run.killed_at_step)
+    after = run.stale_at(steps) - before
+    acc = run.last("accounting")
+    return {
+        "returncode": run.returncode,
+        "seconds": round(run.seconds, 1),
+        "killed_at_step": run.killed_at_step,
+        "gateway_pythonpath": run.gateway_pythonpath,
+        "stale_before": before,
+        "stale_after": after,
+        "received": run.last("train").get("received"),
+        "accounting": {k: v for k, v in acc.items() if k.startswith("episodes_")},
+        "restarts": acc.get("restarts"),
+    }
