@@ -32,7 +32,7 @@ import math
 import secrets
 import time
 from collections import Counter
-from collections.abc import AsyncIterable, Awaitable, Iterable, Mapping
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -141,6 +141,8 @@ class RolloutWorker:
         session_fields: Mapping[str, Any] | None = None,
         train: bool = True,
         gateway_log: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
     ) -> None:
         if concurrency < 1:
             raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -148,6 +150,8 @@ class RolloutWorker:
             raise ValueError(f"episode_timeout_s must be > 0, got {episode_timeout_s}")
         self.gateway_url = gateway_url.rstrip("/")
         self.admin_token = admin_token
+        self.clock = clock  # the wait for a free slot is measured on it (tests pass a fake)
+        self.sleep = sleep
         self.agent = agent
         self.reward_fn = reward_fn
         self.concurrency = concurrency
@@ -345,7 +349,7 @@ class RolloutWorker:
             window = max(
                 0.0, min(LONG_POLL_S, self.max_wait_s - waited, self.request_timeout_s / 2)
             )
-            started = time.monotonic()
+            started = self.clock()
             try:
                 return await admin.open_session(**fields, wait_s=window)
             except GatewayBusy as busy:
@@ -353,7 +357,7 @@ class RolloutWorker:
             except GatewayAdminError as err:
                 raise self._failure(err) from err
             finally:
-                held = time.monotonic() - started  # a long poll's wait counts as waiting
+                held = self.clock() - started  # a long poll's wait counts as waiting
                 waited += held
                 stats.waited_s += held
             # the gateway held it the whole time: ask again at once
@@ -364,7 +368,7 @@ class RolloutWorker:
                     f"(max_wait_s={self.max_wait_s}); is the trainer consuming trajectories? "
                     f"last answer: {full.reason}"
                 )
-            await asyncio.sleep(wait)
+            await self.sleep(wait)
             waited += wait
             stats.waited_s += wait
 
