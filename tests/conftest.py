@@ -79,7 +79,7 @@ def hub_model(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, hub_source_dir: P
 
 # --- the real SGLang package, in the venv `make setup` builds beside this one -----------------
 
-SGLANG_PROBE = Path(__file__).parent / "sglang" / "probe.py"
+SGLANG_PROBE = Path(__file__).parent / "in_sglang_venv" / "probe.py"
 
 
 def sglang_python() -> Path:
@@ -102,7 +102,7 @@ def sglang_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def sglang_probe() -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Runs ``tests/sglang/probe.py`` in the SGLang venv on one batch (SGLang imports slowly)."""
+    """Runs ``tests/in_sglang_venv/probe.py`` in the SGLang venv on one batch (SGLang imports slowly)."""
     python = sglang_python()
 
     def probe(job: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync
 
-RECEIVE = Path(__file__).parents[2] / "sglang" / "receive.py"
+RECEIVE = Path(__file__).parents[2] / "in_sglang_venv" / "receive.py"
 
 
 def test_sglang_ranks_join_the_trainers_group_and_receive_its_broadcast(

@@ -1,10 +1,12 @@
-"""The suite's one way to wait: :func:`support.eventually` returns as soon as the event happens
-and, when it never does, says what was awaited and what it last saw."""
+"""The test-support package itself: the suite's one way to wait (:func:`support.eventually`)
+returns as soon as the event happens and, when it never does, says what was awaited and what it
+last saw; and the path that makes ``support`` importable shadows nothing the product looks for."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 
 import pytest
 
@@ -50,3 +52,24 @@ def test_the_async_form_keeps_the_loop_running() -> None:
         return "ok"
 
     assert asyncio.run(scenario()) == "ok"
+
+
+def test_no_test_folder_poses_as_a_package_the_product_looks_for() -> None:
+    """``tests/`` is on ``sys.path`` (for ``support``), so each folder in it is importable as a
+    namespace package wherever no real package of its name is installed: a folder named for a
+    package the product probes for (``find_spec("sglang")``) would make it look installed."""
+    import importlib.util
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    src = tests.parent / "src"
+    probed = {
+        name
+        for path in src.rglob("*.py")
+        for name in re.findall(r"find_spec\(['\"](\w+)['\"]\)", path.read_text())
+    }
+    assert probed, "no find_spec probes found: the scan is broken"
+    posing = sorted(folders & (probed | {"areal", "torch", "vllm", "sglang", "ray"}))
+    assert not posing, f"test folders named like packages the product imports or probes: {posing}"
+    assert importlib.util.find_spec("support") is not None
