@@ -16,7 +16,6 @@ from areal.host.process import start_on_free_port, with_port
 
 
 @pytest.mark.slow
-@pytest.mark.serial
 def test_serve_inference_serves_a_hub_id_from_its_snapshot(hub_model, tmp_path: Path) -> None:
     command = [sys.executable, "-m", "areal", "serve", "inference"]
     command += [

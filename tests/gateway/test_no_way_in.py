@@ -436,7 +436,6 @@ def test_a_remote_address_needs_allow_remote(command: list[str]) -> None:
     assert line.startswith("error: --host ") and "--allow-remote" in line, line
 
 
-@pytest.mark.serial
 def test_allow_remote_binds_every_interface(tmp_path: Path) -> None:
     command = [sys.executable, "-m", "areal.gateway.server", "--config", ROUTER]
     command += ["--host", "0.0.0.0", "--allow-remote", "--log-dir", str(tmp_path / "logs")]
@@ -466,7 +465,6 @@ def self_signed(folder: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-@pytest.mark.serial
 def test_tls_when_a_certificate_is_given(tmp_path: Path) -> None:
     cert, key = self_signed(tmp_path)
     port = pick_free_port()

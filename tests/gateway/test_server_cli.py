@@ -1,6 +1,6 @@
 """Starting the gateway as users do: the seed's ``python -m areal.gateway.server`` and
-``areal serve gateway``, as real subprocesses on 127.0.0.1 (the serial tier: each starts a
-gateway process, some an engine too)."""
+``areal serve gateway``, as real subprocesses on 127.0.0.1 (one gateway process each, some with the nano model's
+engine beside it: light enough for the two-worker tier)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,6 @@ import yaml
 
 from areal.host.process import ServerProcess, pick_free_port, start_on_free_port, with_port
 from areal.plugins.inference.embedded.server import InferenceServer
-
-pytestmark = pytest.mark.serial
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTER = str(ROOT / "configs" / "router.yaml")

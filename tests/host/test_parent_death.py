@@ -2,7 +2,8 @@
 a parent that starts a ServerProcess is killed by a signal that runs none of its exit code, and
 its child goes with it; so does a stopped child, and a group under the portable watcher.
 
-Real process trees, and the kernel's or the watcher's reaction to a death: the serial tier.
+Real process trees of sleeping processes, and the kernel's or the watcher's reaction to a death
+(waited for as events, so a loaded machine only makes them slower).
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import pytest
 
 from areal.host.parent_death import guarded, pdeathsig_available
 from support import eventually
-
-pytestmark = pytest.mark.serial
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 ENV = {**os.environ, "PYTHONPATH": str(SRC)}

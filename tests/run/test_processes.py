@@ -79,7 +79,6 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     assert "admin-token-0123456789" not in " ".join(child.command())
 
 
-@pytest.mark.serial
 def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -106,7 +105,6 @@ def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     assert admin.url == child.url  # the admin client follows once the supervisor learns the url
 
 
-@pytest.mark.serial
 def test_a_gateway_whose_port_was_taken_before_it_bound_starts_on_another(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

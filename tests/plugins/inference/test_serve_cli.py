@@ -47,7 +47,6 @@ def _stop_timed(proc: ServerProcess, timeout: float) -> tuple[int | None, float]
     return code, time.monotonic() - start
 
 
-@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Path) -> None:
     proc, url = _start(nano_model_dir, tmp_path)
     try:
@@ -79,7 +78,6 @@ def test_serve_generates_and_stops_on_sigterm(nano_model_dir: str, tmp_path: Pat
         httpx.get(url + "/health", timeout=2, trust_env=False)
 
 
-@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_sigterm_with_a_request_in_flight_exits_promptly(
     nano_model_dir: str, tmp_path: Path
 ) -> None:
@@ -104,7 +102,6 @@ def test_sigterm_with_a_request_in_flight_exits_promptly(
     assert code == 0 and took < 3, f"exit code {code} after {took:.1f}s"
 
 
-@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_bad_model_path_exits_with_one_error_line(tmp_path: Path) -> None:
     missing = tmp_path / "no-such-model"
     port = pick_free_port()
@@ -123,7 +120,6 @@ def test_bad_model_path_exits_with_one_error_line(tmp_path: Path) -> None:
     assert "config.json" in lines[0]
 
 
-@pytest.mark.serial  # `areal serve inference` in a process of its own
 def test_port_in_use_exits_non_zero(nano_model_dir: str, tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))
