@@ -50,6 +50,7 @@ class RayCluster:
     node_ip: str  # where both nodes are: this machine's address off loopback
     dashboard: str  # the state API, for ``ray list``
     env: dict[str, str]  # what a process needs to find this cluster and run this areal
+    temp: Path  # the cluster's --temp-dir: its session logs, named when a ``ray`` call fails
 
     def ray(self, *args: str) -> Any:
         """``ray list ... --format json`` of the real CLI, parsed."""
@@ -57,8 +58,13 @@ class RayCluster:
             [str(RAY), *args, "--format", "json", "--address", self.dashboard, "--limit", "500"],
             env=self.env, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
-        assert done.returncode == 0, done.stderr[-2000:]
+        assert done.returncode == 0, done.stderr[-2000:] + self.dashboard_log()
         return json.loads(done.stdout)
+
+    def dashboard_log(self) -> str:
+        """The end of the dashboard's own log: why the state API did not answer."""
+        logs = sorted(self.temp.glob("session_*/logs/dashboard.log"))
+        return f"\n--- {logs[-1]}:\n" + logs[-1].read_text()[-3000:] if logs else ""
 
     def node_with(self, resource: str) -> str:
         (node,) = [
@@ -100,7 +106,7 @@ def ray_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RayCluster
                 timeout=240,
             )  # fmt: skip
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-        yield RayCluster(f"{ip}:{port}", ip, f"http://127.0.0.1:{dashboard}", env)
+        yield RayCluster(f"{ip}:{port}", ip, f"http://127.0.0.1:{dashboard}", env, temp)
     finally:
         subprocess.run([str(RAY), "stop", "--force"], env=env, capture_output=True, timeout=120)
         shutil.rmtree(temp, ignore_errors=True)
@@ -241,7 +247,7 @@ def test_ray_job_submit_runs_areal_train_as_the_jobs_driver(
         command, cwd=tmp_path, env=ray_cluster.env, capture_output=True, text=True, timeout=600
     )
     output = done.stdout[-3000:] + done.stderr[-3000:]
-    assert done.returncode == 0, output  # the CLI: 0 only when the job succeeded
+    assert done.returncode == 0, output + ray_cluster.dashboard_log()  # 0: the job succeeded
     assert "done: 2 steps, version 2" in done.stdout, output  # the job's log, streamed back
     (job,) = [j for j in ray_cluster.ray("list", "jobs") if j["submission_id"] == submission]
     assert job["status"] == "SUCCEEDED", job
