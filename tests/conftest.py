@@ -196,20 +196,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     for nodeid, reason in _SKIPS:
         terminalreporter.write_line(f"  {nodeid}: {reason}")
 
-
-# --- tiers: two process-heavy tests never share the two cores ----------------------------------
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``--dist loadgroup`` (``make test``) every ``serial`` test goes to one xdist group,
-    run by one worker one test at a time, while the other worker takes the light tests file by
-    file (a group per file, so module fixtures are built once). The serial group comes first, so
-    its worker starts on it at once; the light files fill the other core meanwhile."""
-    serial = [item for item in items if item.get_closest_marker("serial")]
-    light = [item for item in items if not item.get_closest_marker("serial")]
-    items[:] = serial + light
-    for item in serial:
-        item.add_marker(pytest.mark.xdist_group("serial"))
-    for item in light:
-        item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
