@@ -195,4 +195,3 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(f"skips: {len(_SKIPS)}")
     for nodeid, reason in _SKIPS:
         terminalreporter.write_line(f"  {nodeid}: {reason}")
-
