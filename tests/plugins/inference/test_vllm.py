@@ -351,7 +351,9 @@ async def _update_mid_request(
     """A long greedy request, and while it runs: pause (``mode``), load ``model``, resume. Also
     what greedy decoding on ``model`` continues the first piece with, asked before the original
     weights are put back."""
-    async with VLLMClient(url) as client, VLLMClient(url) as trainer:
+    # The trainer's control calls reach an API server busy relaying a long stream: a generous
+    # connect timeout (the answers, not their latency, are what is checked).
+    async with VLLMClient(url) as client, VLLMClient(url, connect_timeout=120.0) as trainer:
         params = {"max_new_tokens": n or N, "temperature": 0.0, "ignore_eos": True}
         progress, paused = asyncio.Event(), asyncio.Event()
 
