@@ -33,7 +33,7 @@ from areal.host.process import (
     wait_passing_on_stops,
 )
 from support import eventually
-from support.clock import FakeClock
+from support.clock import SleepingClock
 from support.processes import HEALTH_SERVER, SLEEPER, children, serve
 
 # A HEALTH_SERVER that binds only when the test opens its gate (a FIFO, the last argument): a
@@ -45,27 +45,6 @@ IGNORES = (
     "import signal\nsignal.signal(signal.SIG{}, signal.SIG_IGN)\n"
     "print('ready', flush=True)\nsignal.pause()\n"
 )
-
-
-class SleepingClock(FakeClock):
-    """The clock of :mod:`areal.host.clock` over a :class:`FakeClock`: a rule's ``sleep`` is the
-    only thing that moves it, at once, and each is recorded."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.start = self.now()
-        self.slept: list[float] = []
-
-    def monotonic(self) -> float:
-        return self.now()
-
-    def sleep(self, seconds: float, /) -> None:
-        self.slept.append(seconds)
-        self.advance(seconds)
-
-    @property
-    def elapsed(self) -> float:
-        return self.now() - self.start
 
 
 class Gate:

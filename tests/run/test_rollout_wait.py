@@ -11,7 +11,7 @@ import pytest
 
 from areal.run.gateway_client import GatewayBusy
 from areal.run.rollout import LONG_POLL_S, RolloutError, RolloutStats, RolloutWorker
-from support.clock import FakeClock
+from support.clock import FakeClock, SleepingClock
 
 
 class FullGateway:
@@ -33,38 +33,34 @@ class FullGateway:
         )
 
 
-def worker(clock: FakeClock, slept: list[float], max_wait_s: float) -> RolloutWorker:
-    async def sleep(seconds: float) -> None:
-        slept.append(seconds)
-        clock.advance(seconds)
-
+def worker(clock: SleepingClock, max_wait_s: float) -> RolloutWorker:
     async def agent(episode: Any) -> None:
         return None
 
     return RolloutWorker(
-        "http://gw", "admin", agent, max_wait_s=max_wait_s, clock=clock, sleep=sleep
+        "http://gw", "admin", agent, max_wait_s=max_wait_s, clock=clock, sleep=clock.asleep
     )
 
 
 def test_retry_after_is_waited_out_until_max_wait_s_and_then_the_run_is_told() -> None:
-    clock, slept = FakeClock(), []
+    clock = SleepingClock()
     gateway = FullGateway(clock, retry_after=2.0)
     stats = RolloutStats()
     started = clock()
     with pytest.raises(RolloutError, match=r"stayed full for 4\.0s \(max_wait_s=5\.0\)"):
-        asyncio.run(worker(clock, slept, max_wait_s=5.0)._open(gateway, stats, {}))  # type: ignore[arg-type]
-    assert slept == [2.0, 2.0]  # a third wait would end past max_wait_s: it is not begun
+        asyncio.run(worker(clock, max_wait_s=5.0)._open(gateway, stats, {}))  # type: ignore[arg-type]
+    assert clock.slept == [2.0, 2.0]  # a third wait would end past max_wait_s: it is not begun
     assert [at - started for at, _ in gateway.asked] == [0.0, 2.0, 4.0]
     assert stats.waited_s == 4.0
 
 
 def test_a_long_poll_held_to_its_end_asks_again_at_once_and_counts_as_waiting() -> None:
-    clock, slept = FakeClock(), []
+    clock = SleepingClock()
     gateway = FullGateway(clock, retry_after=30.0, hold_s=LONG_POLL_S)
     stats = RolloutStats()
     with pytest.raises(RolloutError, match=r"stayed full for 25\.0s"):
-        asyncio.run(worker(clock, slept, max_wait_s=25.0)._open(gateway, stats, {}))  # type: ignore[arg-type]
-    assert slept == [0.0, 0.0, 0.0]  # held to the end each time: no Retry-After on top
+        asyncio.run(worker(clock, max_wait_s=25.0)._open(gateway, stats, {}))  # type: ignore[arg-type]
+    assert clock.slept == [0.0, 0.0, 0.0]  # held to the end each time: no Retry-After on top
     # The polls fill max_wait_s exactly; a last look without waiting finds the budget still full,
     # and its Retry-After would end past max_wait_s.
     assert [wait for _, wait in gateway.asked] == [LONG_POLL_S, LONG_POLL_S, 5.0, 0.0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 from areal.core.train_engine import WeightSyncError
 from areal.run.supervised_sync import DIED_GRACE_S, DIED_POLL_S, SupervisedSync
 from areal.run.supervisor import Child, Supervisor
-from support.clock import FakeClock
+from support.clock import SleepingClock
 from support.processes import SLEEPER
 
 
@@ -125,22 +124,6 @@ class FakeProcess:
         self.pid = 4242
 
 
-class SleepingClock(FakeClock):
-    """A fake clock that moves only when the code under test sleeps; ``on_sleep`` acts once
-    its time has come (a process reaped 1 s into the grace)."""
-
-    def __init__(self, on_sleep: dict[float, Callable[[], None]] | None = None) -> None:
-        super().__init__(start=0.0)
-        self.slept: list[float] = []
-        self.on_sleep = dict(on_sleep or {})
-
-    async def sleep(self, seconds: float) -> None:
-        self.slept.append(seconds)
-        self.advance(seconds)
-        for at in [t for t in self.on_sleep if t <= self.now()]:
-            self.on_sleep.pop(at)()
-
-
 def _fake_engines() -> tuple[Supervisor, list[Child], list[FakeProcess]]:
     processes = [FakeProcess(), FakeProcess()]
     children = [
@@ -157,6 +140,16 @@ def _fake_engines() -> tuple[Supervisor, list[Child], list[FakeProcess]]:
     return Supervisor(children), children, processes
 
 
+def _supervised(sync: ScriptedSync, supervisor: Supervisor, clock: SleepingClock) -> SupervisedSync:
+    return SupervisedSync(
+        sync,  # type: ignore[arg-type]
+        supervisor,
+        asyncio.Lock(),
+        clock=clock,
+        sleep=clock.asleep,
+    )
+
+
 def _dropped(url: str | None) -> WeightSyncError:
     return WeightSyncError("update", url, "the connection was reset")
 
@@ -167,15 +160,11 @@ def test_an_engine_seen_dead_within_the_grace_is_left_out_of_the_retry() -> None
     def dies() -> None:
         dying.running = False
 
-    clock = SleepingClock(on_sleep={1.0: dies})  # its process is reaped 1 s after the drop
+    clock = SleepingClock(
+        start=0.0, on_sleep={1.0: dies}
+    )  # its process is reaped 1 s after the drop
     sync = ScriptedSync([_dropped(second.url), None])
-    supervised = SupervisedSync(
-        sync,  # type: ignore[arg-type]
-        supervisor,
-        asyncio.Lock(),
-        clock=clock,
-        sleep=clock.sleep,
-    )
+    supervised = _supervised(sync, supervisor, clock)
     asyncio.run(supervised.publish(object(), 4))
     assert sync.published_to == [[first.url, second.url], [first.url]]
     assert set(clock.slept) == {DIED_POLL_S}
@@ -184,15 +173,9 @@ def test_an_engine_seen_dead_within_the_grace_is_left_out_of_the_retry() -> None
 
 def test_an_engine_still_running_after_the_grace_fails_the_sync() -> None:
     supervisor, (first, second), _ = _fake_engines()
-    clock = SleepingClock()
+    clock = SleepingClock(start=0.0)
     sync = ScriptedSync([_dropped(second.url), None])
-    supervised = SupervisedSync(
-        sync,  # type: ignore[arg-type]
-        supervisor,
-        asyncio.Lock(),
-        clock=clock,
-        sleep=clock.sleep,
-    )
+    supervised = _supervised(sync, supervisor, clock)
     with pytest.raises(WeightSyncError, match="the connection was reset"):
         asyncio.run(supervised.publish(object(), 4))
     assert sync.published_to == [[first.url, second.url]]  # not retried

@@ -9,6 +9,7 @@ to fire, without sleeping and whatever the machine's speed.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 
 class FakeClock:
@@ -62,3 +63,34 @@ class FakeSleeps:
                 woken.set_result(None)
         self._sleepers = [(end, woken) for end, woken in self._sleepers if not woken.done()]
         return now
+
+
+class SleepingClock(FakeClock):
+    """A :class:`FakeClock` that the code under test moves by sleeping: each sleep (``sleep`` for
+    a synchronous rule, as :mod:`areal.host.clock` has it, ``asleep`` for an async one) passes
+    at once, is recorded in ``slept``, and runs the ``on_sleep`` actions whose time has come (a
+    process reaped 1 s into a grace). ``monotonic`` reads it, so it is a ``host.clock.Clock``."""
+
+    def __init__(
+        self, start: float = 1024.0, on_sleep: dict[float, Callable[[], None]] | None = None
+    ) -> None:
+        super().__init__(start)
+        self.start = start
+        self.slept: list[float] = []
+        self.on_sleep = dict(on_sleep or {})
+
+    def monotonic(self) -> float:
+        return self.now()
+
+    def sleep(self, seconds: float, /) -> None:
+        self.slept.append(seconds)
+        self.advance(seconds)
+        for at in [t for t in self.on_sleep if t <= self.now()]:
+            self.on_sleep.pop(at)()
+
+    async def asleep(self, seconds: float) -> None:
+        self.sleep(seconds)
+
+    @property
+    def elapsed(self) -> float:
+        return self.now() - self.start

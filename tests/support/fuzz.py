@@ -122,17 +122,28 @@ def encode(body: Any) -> bytes:
     return raw.replace(b'"<1e999>"', b"1e999").replace(b'"<-1e999>"', b"-1e999")
 
 
-def malformed(base: dict[str, Any]) -> st.SearchStrategy[tuple[str, bytes]]:
-    """Bytes that are not one JSON object: broken JSON, other JSON values, too deep nesting."""
+def malformed(
+    base: dict[str, Any],
+    *,
+    empty_is_object: bool = False,
+    extra: tuple[st.SearchStrategy[tuple[str, bytes]], ...] = (),
+) -> st.SearchStrategy[tuple[str, bytes]]:
+    """Bytes that are not one JSON object: broken JSON, other JSON values, too deep nesting.
+    ``empty_is_object``: the server reads an empty body (and ``null``) as ``{}``, so neither is
+    malformed there; ``extra``: more cases of the server's own."""
     raw = encode(base)
 
     def not_json(data: bytes) -> bool:
+        if empty_is_object and not data.strip():
+            return False
         try:
             json.loads(data)
         except (ValueError, RecursionError):
             return True
         return False
 
+    nulls = [] if empty_is_object else [st.none()]
+    not_objects = [st.lists(JUNK, max_size=3), st.integers(), TEXT, *nulls, st.booleans()]
     return st.one_of(
         st.binary(min_size=1, max_size=300).filter(not_json).map(lambda b: ("random bytes", b)),
         st.integers(1, len(raw) - 1).map(lambda k: ("truncated JSON", raw[:k])),
@@ -143,9 +154,8 @@ def malformed(base: dict[str, Any]) -> st.SearchStrategy[tuple[str, bytes]]:
         st.integers(100_000, 200_000).map(
             lambda d: ("nested too deep", b'{"x": ' + b"[" * d + b"]" * d + b"}")
         ),
-        st.one_of(st.lists(JUNK, max_size=3), st.integers(), TEXT, st.none(), st.booleans()).map(
-            lambda v: ("JSON that is not an object", encode(v))
-        ),
+        *extra,
+        st.one_of(*not_objects).map(lambda v: ("JSON that is not an object", encode(v))),
     )
 
 
