@@ -148,50 +148,9 @@ settings.register_profile(
 )
 
 
-# --- skips: only a GPU may be missing under CI ------------------------------------------------
-
-_SKIPS: list[tuple[str, str]] = []
-
-
-def under_ci() -> bool:
-    """``CI=true`` (``.ci/run`` sets it): the machine must have every part but a GPU."""
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
-    """Under CI a skip for anything but a GPU is a failure: a setup that lost a part (a CLI,
-    Slurm, a venv) must go red, not ship green with its tests quietly skipped."""
-    outcome = yield
-    report = outcome.get_result()
-    if not report.skipped or hasattr(report, "wasxfail"):
-        return
-    reason = _skip_reason(report)
-    if under_ci() and item.get_closest_marker("gpu") is None:
-        report.outcome = "failed"
-        report.longrepr = (
-            f"skipped under CI=true, where only GPU tests may skip: {reason}\n"
-            "(set the missing part up in `make setup`, or mark the test gpu if it needs one)"
-        )
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Collects the skips where the summary is written (xdist's controller too)."""
-    if report.skipped and not hasattr(report, "wasxfail"):
-        _SKIPS.append((report.nodeid, _skip_reason(report)))
-
-
-def _skip_reason(report: pytest.TestReport) -> str:
-    longrepr = report.longrepr
-    if isinstance(longrepr, tuple) and len(longrepr) == 3:
-        return str(longrepr[2]).removeprefix("Skipped: ")
-    return str(longrepr)
-
-
-def pytest_terminal_summary(terminalreporter: Any) -> None:
-    """Every run ends with its skip count and their reasons, so a skip is never silent."""
-    if not _SKIPS:
-        return
-    terminalreporter.write_line(f"skips: {len(_SKIPS)}")
-    for nodeid, reason in _SKIPS:
-        terminalreporter.write_line(f"  {nodeid}: {reason}")
+# Only a GPU may be missing under CI, and every run ends with its skips (tests/support/skips.py).
+from support.skips import (  # noqa: E402, F401 - hooks, found here by pytest
+    pytest_runtest_logreport,
+    pytest_runtest_makereport,
+    pytest_terminal_summary,
+)

@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +63,6 @@ def test_no_test_folder_poses_as_a_package_the_product_looks_for() -> None:
     namespace package wherever no real package of its name is installed: a folder named for a
     package the product probes for (``find_spec("sglang")``) would make it look installed."""
     import importlib.util
-    from pathlib import Path
 
     tests = Path(__file__).parent
     folders = {p.name for p in tests.iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
@@ -73,3 +76,58 @@ def test_no_test_folder_poses_as_a_package_the_product_looks_for() -> None:
     posing = sorted(folders & (probed | {"areal", "torch", "vllm", "sglang", "ray"}))
     assert not posing, f"test folders named like packages the product imports or probes: {posing}"
     assert importlib.util.find_spec("support") is not None
+
+
+SKIPPING = """
+import pytest
+
+def test_needs_slurm():
+    pytest.skip("no slurmctld here")
+
+@pytest.mark.gpu
+def test_needs_a_gpu():
+    pytest.skip("no CUDA device")
+
+def test_runs():
+    pass
+"""
+
+
+def _pytest_with_the_skip_rule(tmp_path: Path, ci: str | None) -> subprocess.CompletedProcess[str]:
+    """A real pytest run of :data:`SKIPPING` with the suite's skip hooks and nothing else."""
+    (tmp_path / "test_skipping.py").write_text(SKIPPING)
+    env = {k: v for k, v in os.environ.items() if k != "CI"}
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), env.get("PYTHONPATH", "")])
+    if ci is not None:
+        env["CI"] = ci
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "support.skips",
+        "-p",
+        "no:cacheprovider",
+    ]
+    command += ["--rootdir", str(tmp_path), "-c", os.devnull, "-m", "", str(tmp_path)]
+    return subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+
+
+def test_under_ci_a_skip_fails_unless_the_test_needs_a_gpu(tmp_path: Path) -> None:
+    done = _pytest_with_the_skip_rule(tmp_path, "true")
+    assert done.returncode == 1, done.stdout
+    assert "1 failed, 1 passed, 1 skipped" in done.stdout, done.stdout
+    assert "skipped under CI=true, where only GPU tests may skip: no slurmctld here" in done.stdout
+    assert "skips: 1\n" in done.stdout and "test_needs_a_gpu: no CUDA device" in done.stdout
+
+
+def test_outside_ci_skips_pass_and_are_listed_with_their_reasons(tmp_path: Path) -> None:
+    done = _pytest_with_the_skip_rule(tmp_path, None)
+    assert done.returncode == 0, done.stdout
+    assert "1 passed, 2 skipped" in done.stdout, done.stdout
+    assert "skips: 2\n" in done.stdout
+    assert "test_needs_slurm: no slurmctld here" in done.stdout
+    assert "test_needs_a_gpu: no CUDA device" in done.stdout
