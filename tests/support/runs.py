@@ -12,9 +12,14 @@ engine calls. The run is started with ``AREAL_TEST_STOP_AT=weight_sync.to_engine
 sees it stopped, strikes the target if the fault is due, and lets the trainer go on. The sync's
 calls that follow meet a stopped engine, every time: nothing here races the sync.
 
-A rollout worker is struck only while it has an episode open at the gateway: with all its
-session requests held in the gateway's long poll (the staleness budget full), a kill would cut no
-episode short, and those requests open nothing once it is dead.
+A rollout worker is struck while it certainly has an episode open at the gateway: struck at
+another moment, all its session requests may be held in the gateway's long poll (the staleness
+budget full), and a kill would cut no episode short. The run is started with
+``AREAL_TEST_STOP_AT=rollout.episode_open@OUT/strike-rollout``: a worker stops itself right after
+the gateway opened an episode for it, but only while that file exists. When the fault is due the
+harness creates the file; once it sees the target stopped there it removes the file and strikes
+(the episode is open, and nothing can end it from the stopped worker); another worker stopped
+there is let go. A target that never stops there within ``ARMED_FOR_S`` fails the run, loudly.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
 
 from areal.core.run_config import RunConfig, run_config_from_dict
@@ -45,7 +49,10 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 TRAINER = "trainer"
 PROCESS_ENV = "AREAL_PROCESS"
 SYNC_POINT = "weight_sync.to_engines"  # the crash point a sync passes before its engine calls
+EPISODE_POINT = "rollout.episode_open"  # the crash point a worker passes with an episode open
+STRIKE_FILE = "strike-rollout"  # in the run's out folder: armed, the worker stops at EPISODE_POINT
 STOPPED_FOR_S = 30.0  # a stopped target nobody killed by then is let go (SIGCONT): no hang
+ARMED_FOR_S = 120.0  # a ceiling for a stopped machine: a worker opens episodes every step
 FOLLOW_S = 0.05  # how often the harness looks at a run it follows (it wakes at once on exit)
 
 
@@ -190,8 +197,13 @@ def run(
     out.mkdir(parents=True, exist_ok=True)
     logs, log_path = out / "logs", out / "areal-train.log"
     env = {**os.environ, "PYTHONPATH": str(src or ROOT / "src")}
-    if any(f.during_sync for f in faults):
-        env[STOP_ENV] = SYNC_POINT
+    strike = out / STRIKE_FILE
+    strike.unlink(missing_ok=True)  # a resumed run's folder: armed by nobody yet
+    stops = [SYNC_POINT] if any(f.during_sync for f in faults) else []
+    if any(_at_episode(f) for f in faults):
+        stops.append(f"{EPISODE_POINT}@{strike}")
+    if stops:
+        env[STOP_ENV] = ",".join(stops)
     started = time.monotonic()
     offset = log_path.stat().st_size if log_path.exists() else 0
     with open(log_path, "ab") as log:
@@ -203,7 +215,7 @@ def run(
             stderr=subprocess.STDOUT,
         )
     trainer = psutil.Process(proc.pid)
-    pending, injected = list(faults), []
+    pending, injected = list(faults), list[Injected]()
     first_step = _steps(logs / "train.log")  # a resumed run's log goes on from the first's
     code: int | None = None
     try:
@@ -212,6 +224,10 @@ def run(
                 code = proc.wait(timeout=FOLLOW_S)
                 break
             _follow(trainer, injected, started)
+            if any(_at_episode(f) for f in faults):
+                _let_workers_go(
+                    trainer, injected, pending[0] if pending and strike.exists() else None
+                )
             held = _stopped(trainer)  # at a sync's stop point, waiting for us
             done = _steps(logs / "train.log")  # the step numbers of the events
             if pending and done - first_step >= pending[0].step and _settled(injected):
@@ -225,6 +241,7 @@ def run(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        strike.unlink(missing_ok=True)
     return FaultRun(
         out,
         code,
@@ -290,10 +307,10 @@ def _inject(
     if fault.during_sync and not held:
         return None  # the trainer is not waiting at a sync
     target = child(trainer, fault.target)
+    if _at_episode(fault) and not _held_with_episode(fault, target, out):
+        return None  # not stopped with an episode open yet (the stop is armed now)
     if target is None:
         return None  # not (re)started yet
-    if fault.target.startswith("rollout") and not _has_open_episode(trainer, fault.target):
-        return None  # nothing to cut short yet
     ports = listening(target)
     hit = Injected(
         fault,
@@ -309,33 +326,52 @@ def _inject(
         hit.sync_version = _last_synced(out) + 1
         hit.step = hit.sync_version - 1
     os.kill(target.pid, fault.sig)
+    if _at_episode(fault) and fault.sig not in (signal.SIGKILL, signal.SIGSTOP):
+        os.kill(target.pid, signal.SIGCONT)  # held at the point: let it take the signal
     hit.at = time.monotonic() - started
     return hit
 
 
-def _has_open_episode(trainer: psutil.Process, worker: str) -> bool:
-    """Whether the run's gateway has an open session of rollout worker ``worker`` (by the
-    ``worker`` metadata the run opens them with), asked on its session API with the admin token
-    the run gave it."""
-    gateway = child(trainer, "gateway")
-    if gateway is None:
+def _at_episode(fault: Fault) -> bool:
+    """A fault struck at :data:`EPISODE_POINT`: a rollout worker's, outside a sync."""
+    return fault.target.startswith("rollout") and not fault.during_sync
+
+
+def _held_with_episode(fault: Fault, target: psutil.Process | None, out: Path) -> bool:
+    """Whether ``target`` is stopped at :data:`EPISODE_POINT`, so the strike lands with an
+    episode open. Arms the stop (creates the strike file) the first time it is asked; disarms it
+    once the target is held. Raises once the target was not held within :data:`ARMED_FOR_S`."""
+    strike = out / STRIKE_FILE
+    if not strike.exists():
+        strike.touch()
         return False
-    with contextlib.suppress(psutil.Error):
-        token = gateway.environ().get("AREAL_ADMIN_TOKEN", "")
-        ports = listening(gateway)
-    if not token or not ports:
-        return False
-    base, index = f"http://127.0.0.1:{ports[0]}/rl/sessions", worker.removeprefix("rollout")
-    headers = {"Authorization": f"Bearer {token}"}
-    try:
-        with httpx.Client(headers=headers, timeout=5) as http:
-            for session_id in http.get(base).json()["open"]:
-                answer = http.get(f"{base}/{session_id}")
-                if answer.status_code == 200 and answer.json()["metadata"].get("worker") == index:
-                    return True
-    except (httpx.HTTPError, KeyError, ValueError):
-        pass
+    if target is not None and _stopped(target):
+        strike.unlink()
+        return True
+    armed_for = time.time() - strike.stat().st_mtime
+    if armed_for > ARMED_FOR_S:
+        log = out / "areal-train.log"
+        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
+        raise NeverHappened(
+            f"{fault.target} did not stop at {EPISODE_POINT} within {ARMED_FOR_S:.0f} s of the "
+            f"strike being armed ({strike}): the fault never struck; areal train's log ends:\n"
+            + tail
+        )
     return False
+
+
+def _let_workers_go(trainer: psutil.Process, injected: list[Injected], due: Fault | None) -> None:
+    """SIGCONT every rollout worker stopped at :data:`EPISODE_POINT` but the one the due fault
+    (``due``, while its stop is armed) waits for; a worker a SIGSTOP fault holds stays held."""
+    held = {h.pid for h in injected if h.fault.sig == signal.SIGSTOP and not h.released}
+    with contextlib.suppress(psutil.Error):
+        for proc in trainer.children():
+            with contextlib.suppress(psutil.Error):
+                name = proc.environ().get(PROCESS_ENV) or ""
+                if not name.startswith("rollout") or proc.pid in held or not _stopped(proc):
+                    continue
+                if due is None or name != due.target:
+                    os.kill(proc.pid, signal.SIGCONT)
 
 
 def _kill_trainer(

@@ -40,6 +40,7 @@ import aiohttp
 
 from areal.core.episode import AgentFn, Episode
 from areal.core.rewards import RewardFn
+from areal.host.faults import crash_point
 from areal.run.gateway_client import (
     GatewayAdmin,
     GatewayAdminError,
@@ -266,6 +267,7 @@ class RolloutWorker:
             sample=sample,
         )
         stats.started += 1
+        crash_point("rollout.episode_open")  # open at the gateway: a test may hold it here
         try:
             reward = await asyncio.wait_for(self._play(episode), self.episode_timeout_s)
         except asyncio.CancelledError:
