@@ -5,10 +5,9 @@ parser, generation checked against transformers' forward pass of the same weight
 modes across a weight update from disk with per-token versions, and aborts.
 
 One server for the module (a minute to start on 2 cores); the tests that change its weights put
-the original ones back. A test that acts while a request runs (an abort, a pause) needs vLLM's
-engine to still be making that request's tokens when the act reaches it; vLLM's API server relays
-tokens behind its engine by a margin no client can see, so those tests check that premise on each
-try and try again when it failed (``PREMISE_TRIES``)."""
+the original ones back. A test that acts while a request runs (an abort, a pause) holds vLLM's
+engine between its steps with areal's step gate (``support.step_gate``): the engine makes the
+tokens the test lets it make, so the act lands while the request runs, on any machine."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +29,7 @@ from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 from support.engines import reference_logprobs
+from support.step_gate import StepGate
 
 # A real vLLM server in a process of its own (and vLLM's own parsers in others).
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -305,40 +304,42 @@ def test_a_stop_string_is_reported_as_matched(vllm_url: str) -> None:
     assert stop not in (stopped.text or "")
 
 
-# How often a test whose premise is timing (the engine still running when the test acts) tries
-# it: a loaded machine starves vLLM's API server, which then relays tokens long after its engine
-# made them. The premise is checked on each try, so a change that broke it fails every try.
-PREMISE_TRIES = 6
+@pytest.fixture
+def gate(vllm_url: str, tmp_path: Path) -> Iterator[StepGate]:
+    """The module's engine held between its steps for one test, and let go after it."""
+    held = StepGate(vllm_url, tmp_path)
+    try:
+        yield held
+    finally:
+        held.close()
 
 
-def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
-    async def go(client: VLLMClient) -> Any:
+def test_an_aborted_request_ends_with_what_it_had(vllm_url: str, gate: StepGate) -> None:
+    async def go(client: VLLMClient) -> tuple[Any, int]:
         long = {"max_new_tokens": 3000, "temperature": 1.0, "ignore_eos": True}
-        last, aborted = None, False
-        # Aborted once it is running: an abort that reaches vLLM before the request finds nothing.
-        # At 20 tokens or more, once: vLLM's API server sends a reader that falls behind several
-        # tokens in one chunk, so a chunk of exactly 20 may never come.
-        async for chunk in client.generate_stream(
-            input_ids=PROMPT, rid="to-abort", sampling_params=long
-        ):
-            last = chunk
-            if len(chunk.output_ids) >= 20 and not aborted:
-                aborted = True
-                await client.abort_request("to-abort")
-        return last
 
-    # The premise, that the abort lands while the request runs, fails on a loaded machine:
-    # vLLM's API server, starved, relayed the 20th token after its engine had made all 3,000
-    # (measured under 3 busy loops on 2 cores: the rest arrived 0.1 s after the abort). Tried
-    # again, as the mid-request tests below are; what is asserted holds for the first run where
-    # the abort found the request running.
-    for _attempt in range(PREMISE_TRIES):
-        out = run(_with_client(vllm_url, go))
-        if out.aborted:
-            break
-        time.sleep(1.0)  # a burst of load may pass
+        seen = asyncio.Event()
+
+        async def read() -> Any:
+            last = None
+            async for chunk in client.generate_stream(
+                input_ids=PROMPT, rid="to-abort", sampling_params=long
+            ):
+                last = chunk
+                if len(chunk.output_ids) >= 20:
+                    seen.set()
+            return last
+
+        stream = asyncio.create_task(read())
+        await gate.release(20)  # 20 tokens made, and the engine waits before the 21st
+        await seen.wait()  # ... and relayed: the API server ends an aborted stream with its own
+        await client.abort_request("to-abort")
+        after = await gate.release_until(stream, most=200)
+        return await stream, after
+
+    out, after = run(_with_client(vllm_url, go))
     ended = (out.finish_reason, len(out.output_ids))  # how it ended, if not by the abort
-    assert out.aborted and 20 <= len(out.output_ids) < 3000, ended
+    assert out.aborted and 20 <= len(out.output_ids) <= 20 + after, ended
     assert len(out.output_logprobs) == len(out.output_ids)
 
 
@@ -346,42 +347,29 @@ def test_an_aborted_request_ends_with_what_it_had(vllm_url: str) -> None:
 
 
 async def _update_mid_request(
-    url: str, mode: str, model: str, version: str, stream: bool, n: int = 0
+    url: str, gate: StepGate, mode: str, model: str, version: str, stream: bool
 ) -> tuple[Any, list[int]]:
-    """A long greedy request, and while it runs: pause (``mode``), load ``model``, resume. Also
-    what greedy decoding on ``model`` continues the first piece with, asked before the original
-    weights are put back."""
-    # The trainer's control calls reach an API server busy relaying a long stream: a generous
-    # connect timeout (the answers, not their latency, are what is checked).
-    async with VLLMClient(url) as client, VLLMClient(url, connect_timeout=120.0) as trainer:
-        params = {"max_new_tokens": n or N, "temperature": 0.0, "ignore_eos": True}
-        progress, paused = asyncio.Event(), asyncio.Event()
-
-        async def watch(prompt: list[int]) -> Any:
-            """Stream ``prompt``; ``progress`` once 50 tokens are out (the batch is underway).
-            The stream then waits for the pause before reading on: a reader that falls behind
-            on a loaded machine finds the rest buffered and would never yield to the pause."""
-            last = None
-            async for chunk in client.generate_stream(input_ids=prompt, sampling_params=params):
-                last = chunk
-                if len(chunk.output_ids) >= 50 and not progress.is_set():
-                    progress.set()
-                    await paused.wait()
-            return last
+    """A long greedy request, and once it made :data:`AT` tokens: pause (``mode``), load
+    ``model``, resume. Also what greedy decoding on ``model`` continues the first piece with,
+    asked before the original weights are put back."""
+    async with VLLMClient(url) as client, VLLMClient(url) as trainer:
+        params = {"max_new_tokens": N, "temperature": 0.0, "ignore_eos": True}
 
         async def request() -> Any:
-            if stream:
-                return await watch(PROMPT)
-            # The whole answer shows no progress: a stream beside it in the same batch does.
-            answer = asyncio.create_task(client.generate(input_ids=PROMPT, sampling_params=params))
-            await watch(PROMPT[::-1])
-            return await answer
+            if not stream:
+                return await client.generate(input_ids=PROMPT, sampling_params=params)
+            last = None
+            async for chunk in client.generate_stream(input_ids=PROMPT, sampling_params=params):
+                last = chunk
+            return last
 
         task = asyncio.create_task(request())
-        await progress.wait()
-        await trainer.pause_generation(mode)  # type: ignore[arg-type]
-        paused.set()
+        await gate.release(AT)
+        # The engine takes the pause between two steps: it is let on one step at a time.
+        pause = asyncio.create_task(trainer.pause_generation(mode))  # type: ignore[arg-type]
+        await gate.release_until(pause, most=N - AT)
         await trainer.update_weights_from_disk(model, weight_version=version)
+        gate.open()
         await trainer.continue_generation()
         out = await task
 
@@ -394,10 +382,8 @@ async def _update_mid_request(
         return out, continuation
 
 
-N = 1500  # tokens: long enough for the update to land mid-request
-N_WHOLE = (
-    4000  # ... of a whole (not streamed) answer beside a stream (the model has 4,096 positions)
-)
+N = 300  # tokens of the request a weight update lands in
+AT = 50  # tokens made when the pause is sent
 ORIGINAL: list[str] = []  # the checkpoint the server started on, for the tests to restore
 
 
@@ -410,50 +396,28 @@ def restore(checkpoints: dict[str, str]) -> None:
 # pause until the engine is idle, so the in-flight request ran to its end on the old weights
 # (one span) instead of freezing.
 def test_in_place_keeps_the_request_and_labels_the_switch(
-    vllm_url: str, checkpoints: dict[str, str], restore: None
+    vllm_url: str, checkpoints: dict[str, str], restore: None, gate: StepGate
 ) -> None:
-    # The premise, that the update lands while the request runs, needs the engine to be behind
-    # the stream the test reads. On a loaded machine vLLM's API server can relay tokens seconds
-    # after its engine made them, so the engine may be done before the pause arrives: one span
-    # of the old version (or, the other way round, one of the new). That premise is tried again
-    # (a pause that never froze anything would show the same every time); what is asserted holds
-    # for the first run where it held.
-    for _attempt in range(PREMISE_TRIES):
-        out, _ = run(_update_mid_request(vllm_url, "in_place", checkpoints["b"], "2", True))
-        if len(out.weight_versions) != 1:  # one span: the update landed before or after it
-            break
-        time.sleep(1.0)  # a burst of load may pass
+    out, _ = run(_update_mid_request(vllm_url, gate, "in_place", checkpoints["b"], "2", True))
     assert len(out.output_ids) == len(out.output_logprobs) == N
     assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
-    assert after.version == "2" and 0 < after.start == before.end < N
+    assert after.version == "2" and AT <= after.start == before.end < N
     k = after.start
     assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_retract_resubmits_and_the_rest_is_the_new_models(
-    vllm_url: str, checkpoints: dict[str, str], restore: None, stream: bool
+    vllm_url: str, checkpoints: dict[str, str], restore: None, gate: StepGate, stream: bool
 ) -> None:
-    # The same premise as above (the update lands while the request runs), tried again the
-    # same way when a loaded machine let the engine finish first, or when the whole request
-    # had not produced its first token yet as the pause came (all of it on the new weights).
-    # The whole answer is longer: the stream beside it (its progress) doubles the tokens vLLM's
-    # API server relays, and on a loaded machine the relay fell so far behind that the engine
-    # finished all of N before the pause reached it, in every try; and once, streamed, all of
-    # 1,500 (N) in 6 tries in a full run: so both take the longest answer the model allows.
-    n = N_WHOLE
-    for _attempt in range(PREMISE_TRIES):  # 3 all missed once, in a full run on a loaded machine
-        out, on_b = run(_update_mid_request(vllm_url, "retract", checkpoints["b"], "1", stream, n))
-        if len(out.weight_versions) != 1:
-            break
-        time.sleep(1.0)
-    assert len(out.output_ids) == len(out.output_logprobs) == n
+    out, on_b = run(_update_mid_request(vllm_url, gate, "retract", checkpoints["b"], "1", stream))
+    assert len(out.output_ids) == len(out.output_logprobs) == N
     assert out.finish_reason is not None and out.finish_reason.type == "length"
     assert len(out.weight_versions) == 2, out.weight_versions
     before, after = out.weight_versions
-    assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", n)
-    assert 0 < after.start < n, "the update should land mid-request"
+    assert (before.start, before.end, after.version, after.end) == (0, after.start, "1", N)
+    assert AT <= after.start < N, "the update should land mid-request"
     assert before.version != "1"
     k = after.start
     # The first piece is model a's greedy output; the rest, prefilled again on model b, is b's
@@ -461,7 +425,7 @@ def test_retract_resubmits_and_the_rest_is_the_new_models(
     assert out.output_ids[:k] == run(_with_client(vllm_url, lambda c: vllm_greedy(c, PROMPT, k)))
     assert out.output_ids[k : k + 6] == on_b
     assert_greedy(checkpoints["b"], PROMPT + out.output_ids[:k], on_b)
-    assert out.token_versions() == [before.version] * k + ["1"] * (n - k)
+    assert out.token_versions() == [before.version] * k + ["1"] * (N - k)
 
 
 def test_weights_from_disk_change_what_greedy_decoding_says(

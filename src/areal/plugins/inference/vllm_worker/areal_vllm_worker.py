@@ -18,6 +18,13 @@ bucket while rank 0 broadcasts it; the model takes them in checkpoint format thr
 layerwise reload, which processes a layer (fused projections, the CPU's packed GEMM copy) once
 all its weights arrived, so a layer split over two buckets is fine. The call that ends the sync
 (``finish``) finalizes the reload and ties shared parameters again, as above.
+
+**A step gate**, for tests that act while a request runs (an abort, a pause for a weight update):
+vLLM's API server relays tokens behind its engine by a margin no client sees, so "the request is
+still running when the act lands" cannot be arranged from outside. Armed with two named pipes,
+each engine step that runs the model first takes one byte from the first pipe (a release) and
+then writes one to the second (done): the engine makes exactly the steps a test lets it, and the
+test knows when it made them. A release of ``o`` opens the gate for good.
 """
 
 from __future__ import annotations
@@ -25,9 +32,12 @@ from __future__ import annotations
 import datetime
 import functools
 import importlib.util
+import os
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+OPEN = b"o"  # a release that opens the step gate for good
 
 # areal/plugins/inference/vllm_worker/ -> areal/core/weight_group.py
 WEIGHT_GROUP_PY = Path(__file__).resolve().parents[3] / "core" / "weight_group.py"
@@ -192,3 +202,33 @@ class AReaLWorkerExtension:
         if state["groups"].pop(group_name, None) is None:
             raise ValueError(f"no weight update group named {group_name!r}")
         return True
+
+    # --- a step gate, for tests ---------------------------------------------------------------
+
+    def areal_step_gate(self, release_path: str, done_path: str) -> bool:
+        """Hold every engine step that runs the model until a byte arrives on the named pipe
+        ``release_path`` (:data:`OPEN` opens the gate), and write a byte on ``done_path`` after
+        each step it let through. Replaces a gate armed before."""
+        self._areal_open_gate()  # an earlier gate, still armed
+        ungated = self.execute_model  # type: ignore[attr-defined]
+        # O_RDWR: neither open waits for the other end, and a read never sees end-of-file.
+        release, done = os.open(release_path, os.O_RDWR), os.open(done_path, os.O_RDWR)
+        self._areal_state()["gate"] = (release, done)
+
+        def gated(scheduler_output: Any, *args: Any, **kwargs: Any) -> Any:
+            if scheduler_output.total_num_scheduled_tokens == 0:  # nothing to run: no step
+                return ungated(scheduler_output, *args, **kwargs)
+            if os.read(release, 1) == OPEN:
+                self._areal_open_gate()
+                return ungated(scheduler_output, *args, **kwargs)
+            output = ungated(scheduler_output, *args, **kwargs)
+            os.write(done, b".")
+            return output
+
+        self.execute_model = gated
+        return True
+
+    def _areal_open_gate(self) -> None:
+        self.__dict__.pop("execute_model", None)
+        for fd in self._areal_state().pop("gate", None) or ():
+            os.close(fd)
