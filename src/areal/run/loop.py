@@ -59,6 +59,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Hashable
@@ -501,7 +502,7 @@ class TrainerLoop:
         self,
         max_steps: int,
         *,
-        stop: asyncio.Event | None = None,
+        stop: asyncio.Event | threading.Event | None = None,
         on_step: Callable[[dict[str, float]], Awaitable[None]] | None = None,
         on_batch: Callable[[], Awaitable[None]] | None = None,
         on_published: OnPublished | None = None,

@@ -21,9 +21,10 @@ The story of :func:`train`, top to bottom (:meth:`_Run.main`: build â†’ start â†
    ``[rollout]``, ``accounting`` and ``sync`` events to the metric sinks (a ``run`` event first,
    an ``end`` event last, for the live monitor); a checkpoint every ``logging.save_interval``
    steps.
-4. **Stop** (``max_steps``, Ctrl-C / SIGTERM, or a process beyond saving): rollout workers stop
-   first, the queue is drained into the trainer's buffer, a final checkpoint keeps it, then the
-   gateway and the engines stop. A dead process ends the run with :class:`RunError` naming it.
+4. **Stop** (``max_steps``, Ctrl-C / SIGTERM, the caller's ``stop`` event, or a process beyond
+   saving): rollout workers stop first, the queue is drained into the trainer's buffer, a final
+   checkpoint keeps it, then the gateway and the engines stop. A dead process ends the run with
+   :class:`RunError` naming it.
 
 Under torchrun (``async.train_workers > 1``, started by :mod:`.launch`) this is rank 0 and the
 engine spreads the policy over all ranks; the run is the same. The run never imports torch: all
@@ -39,6 +40,7 @@ import logging
 import os
 import secrets
 import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -108,12 +110,22 @@ class RunSummary:
     counters: dict[str, int]
     checkpoint: str | None
     seconds: float
-    stopped_by: str  # "max_steps" or "signal"
+    stopped_by: str  # "max_steps", "signal" or "requested" (the caller's ``stop`` event)
     restarts: dict[str, int] = field(default_factory=dict)
 
 
-def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) -> RunSummary:
+def train(
+    config: RunConfig,
+    output_dir: str | Path,
+    *,
+    resume: bool = False,
+    stop: threading.Event | None = None,
+) -> RunSummary:
     """Run ``config`` to ``train.max_steps`` (see the module docstring); blocks until done.
+
+    ``stop``, set from any thread, ends the run as a first Ctrl-C does: after the current step,
+    with the final checkpoint, ``stopped_by="requested"``. A program that runs :func:`train` on
+    a thread of its own (signals reach only the main thread) stops it this way.
 
     A Hub id in ``model.path`` becomes its local snapshot first (a no-op when the entry point
     resolved it already), so the trainer and every engine start from one directory."""
@@ -122,7 +134,7 @@ def train(config: RunConfig, output_dir: str | Path, *, resume: bool = False) ->
         config = resolve_models(config)
     except (ModelSourceError, EventLoopChoiceError) as err:
         raise RunError(str(err)) from err
-    return asyncio.run(_Run(config, Path(output_dir), resume).main())
+    return asyncio.run(_Run(config, Path(output_dir), resume, stop).main())
 
 
 @dataclass
@@ -142,7 +154,13 @@ class _Parts:
 class _Run:
     """One run's state; :meth:`main` is the story of the module docstring."""
 
-    def __init__(self, config: RunConfig, output_dir: Path, resume: bool) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        output_dir: Path,
+        resume: bool,
+        stop: threading.Event | None = None,
+    ) -> None:
         self.config = config
         self.out = output_dir
         self.log_dir = Path(config.logging.log_dir)
@@ -151,7 +169,8 @@ class _Run:
         self.version = 0
         self.seen_tasks: set[int] = set()
         self.publish_lock = asyncio.Lock()
-        self.stop = asyncio.Event()
+        # Read between steps; set by a signal (on the loop) or by the caller (any thread).
+        self.stop = stop if stop is not None else threading.Event()
         self.stopped_by = "max_steps"
         self.rollout_step = 0
         self._rollout_window: list[Trajectory] = []
@@ -340,8 +359,8 @@ class _Run:
     # --- 3. loop -----------------------------------------------------------------------------
 
     async def loop(self, run: _Parts) -> list[dict[str, float]]:
-        """Train to ``train.max_steps`` (or a signal) while the supervisor keeps every process
-        alive; a process beyond saving ends the run."""
+        """Train to ``train.max_steps`` (or a signal, or the caller's ``stop``) while the
+        supervisor keeps every process alive; a process beyond saving ends the run."""
         remaining = self.config.train.max_steps - run.loop.state_dict()["steps"]
 
         async def on_step(result: dict[str, float]) -> None:
@@ -373,7 +392,10 @@ class _Run:
         watching.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await watching
-        return training.result()
+        history = training.result()
+        if len(history) < remaining and self.stopped_by == "max_steps":
+            self.stopped_by = "requested"  # stopped early, and by no signal: by the caller
+        return history
 
     async def end_abandoned(self, run: _Parts) -> None:
         """The sessions of the members still to come of groups the batch about to train takes
