@@ -87,6 +87,7 @@ class AReaLWorkerExtension:
 
     model_runner: Any
     vllm_config: Any
+    execute_model: Any  # vLLM's worker's; the step gate shadows it on the instance
 
     def areal_reload_weights(self, weights_path: str) -> int:
         """``reload_weights`` from ``weights_path`` keeping tied parameters tied; returns how
@@ -210,7 +211,7 @@ class AReaLWorkerExtension:
         ``release_path`` (:data:`OPEN` opens the gate), and write a byte on ``done_path`` after
         each step it let through. Replaces a gate armed before."""
         self._areal_open_gate()  # an earlier gate, still armed
-        ungated = self.execute_model  # type: ignore[attr-defined]
+        ungated = self.execute_model
         # O_RDWR: neither open waits for the other end, and a read never sees end-of-file.
         release, done = os.open(release_path, os.O_RDWR), os.open(done_path, os.O_RDWR)
         self._areal_state()["gate"] = (release, done)
