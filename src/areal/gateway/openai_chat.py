@@ -8,7 +8,9 @@ becomes SSE ``chat.completion.chunk`` objects at once.
 
 Beyond the OpenAI fields, SGLang/vLLM-style sampling knobs are passed through when sent top-level
 (the openai SDK's ``extra_body`` puts them there): ``ignore_eos``, ``top_k``, ``min_p``,
-``min_tokens``, ``repetition_penalty``. ``logprobs: true`` returns the behaviour log-prob of each
+``min_tokens``, ``repetition_penalty``. Penalties and ``logit_bias`` change the logits, which the
+trainer cannot replay: a call recorded for training that sends one is refused with a 400 naming it
+(:mod:`areal.gateway.replayable`); other calls pass them on. ``logprobs: true`` returns the behaviour log-prob of each
 chosen token (what RL records); ``top_logprobs`` alternatives are not computed (empty lists).
 Unknown top-level keys (``store``, ``metadata``, ``prompt_cache_key``, ``parallel_tool_calls``,
 ...) are ignored.
@@ -44,6 +46,7 @@ from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, openai_error_body
 from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.policy import Generation
+from areal.gateway.replayable import check_replayable
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.sse import EventStreamResponse, sse_event
@@ -150,7 +153,8 @@ def _extra_sampling(body: dict[str, Any]) -> dict[str, Any]:
     if bias:
         if not isinstance(bias, dict):
             raise bad("logit_bias", f"must be an object, got {type_name(bias)}")
-        extra["logit_bias"] = bias
+        if any(value != 0 for value in bias.values()):  # all zeros: no bias at all
+            extra["logit_bias"] = bias
     return extra
 
 
@@ -539,6 +543,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     request[LOG_FIELDS].update(route="local")
     chat = parse_request(body, state.policy.tool_parser)
     chat.episode = episode = await Episode.of(request, state, body)  # after the 400s: admits
+    check_replayable(request, chat.sampling["extra"])  # a recorded call: what the trainer replays
     prompt_ids = state.policy.render(
         chat.messages, chat.plan.tools, chat.plan.prefix, history=episode.history(request)
     )

@@ -27,6 +27,11 @@ DEFAULT_ALIASES = ("default",)
 
 log = logging.getLogger("areal.gateway.policy")
 
+# The sampling params that constrain decoding with a grammar (SGLang's names, as sent).
+GRAMMAR_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
+# Backends whose reported log-prob is taken after the grammar's vocabulary mask.
+MASKED_GRAMMAR_BACKENDS = frozenset({"sglang"})
+
 
 @dataclass
 class Generation:
@@ -171,6 +176,12 @@ class PolicyService:
         self._encoding: tuple[Any, Callable[[str], list[int]]] | None = None  # (tokenizer, its)
         self.published: tuple[int, str] | None = None  # the trainer's newest (version, weights)
         self._noted: set[tuple[str, Any]] = set()  # client sampling values logged as overridden
+        # Calls whose client value of each field the run's sampling replaced or dropped (the
+        # log line says each distinct value once; this counts every call): GET /rl/sessions.
+        self.overridden: dict[str, int] = {}
+        # Calls whose engine reports log-probs under a mask the trainer does not replay (SGLang
+        # takes them after a grammar's vocabulary mask, docs/inference.md): GET /rl/sessions.
+        self.masked_logprobs: dict[str, int] = {}
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
             parser, key="model_routing.policy_model.tool_parser"
@@ -342,6 +353,11 @@ class PolicyService:
         if seed is not None:
             params["sampling_seed"] = seed
         params.update(extra or {})
+        if params.get("top_k") == 1:
+            # One candidate is greedy decoding; said as temperature 0, every engine reports the
+            # plain log-softmax for it (SGLang otherwise divides by T unless the whole batch is
+            # greedy), the value the trainer recomputes for top-k 1 (types.training_temperature).
+            params["temperature"] = 0.0
         return params
 
     def _overridden(
@@ -353,7 +369,10 @@ class PolicyService:
         client.update({key: kept.pop(key) for key in ("top_k", "min_p") if key in kept})
         route = {"temperature": self.route.temperature, "top_p": self.route.top_p}
         for key, value in client.items():
-            if value is not None and value != route.get(key) and (key, value) not in self._noted:
+            if value is None or value == route.get(key):
+                continue
+            self.overridden[key] = self.overridden.get(key, 0) + 1
+            if (key, value) not in self._noted:
                 self._noted.add((key, value))
                 log.info(
                     "a client asked for %s=%s; the run's sampling applies (%s)",
@@ -373,6 +392,7 @@ class PolicyService:
         tried: set[str] = set()
         while True:
             engine = self._next_engine(sticky, tried)
+            self._note_masked(engine, sampling)
             try:
                 out = await self._call(
                     engine,
@@ -392,6 +412,7 @@ class PolicyService:
         tried: set[str] = set()
         while True:
             engine = self._next_engine(sticky, tried)
+            self._note_masked(engine, sampling)
             started = False
             outputs = engine.client.generate_stream(
                 input_ids=prompt_ids, sampling_params=sampling, coalesce=True
@@ -415,6 +436,24 @@ class PolicyService:
                     note_lost(engine.url)
                     raise lost from None
                 tried.add(engine.url)
+
+    def _note_masked(self, engine: Engine, sampling: dict[str, Any]) -> None:
+        """Count (and log once per engine) a grammar-constrained call to an engine that reports
+        the masked log-prob: its forced tokens' behaviour log-probs are near 0 while the trainer
+        recomputes the unmasked value, so their importance weights are off. SGLang offers no
+        option that reports the unmasked value; vLLM and the embedded engine report it."""
+        grammar = next((key for key in GRAMMAR_PARAMS if sampling.get(key) is not None), None)
+        if grammar is None or engine.backend not in MASKED_GRAMMAR_BACKENDS:
+            return
+        if not self.masked_logprobs.get(engine.backend):
+            log.warning(
+                "%s reports a grammar-constrained token's log-prob after the grammar's mask "
+                "(%s): the trainer recomputes the unmasked value, so forced tokens' importance "
+                "weights are off; vLLM and the embedded engine report the unmasked value",
+                engine.backend,
+                grammar,
+            )
+        self.masked_logprobs[engine.backend] = self.masked_logprobs.get(engine.backend, 0) + 1
 
     def _next_engine(self, sticky: str | None, tried: set[str]) -> Engine:
         """The engine for the next try; when a lost call has nowhere left to go, its episode is

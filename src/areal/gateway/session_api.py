@@ -74,6 +74,10 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                 # trajectories the sink holds until the trainer's queue acknowledges them
                 # (back-pressure: a full queue makes ``end`` wait with its trajectory here)
                 "delivering": sessions.delivering,
+                # calls whose client temperature/top_p/top_k/min_p the run's sampling replaced
+                "sampling_overridden": dict(state_of(request).policy.overridden),
+                # grammar-constrained calls per backend whose log-probs are the masked ones
+                "masked_logprobs": dict(state_of(request).policy.masked_logprobs),
             }
         )
 

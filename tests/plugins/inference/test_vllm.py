@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -265,6 +266,110 @@ def test_logprobs_and_greedy_tokens_match_transformers(
         assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3)
     assert len(argmax.output_ids) == 12
     assert_greedy(checkpoints["a"], PROMPT, argmax.output_ids)
+
+
+def tempered(model_dir: str, prompt: list[int], output: list[int], temperature: float) -> Any:
+    """transformers' teacher-forced log softmax(z / T) at the positions that predict ``output``
+    (the log softmax of z shifted by a constant per row, over T, is the same distribution)."""
+    import torch
+
+    ref = reference_logprobs(model_dir, prompt + output, len(prompt))
+    return torch.log_softmax(ref / temperature, dim=-1)
+
+
+def test_the_server_reports_the_trainers_logprobs(vllm_url: str) -> None:
+    """The launcher's environment and flags reach every worker: vLLM's V1 sampler, wrapped by
+    areal's worker extension, with nothing (a logprobs mode, speculative decoding) that would
+    report another distribution."""
+    answer = run(_with_client(vllm_url, lambda c: c.behaviour_logprobs()))
+    assert answer["exact"], answer
+    assert [w["sampler"] for w in answer["workers"]] == ["vllm.v1.sample.sampler.Sampler"]
+
+
+TRUNCATED = {
+    "top-p": {"temperature": 0.7, "top_p": 0.9},
+    "top-k": {"temperature": 0.7, "top_k": 20},
+    "min-p": {"temperature": 0.7, "min_p": 0.1},
+}
+
+
+@pytest.mark.parametrize("truncation", list(TRUNCATED), ids=list(TRUNCATED))
+def test_logprobs_at_a_temperature_are_the_full_tempered_softmax(
+    vllm_url: str, checkpoints: dict[str, str], truncation: str
+) -> None:
+    """At T = 0.7 with top-p, top-k or min-p, a sampled token's log-prob is log softmax(z / T)
+    over the whole vocabulary, as the trainer recomputes it: not vLLM's log softmax(z) (its
+    default, at T = 1) nor the log-prob renormalised over the tokens the truncation kept."""
+    params = {**TRUNCATED[truncation], "max_new_tokens": 24, "ignore_eos": True}
+    prompts = [PROMPT, PROMPT[:3], [7, *PROMPT[2:]]]
+
+    async def go(client: VLLMClient) -> list[Any]:
+        return [
+            await client.generate(input_ids=p, sampling_params={**params, "sampling_seed": i})
+            for i, p in enumerate(prompts)
+        ]
+
+    outs = run(_with_client(vllm_url, go))
+    untempered = 0.0  # how far log softmax(z) is from the rule: what the old reports were off by
+    for prompt, out in zip(prompts, outs, strict=True):
+        assert len(out.output_ids) == len(out.output_logprobs) == 24
+        expected = tempered(checkpoints["a"], prompt, out.output_ids, 0.7)
+        plain = tempered(checkpoints["a"], prompt, out.output_ids, 1.0)
+        for i, (token, logprob) in enumerate(zip(out.output_ids, out.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3), (i, token)
+            untempered = max(untempered, abs(float(plain[i, token] - expected[i, token])))
+    assert untempered > 1e-2, "the premise: the temperature moves these log-probs"
+
+
+def test_greedy_rows_beside_tempered_ones_keep_the_plain_softmax(
+    vllm_url: str, checkpoints: dict[str, str]
+) -> None:
+    """Requests that run together each report their own distribution: temperature 0, and top-k 1
+    at any temperature, are greedy and report log softmax(z) (the trainer reads them at T = 1);
+    the tempered request beside them log softmax(z / T)."""
+    # (the temperature the trainer divides by, the request's sampling params)
+    kinds = [
+        (1.0, {"temperature": 0.0}),
+        (1.0, {"temperature": 0.7, "top_k": 1}),
+        (0.7, {"temperature": 0.7, "top_p": 0.9}),
+    ]
+
+    async def go(client: VLLMClient) -> list[Any]:
+        calls = [
+            client.generate(
+                input_ids=PROMPT,
+                sampling_params={**kind, "max_new_tokens": 16, "ignore_eos": True},
+            )
+            for _, kind in kinds
+        ]
+        return list(await asyncio.gather(*calls))
+
+    outs = run(_with_client(vllm_url, go))
+    for (temperature, _), out in zip(kinds, outs, strict=True):
+        expected = tempered(checkpoints["a"], PROMPT, out.output_ids, temperature)
+        for i, (token, logprob) in enumerate(zip(out.output_ids, out.output_logprobs)):
+            assert logprob == pytest.approx(float(expected[i, token]), abs=1e-3), (temperature, i)
+    assert_greedy(checkpoints["a"], PROMPT, outs[0].output_ids)
+    assert_greedy(checkpoints["a"], PROMPT, outs[1].output_ids)
+
+
+def test_a_grammar_chooses_tokens_but_not_their_reported_logprob(
+    vllm_url: str, checkpoints: dict[str, str]
+) -> None:
+    """vLLM masks the logits with the request's grammar before its sampler takes log-probs; the
+    tokens the grammar forces still report the unmasked log softmax(z / T), which the trainer,
+    knowing nothing of the grammar, recomputes."""
+    params = {"temperature": 0.7, "max_new_tokens": 12, "regex": "(yes|no)[0-9]{3}"}
+    out = run(
+        _with_client(vllm_url, lambda c: c.generate(input_ids=PROMPT, sampling_params=params))
+    )
+    assert re.fullmatch("(yes|no)[0-9]{3}", out.text or ""), out.text  # the grammar chose them
+    expected = tempered(checkpoints["a"], PROMPT, out.output_ids, 0.7)
+    unmasked = [float(expected[i, t]) for i, t in enumerate(out.output_ids)]
+    assert out.output_logprobs == pytest.approx(unmasked, abs=1e-3)
+    # the premise: on this near-flat model a grammar-forced token is unlikely unmasked, so the
+    # masked value (log-prob within the few tokens the grammar allows) would be far from it
+    assert min(unmasked) < -3.0, unmasked
 
 
 @pytest.mark.parametrize("coalesce", [False, True], ids=["each-chunk", "coalesced"])

