@@ -6,14 +6,28 @@ import threading
 
 import pytest
 
-from areal.core.staleness import StalenessBudget, staleness
+from areal.core.staleness import UNREADABLE, StalenessBudget, staleness
 
 
 def test_staleness_is_trainer_version_minus_the_oldest_token() -> None:
     assert staleness(5, [3, 4, 5]) == 2
-    assert staleness(5, [-1, 4, -1]) == 1  # prompt/unknown versions do not count
-    assert staleness(5, []) == 0
-    assert staleness(2, [3]) == 0  # a token newer than the trainer is not stale
+    assert staleness(5, [5, 5]) == 0
+    assert staleness(5, []) == 0  # no generated token
+
+
+@pytest.mark.parametrize(
+    "versions",
+    [
+        [-1],  # SGLang's and vLLM's start-up label "default" (or none): no version number
+        [-1, 4, -1],  # one unreadable token is enough: the sample mixes unknown weights in
+        [4, 6],  # newer than the trainer: another run's label, not a version of this run
+        [6],
+    ],
+)
+def test_a_token_without_a_run_version_is_staler_than_any_bound(versions: list[int]) -> None:
+    assert staleness(5, versions) == UNREADABLE
+    assert all(staleness(5, versions) > bound for bound in (0, 1, 8, 10**6))
+    assert staleness(0, versions) == UNREADABLE  # also at the run's first version
 
 
 def test_version_rule_admits_staleness_plus_one_batches() -> None:

@@ -11,7 +11,6 @@ machine."""
 from __future__ import annotations
 
 import contextlib
-import re
 import signal
 import sys
 import threading
@@ -26,7 +25,7 @@ from areal.host.process import pick_free_port, start_on_free_port, with_port
 from areal.run.runner import RunError, RunSummary, train
 from support import eventually
 from support.processes import children
-from support.runs import identity_breaks, jsonl, make_config, trained
+from support.runs import identity_breaks, in_thread, jsonl, last_step, make_config, trained
 
 ROOT = Path(__file__).resolve().parents[2]
 ADMIN_TOKEN = "attached-admin-token-0123456789"
@@ -65,31 +64,11 @@ def urls(gateway: str) -> list[str]:
     return [e["url"] for e in admin_get(gateway, "/rl/engines")["engines"]]
 
 
-def last_step(log: Path) -> int:
-    """The newest ``[train] step=N`` the run logged (0 before its first)."""
-    steps = re.findall(r"^\[train\] step=(\d+) ", log.read_text(), re.MULTILINE)
-    return int(steps[-1]) if steps else 0
-
-
 def served(gateway: str, url: str) -> int:
     """Episodes the gateway routed to the engine at ``url``."""
     return next(
         e["served"] for e in admin_get(gateway, "/rl/engines")["engines"] if e["url"] == url
     )
-
-
-def in_thread(run: Callable[[], RunSummary]) -> tuple[threading.Thread, list[Any]]:
-    result: list[Any] = []
-
-    def target() -> None:
-        try:
-            result.append(run())
-        except BaseException as err:  # handed to the test thread
-            result.append(err)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, result
 
 
 @pytest.mark.slow

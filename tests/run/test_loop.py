@@ -223,8 +223,12 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
     trajectories = [
         Trajectory("t1", [token_sample([30, 31], 0)], 1.0, 1, metadata={"task_id": "x"}),
         Trajectory("t2", [token_sample([32, 33], 0)], 0.0, 1, metadata={"task_id": "x"}),
-        # Version 0; taken in with the rest before the first batch, stale once it is trained.
+        # Version 0; taken in with the others before the first batch, stale once it is trained.
         Trajectory("t3", [token_sample([34], 0)], 1.0, 1),
+    ]
+    # Sampled by version 1: they reach the queue once the engines serve it, after step 1 (a
+    # version the trainer has not made yet is no version of the run: core.staleness).
+    version_1 = [
         Trajectory("t4", [token_sample([35], 1), token_sample([36, 37], 1)], 0.5, 2),
         Trajectory("t5", [token_sample([38], 1)], 0.0, 1),
     ]
@@ -240,7 +244,15 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
                 staleness_threshold=5,  # forced to 0 in sync mode
                 async_enabled=False,
             )
-            return loop, await loop.run(max_steps=2)
+
+            async def after_step(_: dict[str, float]) -> None:
+                if loop.version == 1:
+                    sink = ZmqTrajectorySink(source.address)
+                    for trajectory in version_1:
+                        await sink.put(trajectory)
+                    await sink.close()
+
+            return loop, await loop.run(max_steps=2, on_step=after_step)
 
     loop, history = asyncio.run(scenario())
     assert loop.staleness_threshold == 0
@@ -259,6 +271,7 @@ def test_sync_mode_trains_current_version_batches_grouped_by_task(
         "dropped_stale": 1,
         "dropped_stale_waiting": 1,  # it arrived fresh and went stale waiting
         "dropped_stale_tokens": 1,  # the engine work lost with it
+        "dropped_unversioned": 0,
         "dropped_empty": 0,
         "dropped_trajectories": 1,  # its only sample was stale: the whole episode is gone
         "discarded": 0,

@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import socket
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,7 @@ import torch
 from areal.core.types import Sample, Trajectory
 from areal.plugins.inference.sglang_client import InferenceClient
 from areal.plugins.models.hf_io import load_model
+from areal.plugins.queues.zmq_queue import ZmqTrajectorySink, ZmqTrajectorySource
 from areal.plugins.trainer.engine import Policy
 from areal.plugins.trainer.weight_sync import DiskWeightSync, WeightSyncError
 from areal.run.loop import Published, TrainerLoop
@@ -34,10 +36,26 @@ def sample(version: int) -> Sample:
     )
 
 
-def trajectories() -> list[Trajectory]:
-    """Two steps' worth (batches of 2): two of version 0, then two of version 1 (fresh for sync
-    mode's second step too)."""
-    return [Trajectory(f"t{i}", [sample(i // 2)], float(i % 2), 1) for i in range(4)]
+def trajectories(version: int) -> list[Trajectory]:
+    """One step's worth (a batch of 2) sampled by ``version`` (fresh for sync mode too)."""
+    return [Trajectory(f"t{version}-{i}", [sample(version)], float(i), 1) for i in range(2)]
+
+
+def after_step_1(source: ZmqTrajectorySource) -> Callable[[dict[str, float]], Awaitable[None]]:
+    """An ``on_step`` that queues version 1's trajectories once step 1 has made version 1: a
+    version the trainer has not made yet is no version of the run (core.staleness)."""
+    done = False
+
+    async def on_step(_: dict[str, float]) -> None:
+        nonlocal done
+        if not done:
+            done = True
+            sink = ZmqTrajectorySink(source.address)
+            for trajectory in trajectories(1):
+                await sink.put(trajectory)  # returns once the queue holds it
+            await sink.close()
+
+    return on_step
 
 
 class Recorder:
@@ -94,7 +112,7 @@ def test_the_engines_load_a_version_while_the_next_step_trains(
 
     async def scenario() -> tuple[TrainerLoop, list[dict[str, float]], list[Published], str]:
         published: list[Published] = []
-        async with queued(trajectories()) as source, InferenceClient(engine_url) as client:
+        async with queued(trajectories(0)) as source, InferenceClient(engine_url) as client:
             loop = TrainerLoop(
                 recorder,
                 source,
@@ -112,7 +130,9 @@ def test_the_engines_load_a_version_while_the_next_step_trains(
                 recorder.note(f"version {done.version} served")
                 published.append(done)
 
-            history = await loop.run(max_steps=2, on_published=on_published)
+            history = await loop.run(
+                max_steps=2, on_step=after_step_1(source), on_published=on_published
+            )
             final = (await client.model_info())["weight_version"]
         await sync.close()
         return loop, history, published, final
@@ -160,10 +180,10 @@ def test_a_failed_delivery_stops_the_run_before_the_next_version(
         async def on_published(done: Published) -> None:
             published.append(done)
 
-        async with queued(trajectories()) as source:
+        async with queued(trajectories(0)) as source:
             loop = TrainerLoop(policy, source, sync, trigger_batch_size=2, staleness_threshold=4)
             try:
-                await loop.run(max_steps=2, on_published=on_published)
+                await loop.run(max_steps=2, on_step=after_step_1(source), on_published=on_published)
             finally:
                 await sync.close()
             return loop

@@ -31,8 +31,9 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,6 +111,28 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def last_step(log: Path) -> int:
+    """The newest ``[train] step=N`` a run logged to ``log`` (0 before its first)."""
+    steps = re.findall(r"^\[train\] step=(\d+) ", log.read_text(), re.MULTILINE)
+    return int(steps[-1]) if steps else 0
+
+
+def in_thread(run: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    """``run()`` (an in-process ``train``) on a thread of its own; the list receives its
+    result, or the exception it raised, for the test thread to check."""
+    result: list[Any] = []
+
+    def target() -> None:
+        try:
+            result.append(run())
+        except BaseException as err:  # handed to the test thread
+            result.append(err)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, result
 
 
 # --- areal train with faults --------------------------------------------------------------------

@@ -28,14 +28,27 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+# The staleness of a token whose version cannot be read: above every threshold.
+UNREADABLE = 2**31 - 1
+
 
 def staleness(trainer_version: int, token_versions: Iterable[int]) -> int:
     """How many versions behind ``trainer_version`` the oldest generated token is (0 if none).
 
-    Tokens with an unknown version (negative) do not count.
+    ``token_versions`` are the versions of generated tokens only (a prompt token has none). One
+    that is not a version of this run is unreadable: negative (SGLang's and vLLM's start-up
+    ``"default"``, a missing label) or newer than the trainer (an engine still labelled by
+    another run; the run's engines get a version only after the trainer has it). The weights
+    that sampled it are unknown, so it is :data:`UNREADABLE`, staler than any bound: its sample
+    is dropped as stale, never trained as fresh.
     """
-    known = [v for v in token_versions if v >= 0]
-    return max(0, trainer_version - min(known)) if known else 0
+    versions = list(token_versions)
+    if not versions:
+        return 0
+    oldest, newest = min(versions), max(versions)
+    if oldest < 0 or newest > trainer_version:
+        return UNREADABLE
+    return trainer_version - oldest
 
 
 @dataclass

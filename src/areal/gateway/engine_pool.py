@@ -12,6 +12,18 @@ conversation. An engine stops being live when
   cancelled, and it takes traffic again as soon as it answers a health check (a supervisor that
   restarted it at the same URL needs nothing more).
 
+An engine is *held* while it does not serve the run's version: once a trainer has announced a
+version (:meth:`EnginePool.announced`, from ``POST /rl/version``), an engine attached with another
+version label (an older one, another run's, or one that is no version at all: SGLang's and
+vLLM's start-up ``"default"``) takes no traffic until it reports the run's version. The trainer
+gives it its next version (a disk sync loads it from the file system, a collective sync
+re-forms its group with it), then announces it; the pool then reads the engine's
+``/model_info`` again (also at every health round) and lets it serve. Its tokens would otherwise
+be sampled from weights the run never trained. Held engines serve only when no other engine is
+live: their labels say what they serve (the trainer drops a sample whose label is not a run
+version, and counts an old one as that stale), and a run whose every engine is held must still
+produce the batch that publishes the version they wait for.
+
 A cancelled call raises :class:`EngineLost` (a 503 with ``Retry-After``). The policy retries a
 lost call that produced nothing yet on another live engine; a call lost half-way is noted in the
 request's :data:`LOST_CALLS` box, and the middleware marks the episode it belonged to, which then
@@ -38,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from areal.core.engine_client import EngineClient, engine_client
+from areal.core.types import version_number
 from areal.gateway.errors import GatewayError
 
 log = logging.getLogger("areal.gateway.engines")
@@ -114,6 +127,7 @@ class Engine:
     backend: str
     owner: str | None = None  # who attached it (a trainer's id), for GET /rl/engines
     weight_version: str | None = None
+    held: bool = False  # it does not serve the run's version: no traffic while others can
     healthy: bool = True
     draining: bool = False
     detached: bool = False
@@ -137,6 +151,7 @@ class Engine:
             "running": len(self.calls),
             "served": self.served,
             "weight_version": self.weight_version,
+            "held": self.held,
             "attached_s": round(time.time() - self.attached_at, 1),
         }
 
@@ -183,8 +198,11 @@ class EnginePool:
         self.health_timeout = health_timeout
         self.down_after = down_after
         self.engines: dict[str, Engine] = {}
+        # The version the run's trainer last announced (None: no trainer has; nothing is held).
+        self.run_version: int | None = None
         self._turn = itertools.count()
         self._health: asyncio.Task[None] | None = None
+        self._rechecks: set[asyncio.Task[None]] = set()
 
     # --- membership --------------------------------------------------------------------------
 
@@ -192,14 +210,67 @@ class EnginePool:
         return engine_client(backend or self.backend, url)
 
     def add(self, engine: Engine) -> Engine:
-        """Attach ``engine`` (one already attached at that URL is replaced by it)."""
+        """Attach ``engine`` (one already attached at that URL is replaced by it); held if it
+        does not serve the run's version (module docstring)."""
         old = self.engines.pop(engine.url, None)
         if old is not None:
             old.detached = True
             old.cancel_calls("was attached again")
         self.engines[engine.url] = engine
         log.info("engine %s attached (%s); %d attached", engine.url, engine.backend, len(self))
+        self._hold_unless_current(engine)
         return engine
+
+    def _hold_unless_current(self, engine: Engine) -> None:
+        run = self.run_version
+        if run is not None and version_number(engine.weight_version) != run:
+            engine.held = True
+            log.info(
+                "engine %s serves version %s, not the run's %d: it takes traffic once the "
+                "trainer's next publish reaches it",
+                engine.url,
+                engine.weight_version,
+                run,
+            )
+
+    def announced(self, version: int | None) -> None:
+        """The run's trainer serves ``version`` now (its engines have it): engines attached
+        from now on that do not are held; the held ones are read again (one may have just
+        received it). A run's first announce reads every engine attached before it (what it
+        serves may have changed since its attach). ``None``: the trainer left; with no run, no
+        engine is held."""
+        first, self.run_version = self.run_version is None, version
+        if version is None:
+            for engine in self.engines.values():
+                engine.held = False
+            return
+        if first:
+            for engine in self.engines.values():
+                engine.held = True
+        if any(e.held for e in self.engines.values()):
+            task = asyncio.create_task(self.recheck(), name="areal-engine-recheck")
+            self._rechecks.add(task)
+            task.add_done_callback(self._rechecks.discard)
+
+    async def recheck(self) -> None:
+        """Read the ``/model_info`` of every held engine: one that now serves the run's version
+        takes traffic. One that does not answer stays held (the health checks take it out if it
+        keeps not answering)."""
+        held = [e for e in self.engines.values() if e.held and not e.detached]
+        answers = await asyncio.gather(
+            *(asyncio.wait_for(e.client.model_info(), self.health_timeout) for e in held),
+            return_exceptions=True,
+        )
+        for engine, info in zip(held, answers, strict=True):
+            if isinstance(info, BaseException) or not engine.held:
+                continue
+            label = info.get("weight_version")
+            engine.weight_version = None if label is None else str(label)
+            if self.run_version is None or version_number(label) == self.run_version:
+                log.info(
+                    "engine %s serves the run's version %s: it takes traffic", engine.url, label
+                )
+                engine.held = False
 
     def get(self, url: str) -> Engine | None:
         return self.engines.get(normalize_url(url))
@@ -260,6 +331,7 @@ class EnginePool:
         live = [e for e in self.live() if not avoid or e.url not in avoid]
         if not live:
             raise self.unavailable(tried=bool(avoid))
+        live = [e for e in live if not e.held] or live  # held ones: only when nothing else
         if sticky is not None and len(live) > 1:
             return live[zlib.crc32(sticky.encode()) % len(live)]
         turn = next(self._turn)
@@ -387,6 +459,8 @@ class EnginePool:
             self._health = asyncio.create_task(self._watch(), name="areal-engine-health")
 
     async def close(self) -> None:
+        for task in list(self._rechecks):
+            task.cancel()
         if self._health is not None:
             self._health.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -413,6 +487,8 @@ class EnginePool:
             engine.failures += 1
             if engine.failures >= self.down_after and engine.healthy:
                 self.mark_down(engine, f"{engine.failures} failed health checks")
+        if any(e.held for e in self.engines.values()):
+            await self.recheck()
 
     async def _watch(self) -> None:
         while True:

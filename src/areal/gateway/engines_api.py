@@ -4,10 +4,14 @@ Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
 
 - ``POST /rl/engines`` ``{"url": ..., "backend": optional, "owner": optional}``: the engine must
   answer ``/model_info``; one behind the trainer's newest published weights loads them first
-  (:meth:`PolicyService.attach`); attaching a URL again replaces the earlier entry. ``201`` with
-  the engine's entry.
+  (:meth:`PolicyService.attach`); one that still does not serve the run's version after that (a
+  collective sync publishes nothing to load, an engine started as ``"default"`` carries no
+  version) is held, taking no traffic, until the trainer's next publish reaches it
+  (:mod:`.engine_pool`). Attaching a URL again replaces the earlier entry. ``201`` with the
+  engine's entry.
 - ``GET /rl/engines``: ``{"policy": model_id, "engines": [...]}``, each with ``url``, ``backend``,
-  ``owner``, ``healthy``, ``draining``, ``running`` calls, ``served`` calls, ``weight_version``.
+  ``owner``, ``healthy``, ``draining``, ``running`` calls, ``served`` calls, ``weight_version``,
+  ``held`` (it does not serve the run's version yet: no traffic while another engine can take it).
 - ``DELETE /rl/engines`` ``{"url": ..., "drain": optional bool, "timeout": optional seconds}``
   (or the same as query parameters): no new calls; with ``drain`` the running ones may finish
   first; the rest end as lost (:mod:`.engine_pool`). Answers how many finished and how many were

@@ -11,9 +11,11 @@ Routes, under ``/rl`` and ``/gateway/rl``, all with the admin token:
   ``C - D`` (``StalenessBudget.reseed``), so a restarted gateway admits the look-ahead only, and
   re-announcing the same totals changes nothing. ``weights`` (optional) is the directory holding
   this version's weights: an engine attached later loads them before it takes traffic
-  (:mod:`areal.gateway.engines_api`). ``trainer_id`` (optional) must be the attached trainer's
-  (:mod:`areal.gateway.trainer_api`), whose lease the announce renews. Answers the budget
-  snapshot (with ``weights`` once known), as does ``GET /rl/version``.
+  (:mod:`areal.gateway.engines_api`); one not at ``N`` with nothing to load (a collective sync)
+  is held until it serves the run's version (:mod:`areal.gateway.engine_pool`). ``trainer_id``
+  (optional) must be the attached trainer's (:mod:`areal.gateway.trainer_api`), whose lease the
+  announce renews. Answers the budget snapshot (with ``weights`` once known), as does
+  ``GET /rl/version``.
 - ``POST /rl/sessions/discard`` ``{"metadata": {"worker": "3"}}``: end, as discarded, every open
   session whose metadata has all the given key/values (compared as JSON values: ``"3"`` is not
   ``3``); answers ``{"discarded": n, "session_ids": [...]}``. The run supervisor calls it when it
@@ -80,6 +82,7 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
         state = state_of(request)
         check_trainer(state, body.get("trainer_id"))
         sessions.budget.set_version(version)
+        state.policy.pool.announced(version)  # engines behind the run's version are held
         sessions.budget.reseed(consumed=consumed, dropped=dropped, pending=sessions.delivering)
         sessions.capacity_changed()
         if weights is not None and (state.policy.published or (-1, ""))[0] <= version:

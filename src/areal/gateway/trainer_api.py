@@ -161,6 +161,7 @@ async def _release(state: GatewayState, seat: TrainerSeat) -> int:
     """The seat is free again: the run's engines go, its open episodes are discarded, its sink
     closes, and the budget admits everything (a gateway without a trainer)."""
     state.trainer = None
+    state.policy.pool.announced(None)  # no run: no engine is held behind its version
     if seat.route_before is not None:
         state.policy.route = seat.route_before
     owned = [e.url for e in state.policy.pool.engines.values() if e.owner == seat.trainer_id]

@@ -9,7 +9,7 @@ this run's settings), registers each of its engines after every (re)start (``POS
 engine attached later loads them first), renews the seat every :data:`HEARTBEAT_S` seconds, and
 at the end leaves the seat (``DELETE /rl/trainer``): the gateway detaches the run's engines and
 serves on. Engines other people attached (``areal serve inference --attach``) get the run's new
-weights too (:meth:`AttachedGateway.other_engines`).
+weights too (:func:`areal.run.supervised_sync.gateway_engines`).
 
 A gateway that lost the seat (restarted, or the lease lapsed) is taken again at the next
 heartbeat, with the run's totals, so its budget continues where the run is.
@@ -122,19 +122,6 @@ class AttachedGateway:
         """An engine of the run died: no call goes there until it is back."""
         if child.url is not None:
             await best_effort(self.admin.detach_engine(child.url, drain=False))
-
-    async def other_engines(self) -> list[str]:
-        """Healthy engines attached by others (``areal serve inference --attach``): they get the
-        run's weights like its own. A gateway that does not answer: none this time."""
-        listing = await best_effort(self.admin.engines())
-        if listing is None:
-            return []
-        own = {c.url for c in self.own_engines}
-        return [
-            e["url"]
-            for e in listing["engines"]
-            if e["url"] not in own and e.get("healthy") and not e.get("draining")
-        ]
 
     def start_heartbeat(self, announce: Callable[[], Awaitable[None]]) -> None:
         """Renew the seat (an announce of the current version) every :data:`HEARTBEAT_S` s."""

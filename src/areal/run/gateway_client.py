@@ -114,6 +114,7 @@ class EngineEntry(TypedDict, total=False):
     running: int  # calls running on it now
     served: int  # calls it finished
     weight_version: str | None
+    held: bool  # it does not serve the run's version yet: no traffic while another can take it
     attached_s: float
 
 

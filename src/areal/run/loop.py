@@ -68,7 +68,7 @@ from typing import Any, Protocol, cast
 import numpy as np
 
 from areal.core.metrics import MetricSink, MetricValue
-from areal.core.staleness import staleness
+from areal.core.staleness import UNREADABLE, staleness
 from areal.core.train_engine import StagedWeightSync, is_staged
 from areal.core.types import Sample, Trajectory
 from areal.run.trainer_thread import TrainerThread, with_thread_cpu
@@ -211,6 +211,9 @@ class TrainerLoop:
         # Of the stale: those that went stale waiting in the buffer (for their group, or a step)
         # rather than arriving stale, and the generated tokens of all of them (engine work lost).
         self._dropped_stale_waiting = self._dropped_stale_tokens = 0
+        # Of the stale: samples with a token whose version could not be read (its engine served
+        # weights that were not a run version: never trained as fresh, see core.staleness).
+        self._dropped_unversioned = 0
         self._dropped_trajectories = 0  # episodes none of whose samples survived
         self._discarded = 0  # tombstones: episodes the gateway discarded
         self._groups_split = 0  # incomplete groups trained as they were
@@ -320,7 +323,16 @@ class TrainerLoop:
                 self._dropped_empty += 1
                 continue
             generated = s.generated_versions.tolist()
-            if staleness(self.version, generated) > self.staleness_threshold:
+            lag = staleness(self.version, generated)
+            if lag > self.staleness_threshold:
+                if lag == UNREADABLE:
+                    self._dropped_unversioned += 1
+                    if self._dropped_unversioned % 100 == 1:  # the first, then every 100th
+                        log.warning(
+                            "dropped a sample whose tokens carry no run version (an engine "
+                            "served weights the run did not publish); %d so far",
+                            self._dropped_unversioned,
+                        )
                 self._dropped_stale += 1
                 self._dropped_stale_waiting += waited
                 self._dropped_stale_tokens += len(generated)
@@ -446,6 +458,7 @@ class TrainerLoop:
             "dropped_stale": self._dropped_stale,
             "dropped_stale_waiting": self._dropped_stale_waiting,
             "dropped_stale_tokens": self._dropped_stale_tokens,
+            "dropped_unversioned": self._dropped_unversioned,
             "dropped_empty": self._dropped_empty,
             "dropped_trajectories": self._dropped_trajectories,
             "discarded": self._discarded,
@@ -472,6 +485,7 @@ class TrainerLoop:
         self._dropped_empty = int(state["dropped_empty"])
         self._dropped_stale_waiting = int(state.get("dropped_stale_waiting", 0))
         self._dropped_stale_tokens = int(state.get("dropped_stale_tokens", 0))
+        self._dropped_unversioned = int(state.get("dropped_unversioned", 0))
         self._dropped_trajectories = int(state.get("dropped_trajectories", 0))
         self._discarded = int(state.get("discarded", 0))
         self._groups_split = int(state.get("groups_split", 0))

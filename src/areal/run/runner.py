@@ -87,7 +87,7 @@ from areal.run.processes import (
     run_sampling,
     worker_child,
 )
-from areal.run.supervised_sync import SupervisedSync
+from areal.run.supervised_sync import SupervisedSync, gateway_engines
 from areal.run.supervisor import Child, ChildFailed, Supervisor
 from areal.run.trainer_thread import TrainerThread
 
@@ -306,10 +306,9 @@ class _Run:
                 sync,
                 supervisor,
                 self.publish_lock,
-                # Engines others attached get the run's weights through the file system.
-                others=self.attached.other_engines
-                if self.attached and hasattr(sync, "version_dir")
-                else None,
+                # Engines others attached to the gateway (the run's own, or the one it attached
+                # to) get every publish too, under every sync.
+                others=gateway_engines(gateway),
             ),
             trigger_batch_size=config.async_.trigger_batch_size,
             global_batch_size=config.train.global_batch_size,
@@ -487,6 +486,9 @@ class _Run:
             gateway_key = secrets.token_urlsafe(24)
 
         served_at: dict[str, str] = {}  # engine name -> the url the gateway has for it
+        # An engine (re)starts from weights_dir, the run's start: labelled with that version (not
+        # the current one), so its catch-up sees it behind and its tokens never claim newer weights.
+        start_version = self.version
 
         async def catch_up(child: Child) -> None:
             """A (re)started engine gets the trainer's newest weights if it is behind; attached to
@@ -513,7 +515,7 @@ class _Run:
                     config,
                     i,
                     model_dir=lambda: weights_dir,
-                    version=lambda: self.version,
+                    version=lambda: start_version,
                     log_dir=self.log_dir,
                     threads=threads,
                     after_start=catch_up,
@@ -626,7 +628,10 @@ class _Run:
                 self.version, consumed=received, dropped=dropped, weights=weights
             )
             return
-        await best_effort(gateway.set_version(self.version, dropped=dropped, consumed=received))
+        weights = self.weights_path(self.version)  # an engine attached later loads it first
+        await best_effort(
+            gateway.set_version(self.version, dropped=dropped, consumed=received, weights=weights)
+        )
 
     def weights_path(self, version: int) -> str | None:
         """Where ``version``'s weights are on disk (a disk weight sync), for an engine that

@@ -7,7 +7,14 @@ An engine that stalls (stopped, hung: alive, but no answer within the sync's wat
 watchdog's one log line names it (name, URL, pid, phase), it is killed, and the supervisor
 restarts it, up to its restart limit, on the newest weights; the publish goes on without it.
 Waiting for it would stop the run for good (every rollout waits on a paused engine), and an
-engine that cannot answer a pause cannot be trusted with the next update either."""
+engine that cannot answer a pause cannot be trusted with the next update either.
+
+Engines the run did not start (attached to its gateway mid-run: ``areal serve inference
+--attach``, ``POST /rl/engines``) get every publish too, under every sync: before each one the
+gateway's list is read (:func:`gateway_engines`) and its healthy engines that are not the run's
+join the sync's engines. A disk sync makes them load the version; a collective one re-forms its
+group with them. Until then the gateway holds them, taking no traffic
+(:mod:`areal.gateway.engine_pool`)."""
 
 from __future__ import annotations
 
@@ -19,9 +26,24 @@ from typing import Any, cast
 from areal.core.train_engine import StagedWeightSync, WeightSync, WeightSyncError, is_staged
 from areal.host.faults import crash_point
 from areal.host.process import ServerProcess
+from areal.run.gateway_client import GatewayAdmin, best_effort
 from areal.run.supervisor import Child, Supervisor
 
 log = logging.getLogger("areal.train")
+
+
+def gateway_engines(gateway: GatewayAdmin) -> Callable[[], Awaitable[list[str]]]:
+    """The healthy, not draining engines attached to ``gateway``, asked before every publish; a
+    gateway that does not answer (restarting): none this time, the next publish asks again."""
+
+    async def listed() -> list[str]:
+        listing = await best_effort(gateway.engines())
+        if listing is None:
+            return []
+        return [e["url"] for e in listing["engines"] if e.get("healthy") and not e.get("draining")]
+
+    return listed
+
 
 # How long a sync that lost its connection to one of the run's engines waits for that engine's
 # process to be seen gone before it calls the failure the engine's own: the connection drops as
@@ -84,13 +106,11 @@ class SupervisedSync:
             crash_point("weight_sync.to_engines")  # a test may hold the run here (host.faults)
             left_out: set[str] = set()
             for _attempt in range(3):
-                engines = [
-                    c
-                    for c in self.supervisor.children
-                    if c.name.startswith("engine") and c.up and c.running and c.url
-                ]
+                children = [c for c in self.supervisor.children if c.name.startswith("engine")]
+                engines = [c for c in children if c.up and c.running and c.url]
                 own = [c.url for c in engines if c.url]
-                others = [u for u in await self._others() if u not in own and u not in left_out]
+                ours = {c.url for c in children}  # one restarting is the supervisor's to catch up
+                others = [u for u in await self._others() if u not in ours and u not in left_out]
                 self.sync.engine_urls = own + others
                 seen = {c.url: c.process for c in engines}
                 try:

@@ -9,6 +9,7 @@ The story of one :meth:`CollectiveWeightSync.publish`:
    the OS picks as it binds, the trainer as rank 0, engine ``i``'s ``tp_size`` ranks from
    ``1 + i * tp_size`` (``/init_weights_update_group``). The store is wrapped and the group formed exactly as SGLang's
    ``init_custom_process_group`` does (:mod:`areal.core.weight_group`), so real SGLang joins.
+   The engines of the group it replaces leave that one first (best effort).
 2. **gather**: the model's weights as Hugging Face tensors; a sharded model's DTensors are
    gathered in full (``full_tensor()``, a collective every trainer rank joins).
 3. **pause**, as the disk sync does (``retract`` or ``in_place``).
@@ -21,8 +22,18 @@ Weight-sync hangs are the most reported failure of peer projects, so every phase
 watchdog: a stall raises :class:`~areal.plugins.trainer.weight_sync.WeightSyncError` naming the
 phase, the bucket and the ranks (engines) that had not answered, instead of hanging. After a
 failure the group is re-formed at the next publish (a half-finished broadcast leaves it unusable).
-A (re)started engine is not in the group: :meth:`catch_up` re-forms it at the next publish, and
-until then the engine's tokens carry their old version (staleness control handles them).
+
+Late joiners. There is no copy of a version to load outside a publish, so an engine that was not
+in the group gets the run's weights at the next publish, which re-forms the group with it:
+
+- a (re)started engine of the run (:meth:`catch_up`) serves the weights it was launched with, the
+  run's start, until then: before the first publish that is the run's version, and an engine that
+  cannot be told its version at launch (vLLM starts as ``"default"``) is labelled with it; after,
+  its label is the start version (an old one: the trainer counts its tokens as that stale), or
+  ``"default"``, which the trainer never trains (:func:`areal.core.staleness.staleness`);
+- an engine attached to the gateway mid-run is in :attr:`engine_urls` from the next publish on
+  (:class:`areal.run.supervised_sync.SupervisedSync` asks the gateway), and the gateway holds it,
+  taking no traffic, until it serves that version (:mod:`areal.gateway.engine_pool`).
 """
 
 from __future__ import annotations
@@ -38,7 +49,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from areal.core.engine_client import EngineClient
+from areal.core.engine_client import EngineClient, engine_client
 from areal.core.inference_records import PauseMode
 from areal.core.weight_group import new_weight_group
 from areal.plugins.models.decoder import DecoderForCausalLM
@@ -139,11 +150,15 @@ class CollectiveWeightSync(EngineCalls):
         self._group_name = ""
         self._members: tuple[str, ...] = ()
         self._abandoned: list[asyncio.Future[Any]] = []  # rank 0's side of a stalled phase
+        self._published = False  # has any version been broadcast (engines moved past the start)?
+        self._rejoin = False  # an engine (re)started: the next publish forms a new group
 
     async def publish(self, model: DecoderForCausalLM, version: int) -> float:
         start = time.perf_counter()
         phases: dict[str, float] = {}
-        if self._group is None or self._members != tuple(self.engine_urls):
+        if self._group is None or self._rejoin or self._members != tuple(self.engine_urls):
+            self._rejoin = False
+            await self._leave()
             await self._join()
             phases["join"] = time.perf_counter() - start
         mark = time.perf_counter()
@@ -164,24 +179,30 @@ class CollectiveWeightSync(EngineCalls):
             await self._resume_quietly()
             raise
         mark = time.perf_counter()
+        self._published = True
         await self._continue_all()
         phases["continue"] = time.perf_counter() - mark
         self.last_phases = phases
         return time.perf_counter() - start
 
     async def catch_up(self, url: str, version: int) -> None:
-        """A (re)started engine is not in the group: form a new one at the next publish."""
-        self._group = None
+        """A (re)started engine is not in the group: form a new one at the next publish. Until
+        then it serves the weights it was launched with; before any publish those are
+        ``version``, so an engine that cannot be told that at launch (vLLM's ``"default"``)
+        is labelled with it (module docstring)."""
+        self._rejoin = True
+        if self._published:
+            return
+        client = engine_client(self.engine_backend, url, timeout=self.timeouts["pause"])
+        try:
+            have = (await client.model_info()).get("weight_version")
+            if str(have) != str(version):
+                await client.update_weight_version(str(version), abort_all_requests=False)
+        finally:
+            await client.aclose()
 
     async def close(self) -> None:
-        if self._group is not None:
-            await asyncio.gather(
-                *(
-                    self._one("join", u, lambda c: c.destroy_weights_update_group(self._group_name))
-                    for u in self._members
-                ),
-                return_exceptions=True,
-            )
+        await self._leave()
         if self._abandoned:  # let a stalled broadcast's thread reach the group's timeout
             await asyncio.wait(
                 self._abandoned, timeout=self.timeouts["update"] + GROUP_TIMEOUT_SLACK_S + 5
@@ -194,6 +215,19 @@ class CollectiveWeightSync(EngineCalls):
         await super().close()
 
     # --- the group ----------------------------------------------------------------------------
+
+    async def _leave(self) -> None:
+        """The members of the current group leave it (best effort: one may be gone)."""
+        if self._group is None:
+            return
+        name, members, self._group = self._group_name, self._members, None
+        await asyncio.gather(
+            *(
+                self._one("join", u, lambda c: c.destroy_weights_update_group(name))
+                for u in members
+            ),
+            return_exceptions=True,
+        )
 
     async def _join(self) -> None:
         """A new group with every engine: rank 0 here (the store's owner), engine i's ranks
