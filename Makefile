@@ -28,6 +28,18 @@ SGLANG_VERSION := 0.5.23
 SGLANG_PURE_DEPS := numpy dill transformers==5.19.0 orjson psutil pybase64 requests packaging pillow starlette msgspec pydantic \
 	pyzmq tqdm IPython aiohttp triton pyyaml fastapi uvloop
 
+# AReaL 1.0.4 and verl 0.9.1, the references the loss tests run (tests/references). `areal` is also
+# our package's name, so they get a venv of their own. Their full dependency lists pull GPU stacks
+# and agent frameworks, and their pins clash (AReaL wants transformers<=5.3, verl >=5.5.3): both go
+# in --no-deps, beside the packages their loss modules, configs and package imports need.
+REFS_VENV := $(VENV)/refs
+REFS_STAMP := $(REFS_VENV)/.installed-1
+AREAL_REF_VERSION := 1.0.4
+VERL_REF_VERSION := 0.9.1
+REFS_PURE_DEPS := numpy transformers==5.25.0 tensordict==0.15.3 ray==2.60.0 torchdata==0.11.0 \
+	hydra-core==1.3.8 aiofiles aiohttp codetiming colorama colorlog dill einops flask lark numba \
+	httpx openai orjson packaging pillow psutil pydantic pyyaml regex requests rich tenacity tqdm uvloop
+
 $(VLLM_STAMP): | $(DEMO_STAMP)
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/pip install --quiet --upgrade pip
@@ -40,6 +52,13 @@ $(SGLANG_STAMP): | $(DEMO_STAMP)
 	$(SGLANG_VENV)/bin/pip install --quiet --upgrade pip
 	$(SGLANG_VENV)/bin/pip install --quiet -c constraints-cpu.txt torch $(SGLANG_PURE_DEPS)
 	$(SGLANG_VENV)/bin/pip install --quiet --no-deps sglang==$(SGLANG_VERSION)
+	touch $@
+
+$(REFS_STAMP): | $(DEMO_STAMP)
+	$(PYTHON) -m venv $(REFS_VENV)
+	$(REFS_VENV)/bin/pip install --quiet --upgrade pip
+	$(REFS_VENV)/bin/pip install --quiet -c constraints-cpu.txt torch $(REFS_PURE_DEPS)
+	$(REFS_VENV)/bin/pip install --quiet --no-deps areal==$(AREAL_REF_VERSION) verl==$(VERL_REF_VERSION)
 	touch $@
 
 # What `make demo` needs: areal and its runtime dependencies, nothing for the tests.
@@ -70,7 +89,7 @@ $(STAMP): $(DEMO_STAMP)
 	else echo "npm not found: the Claude Code and OpenClaw tests will skip"; [ -z "$$ci" ] || exit 1; fi
 	touch $(STAMP)
 
-setup: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP)
+setup: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP) $(REFS_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
@@ -82,7 +101,7 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
-# Set up in parallel: once .venv exists, the test tools, the vLLM venv and the SGLang venv install
+# Set up in parallel: once .venv exists, the test tools, the vLLM, SGLang and reference venvs install
 # side by side (about a minute each alone), and the type check runs as soon as the test tools are
 # in; serial, the four took ~5 min of a clean clone's `make test` (docs/benchmarks.md).
 #
@@ -101,17 +120,18 @@ test: disk-check
 	$(PYTEST) -m "serial and not gpu" -p no:xdist tests || status=$$?; \
 	exit $$status
 
-# A clean clone's setup takes up to 10.6 GB of disk (measured: three venvs, each with its own
-# torch and triton, the CLIs' node packages, and pip's unpacked wheels on the way): say so at once
+# A clean clone's setup takes up to 12.4 GB of disk (10.6 GB measured for three venvs, each with
+# its own torch and triton, the CLIs' node packages, and pip's unpacked wheels on the way; the
+# reference venv adds 1.8 GB): say so at once
 # rather than after minutes, when pip fails halfway with "No space left on device". Checked only
 # while the vLLM venv (the largest) is still to be built; SETUP_FREE_GB=0 skips the check.
-SETUP_FREE_GB ?= 12
+SETUP_FREE_GB ?= 14
 .PHONY: disk-check
 disk-check:
 	@if [ ! -f $(VLLM_STAMP) ]; then \
 		free=$$(df -Pk . | awk 'NR == 2 { print int($$4 / 1048576) }'); \
 		if [ "$$free" -lt $(SETUP_FREE_GB) ]; then \
-			echo "error: make setup needs about $(SETUP_FREE_GB) GB free on the disk of $$PWD (three venvs with torch), and $$free GB are free: free some space (make clean removes .venv), or run with SETUP_FREE_GB=0 to try anyway" >&2; \
+			echo "error: make setup needs about $(SETUP_FREE_GB) GB free on the disk of $$PWD (four venvs with torch), and $$free GB are free: free some space (make clean removes .venv), or run with SETUP_FREE_GB=0 to try anyway" >&2; \
 			exit 1; \
 		fi; \
 	fi

@@ -300,7 +300,8 @@ def test_wrong_types_and_ranges_name_the_key_and_the_value() -> None:
         "integer (got 'four')",
     ]
     assert errors_of(["algorithm.prox_logp=exact"]) == [
-        "algorithm.prox_logp: Input should be 'recompute' or 'loglinear' (got 'exact')"
+        "algorithm.prox_logp: Input should be 'recompute', 'loglinear' or "
+        "'loglinear_every_minibatch' (got 'exact')"
     ]
 
 

@@ -351,9 +351,11 @@ class AlgorithmConfig(_Section):
         ge=1,
         description="Cap of π_prox/π_behav; tokens above it are masked out (decoupled losses).",
     )
-    prox_logp: Literal["recompute", "loglinear"] = Field(
+    prox_logp: Literal["recompute", "loglinear", "loglinear_every_minibatch"] = Field(
         default="recompute",
-        description="π_prox: recomputed with pre-update weights, or log-linear.",
+        description="π_prox: recomputed with the pre-update weights; loglinear: AReaL's "
+        "approximation from the token versions, exact on a step's first minibatch; "
+        "loglinear_every_minibatch: the approximation there too, as AReaL 1.0.4.",
     )
     discount: float = Field(
         default=1.0, gt=0, le=1, description="γ: per-turn discount of the episode reward; GAE's γ."

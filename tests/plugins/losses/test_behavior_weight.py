@@ -9,6 +9,8 @@ Three packed sequences (cu_seqlens 0, 3, 5, 7), positions 0 and 5 masked, w = π
 
 KL estimates per token with ρ = log w (of KL(π_behav ‖ π_prox), tokens sampled by π_behav):
 k1 = −ρ, k2 = ρ²/2, k3 = w − 1 − ρ; k3 is 0.9014 (w = 3), 0.6363 (w = 0.25), 0.0945 (w = 1.5).
+These check the definitions in docs/training.md; tests/references/test_areal.py checks the same
+options against AReaL's own function.
 """
 
 from __future__ import annotations
@@ -51,8 +53,27 @@ def weights(**rule: object) -> tuple[list[float], float]:
         ({"cap": 0.3, "metric": "k3"}, [0, 0, 1, 0, 1, 0, 1.5], 2 / 5),
         ({"cap": 1.0, "metric": "k1"}, [0, 3, 1, 0, 1, 0, 1.5], 1 / 5),  # k1(0.25) = 1.386
         ({"cap": 0.5, "metric": "k2"}, [0, 0, 1, 0, 1, 0, 1.5], 2 / 5),  # 0.603, 0.961
-        # Sequence means of k3: A 0.4507, B 0.3181, C 0.0945; the weight is the geometric mean.
-        ({"cap": 0.4, "metric": "k3", "level": "sequence"}, [0, 0, 0, 0.5, 0.5, 0, 1.5], 2 / 5),
+        # Sequence means of k3: A 0.4507, B 0.3181, C 0.0945; with a KL metric the level only
+        # picks the sequences, and each kept token keeps its own weight (as in AReaL).
+        ({"cap": 0.4, "metric": "k3", "level": "sequence"}, [0, 0, 0, 0.25, 1, 0, 1.5], 2 / 5),
+        # Maxima of k3: A 0.9014, B 0.6363, C 0.0945.
+        (
+            {"cap": 0.8, "metric": "k3", "level": "sequence", "agg": "max"},
+            [0, 0, 0, 0.25, 1, 0, 1.5],
+            2 / 5,
+        ),
+        # ratio aggregated in log space: sum = product of weights (A 3, B 0.25), max (A 3).
+        ({"cap": 2.0, "level": "sequence", "agg": "sum"}, [0, 0, 0, 0.5, 0.5, 0, 1.5], 2 / 5),
+        ({"cap": 2.0, "level": "sequence"}, [0, R3, R3, 0.5, 0.5, 0, 1.5], 0.0),
+        ({"cap": 2.5, "level": "sequence", "agg": "max"}, [0, 0, 0, 0.5, 0.5, 0, 1.5], 2 / 5),
+        # AReaL's kl_k1 = ρ (w = 3: 1.0986) and kl_k3 = 1/w − 1 + ρ (w = 3: 0.4319, w = 0.25:
+        # 1.6137, w = 1.5: 0.0721): the opposite direction to k1 and k3.
+        ({"cap": 1.0, "metric": "kl_k1"}, [0, 0, 1, 0.25, 1, 0, 1.5], 1 / 5),
+        ({"cap": 0.5, "metric": "kl_k3"}, [0, 3, 1, 0, 1, 0, 1.5], 1 / 5),
+        ({"cap": 0.5, "metric": "k3"}, [0, 0, 1, 0, 1, 0, 1.5], 2 / 5),
+        ({"cap": 0.5, "metric": "kl_k2"}, [0, 0, 1, 0, 1, 0, 1.5], 2 / 5),
+        # No behaviour weight at all (AReaL's default): every valid token weighs 1.
+        ({"action": "disabled"}, [0, 1, 1, 1, 1, 0, 1], 0.0),
     ],
     ids=lambda v: str(v) if isinstance(v, dict) else "",
 )
@@ -71,6 +92,10 @@ def test_bad_rules_are_refused_by_option_name() -> None:
         weights(level="batch")
     with pytest.raises(ValueError, match="behavior_weight_floor"):
         weights(cap=1.0, floor=2.0)
+    with pytest.raises(ValueError, match="behavior_weight_agg"):
+        weights(level="sequence", agg="median")
+    with pytest.raises(ValueError, match=r"behavior_weight_action disabled.*remove them"):
+        weights(cap=2.0, action="disabled")
 
 
 def test_the_rule_inside_decoupled_ppo_forward_and_gradient() -> None:

@@ -27,9 +27,11 @@ def test_the_loss_and_its_options_reach_the_step(tmp_path: Path) -> None:
         "algorithm.loss_options={tau_neg: 1.2}",
         "algorithm.advantage_options={normalize_std: false}",
         "algorithm.advantage_norm=batch",
+        "algorithm.prox_logp=loglinear_every_minibatch",
     )
     check_loss(setup)
     options = step_options(setup)
+    assert options["prox_logp"] == "loglinear_every_minibatch"
     assert options["loss"] == "sapo" and options["loss_options"] == {"tau_neg": 1.2}
     assert options["advantage_options"] == {"normalize_std": False}
     assert options["advantage_norm"] == "batch"
@@ -62,6 +64,24 @@ def test_the_loss_and_its_options_reach_the_step(tmp_path: Path) -> None:
                 "async.train_workers=2",
             ],
             "algorithm.loss_options.importance_sampling_level: sequence level needs whole",
+        ),
+        (
+            [
+                "algorithm.loss_options={importance_sampling_level: sequence_mean_adv}",
+                "train.parallelism.cp=2",
+                "async.train_workers=2",
+            ],
+            "algorithm.loss_options.importance_sampling_level: sequence level needs whole",
+        ),
+        (
+            [
+                "algorithm.loss_options={loss_agg_mode: seq-mean-token-mean}",
+                "train.parallelism.cp=2",
+                "async.train_workers=2",
+            ],
+            "algorithm.loss_options.loss_agg_mode: seq-mean-token-mean averages each sequence, "
+            "but train.parallelism.cp 2 splits sequences over ranks; use loss_agg_mode "
+            "token-mean or cp: 1",
         ),
     ],
 )

@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "SINGLE_SAMPLE",
     "broadcast_to_tokens",
     "gae_advantages",
     "gae_no_critic_advantages",
@@ -59,35 +60,59 @@ def _group_stats(rewards: Tensor, group_ids: Tensor) -> tuple[Tensor, Tensor, Te
     return size[inverse], total[inverse], sq_dev[inverse]
 
 
+SINGLE_SAMPLE = ("zero", "reward")
+
+
 def grpo_advantages(
-    rewards: Tensor, group_ids: Tensor, eps: float = 1e-6, normalize_std: bool = True
+    rewards: Tensor,
+    group_ids: Tensor,
+    eps: float = 1e-6,
+    normalize_std: bool = True,
+    single_sample: str = "zero",
 ) -> Tensor:
     """GRPO (Shao et al. 2024): ``A_i = (r_i − mean_g) / (std_g + eps)`` over sample i's group g.
 
     ``rewards`` ``[N]`` → advantages ``[N]``. ``std_g`` is the unbiased (n − 1) standard deviation,
-    as in DeepSeekMath and TRL; a group of one has no baseline and gets advantage 0.
-    ``normalize_std=False`` keeps only the mean baseline (Dr. GRPO, Liu et al. 2025), which does
-    not up-weight tasks whose rewards barely differ.
+    as in DeepSeekMath, TRL and verl. ``normalize_std=False`` keeps only the mean baseline (Dr.
+    GRPO, Liu et al. 2025), which does not up-weight tasks whose rewards barely differ.
+
+    A group of one has no baseline. ``single_sample: zero`` (the default) gives it advantage 0: it
+    has nothing to be compared with, so it teaches nothing. ``reward`` is verl's rule: baseline 0
+    and std 1, so ``A = r / (1 + eps)`` (``r`` without ``normalize_std``), a plain REINFORCE term
+    whose scale depends on the reward's.
     """
+    _check_single(single_sample)
     size, total, sq_dev = _group_stats(rewards, group_ids)
-    centred = rewards.to(torch.float64) - total / size
+    r = rewards.to(torch.float64)
+    alone = size == 1
+    centred = torch.where(alone, r if single_sample == "reward" else 0.0, r - total / size)
     if normalize_std:
-        std = torch.sqrt(sq_dev / (size - 1).clamp(min=1))
+        std = torch.where(alone, 1.0, torch.sqrt(sq_dev / (size - 1).clamp(min=1)))
         centred = centred / (std + eps)
     return centred.to(_floating(rewards).dtype)
 
 
-def rloo_advantages(rewards: Tensor, group_ids: Tensor) -> Tensor:
+def rloo_advantages(rewards: Tensor, group_ids: Tensor, single_sample: str = "zero") -> Tensor:
     """REINFORCE leave-one-out (Ahmadian et al. 2024): ``A_i = r_i − mean_{j≠i, j∈g} r_j``.
 
-    ``rewards`` ``[N]`` → ``[N]``. The baseline excludes the sample itself, so it is unbiased;
-    a group of one has no other sample and gets advantage 0.
+    ``rewards`` ``[N]`` → ``[N]``. The baseline excludes the sample itself, so it is unbiased. A
+    group of one has no other sample: advantage 0 (``single_sample: zero``, the default), or its
+    reward (``reward``: verl's rule).
     """
+    _check_single(single_sample)
     size, total, _ = _group_stats(rewards, group_ids)
     r = rewards.to(torch.float64)
     others = (size - 1).clamp(min=1)
-    adv = torch.where(size > 1, r - (total - r) / others, 0.0)
+    alone = r if single_sample == "reward" else torch.zeros_like(r)
+    adv = torch.where(size > 1, r - (total - r) / others, alone)
     return adv.to(_floating(rewards).dtype)
+
+
+def _check_single(single_sample: str) -> None:
+    if single_sample not in SINGLE_SAMPLE:
+        raise ValueError(
+            f"single_sample must be one of {', '.join(SINGLE_SAMPLE)}; got {single_sample!r}"
+        )
 
 
 # --- sequence -> token ------------------------------------------------------------------------
@@ -231,15 +256,21 @@ def grpo_token_advantages(
     loss_mask: Tensor,
     eps: float = 1e-6,
     normalize_std: bool = True,
+    single_sample: str = "zero",
 ) -> Tensor:
-    """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``) on every token."""
-    adv = grpo_advantages(rewards, group_ids, eps=eps, normalize_std=normalize_std)
+    """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``,
+    ``single_sample``) on every token."""
+    adv = grpo_advantages(
+        rewards, group_ids, eps=eps, normalize_std=normalize_std, single_sample=single_sample
+    )
     return broadcast_to_tokens(adv, loss_mask)
 
 
-def rloo_token_advantages(*, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor) -> Tensor:
-    """``advantage/rloo``: :func:`rloo_advantages` on every token."""
-    return broadcast_to_tokens(rloo_advantages(rewards, group_ids), loss_mask)
+def rloo_token_advantages(
+    *, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor, single_sample: str = "zero"
+) -> Tensor:
+    """``advantage/rloo``: :func:`rloo_advantages` (``single_sample``) on every token."""
+    return broadcast_to_tokens(rloo_advantages(rewards, group_ids, single_sample), loss_mask)
 
 
 def gae_token_advantages(

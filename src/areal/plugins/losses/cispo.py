@@ -20,7 +20,7 @@ from torch import Tensor
 
 from areal.plugins.losses.behavior_weight import behavior_weight
 from areal.plugins.losses.stats import common_stats, stats_to_floats
-from areal.plugins.losses.tokens import check_shapes, masked
+from areal.plugins.losses.tokens import aggregate, check_shapes, masked
 
 __all__ = ["cispo_loss"]
 
@@ -40,6 +40,9 @@ def cispo_loss(
     behavior_weight_action: str = "mask",
     behavior_weight_level: str = "token",
     behavior_weight_metric: str = "ratio",
+    behavior_weight_agg: str = "mean",
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The CISPO loss of the module docstring and its statistics: the common ones
     (:func:`~.stats.common_stats`) and ``clip_fraction`` (valid tokens whose weight was
@@ -76,10 +79,13 @@ def cispo_loss(
         action=behavior_weight_action,
         level=behavior_weight_level,
         metric=behavior_weight_metric,
+        agg=behavior_weight_agg,
     )
     per_token = torch.where(rule.kept, -(weight_is * rule.weight * adv) * logp, zero)
     denom = mask.sum().clamp(min=1).to(logprobs.dtype)
-    loss = per_token.sum() / denom
+    loss = aggregate(
+        per_token, mask, mode=loss_agg_mode, cu_seqlens=cu_seqlens, scale_factor=loss_scale_factor
+    )
 
     stats = {"clip_fraction": clipped.sum() / denom}
     stats.update(common_stats(ratio=ratio, log_ratio=log_r, mask=mask, rule=rule))

@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from areal.plugins.losses.behavior_weight import behavior_weight
-from areal.plugins.losses.ratio import log_ratio
+from areal.plugins.losses.ratio import log_ratio, sequence_advantages
 from areal.plugins.losses.stats import common_stats, stats_to_floats
-from areal.plugins.losses.tokens import check_shapes, masked
+from areal.plugins.losses.tokens import aggregate, check_shapes, masked
 
 __all__ = ["decoupled_ppo_loss", "loglinear_proximal_logprobs", "ppo_loss"]
 
@@ -50,11 +50,14 @@ def decoupled_ppo_loss(
     eps_clip_high: float | None = None,
     c_clip: float | None = None,
     importance_sampling_level: str = "token",
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
     behavior_weight_cap: float | None = None,
     behavior_weight_floor: float | None = None,
     behavior_weight_action: str = "mask",
     behavior_weight_level: str = "token",
     behavior_weight_metric: str = "ratio",
+    behavior_weight_agg: str = "mean",
 ) -> tuple[Tensor, dict[str, float]]:
     """The decoupled PPO loss over one batch of tokens, and its statistics.
 
@@ -63,8 +66,10 @@ def decoupled_ppo_loss(
     ``loss_mask`` (1 = a generated token to train on) share one shape, ``[B, T]`` or packed
     ``[N]`` with ``cu_seqlens`` (needed by the sequence-level options only).
     ``eps_clip_high`` defaults to ``eps_clip`` (set it higher for DAPO's "clip higher");
-    ``c_clip`` (> 1) turns on the dual clip; ``importance_sampling_level: sequence`` is GSPO; the
-    ``behavior_weight_*`` options are :func:`~.behavior_weight.behavior_weight`'s rule.
+    ``c_clip`` (> 1) turns on the dual clip; ``importance_sampling_level: sequence`` is GSPO
+    (:mod:`.ratio`); ``loss_agg_mode`` and ``loss_scale_factor`` are
+    :func:`~.tokens.aggregate`'s; the ``behavior_weight_*`` options are
+    :func:`~.behavior_weight.behavior_weight`'s rule.
 
     Returns ``(loss, stats)``; ``stats`` are Python floats (one device sync per call):
     ``clip_fraction`` (valid tokens where the clipped term was the pessimistic one),
@@ -94,8 +99,30 @@ def decoupled_ppo_loss(
     behav = masked(mask, behavior_logprobs)
     adv = masked(mask, advantages)
 
+    rule = behavior_weight(
+        log_ratio=prox - behav,
+        mask=mask,
+        cu_seqlens=cu_seqlens,
+        cap=behavior_weight_cap,
+        floor=behavior_weight_floor,
+        action=behavior_weight_action,
+        level=behavior_weight_level,
+        metric=behavior_weight_metric,
+        agg=behavior_weight_agg,
+    )
+    # A sequence's ratio and mean advantage are over the tokens the rule kept.
     log_r = log_ratio(
-        logp=logp, prox=prox, mask=mask, level=importance_sampling_level, cu_seqlens=cu_seqlens
+        logp=logp,
+        prox=prox,
+        mask=rule.kept,
+        level=importance_sampling_level,
+        cu_seqlens=cu_seqlens,
+    )
+    adv = sequence_advantages(
+        adv=adv,
+        mask=rule.kept,
+        level=importance_sampling_level,
+        cu_seqlens=cu_seqlens,
     )
     ratio = torch.exp(torch.where(mask, log_r, zero))
     loss_unclipped = -adv * ratio
@@ -106,22 +133,13 @@ def decoupled_ppo_loss(
         bound = -c_clip * adv  # = c_clip · |A| where A < 0
         dual = mask & (adv < 0) & (per_token > bound)
         per_token = torch.where(dual, bound, per_token)
-
-    rule = behavior_weight(
-        log_ratio=prox - behav,
-        mask=mask,
-        cu_seqlens=cu_seqlens,
-        cap=behavior_weight_cap,
-        floor=behavior_weight_floor,
-        action=behavior_weight_action,
-        level=behavior_weight_level,
-        metric=behavior_weight_metric,
-    )
     per_token = torch.where(rule.kept, per_token * rule.weight, zero)
 
     n_valid = mask.sum()
     denom = n_valid.clamp(min=1).to(logprobs.dtype)
-    loss = per_token.sum() / denom
+    loss = aggregate(
+        per_token, mask, mode=loss_agg_mode, cu_seqlens=cu_seqlens, scale_factor=loss_scale_factor
+    )
 
     stats = {"clip_fraction": (mask & (loss_clipped > loss_unclipped)).sum().detach() / denom}
     stats.update(common_stats(ratio=ratio, log_ratio=log_r, mask=mask, rule=rule))
@@ -142,6 +160,8 @@ def ppo_loss(
     eps_clip_high: float | None = None,
     c_clip: float | None = None,
     importance_sampling_level: str = "token",
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Plain PPO: ``r = π_θ / π_behav`` clipped, no behaviour weight; ``proximal_logprobs`` is
     accepted for the common signature and ignored. Options and statistics as
@@ -158,6 +178,8 @@ def ppo_loss(
         eps_clip_high=eps_clip_high,
         c_clip=c_clip,
         importance_sampling_level=importance_sampling_level,
+        loss_agg_mode=loss_agg_mode,
+        loss_scale_factor=loss_scale_factor,
     )
 
 
@@ -167,13 +189,14 @@ def loglinear_proximal_logprobs(
     logprobs: Tensor,
     versions: Tensor,
     current_version: int,
+    weights_moved: bool = True,
 ) -> Tensor:
     """Approximate log π_prox from the per-token versions, without a forward pass (``prox_logp:
     loglinear``).
 
-    The formula is AReaL's (``docs/algorithms/prox_approx.md``, ``prox_logp_method: loglinear``):
-    the proximal policy is one update behind the policy being optimised, ``v_prox = v_θ − 1``, and
-    its log-probability is interpolated linearly in log space (a geometric mean of probabilities)
+    The formula is AReaL's (``compute_prox_logp_approximations``, method ``loglinear``): the
+    proximal policy is one update behind the policy being optimised, ``v_prox = v_θ − 1``, and its
+    log-probability is interpolated linearly in log space (a geometric mean of probabilities)
     between the behaviour policy and the current one, by how far along the version axis it lies::
 
         α = clamp((v_prox − v_behav) / (v_θ − v_behav), 0, 1)
@@ -182,17 +205,25 @@ def loglinear_proximal_logprobs(
     ``current_version`` is v_θ, the version the update being computed will produce (the trainer's
     version + 1), so that ``v_prox`` is the weights the step starts from: a token generated by
     them gets α = 0 and its exact log-probability. Tokens with ``versions < 0`` (prompt, environment)
-    or ``versions ≥ v_θ`` get α = 0. All tensors share one shape; the result carries no gradient,
-    since π_prox is a constant of the step.
+    or ``versions ≥ v_θ`` get α = 0.
+
+    ``weights_moved=False`` on a step's first minibatch (``prox_logp: loglinear``): no optimizer
+    step has run yet, so the current weights *are* π_prox and ``logprobs`` is its exact value,
+    returned for every generated token (the formula would put a token of v_θ − 2 halfway between
+    π_behav and π_prox, and clip ratios that are exactly 1). ``prox_logp:
+    loglinear_every_minibatch`` passes ``True`` there too: AReaL's behaviour. All tensors share one shape; the result carries no gradient, since
+    π_prox is a constant of the step.
     """
     check_shapes(behavior_logprobs=behavior_logprobs, logprobs=logprobs, versions=versions)
+    behav = behavior_logprobs.detach()
+    if not weights_moved:
+        return torch.where(versions >= 0, logprobs.detach(), behav)
     v_behav = versions.to(logprobs.dtype)
     v_theta = float(current_version)
     span = v_theta - v_behav
     generated = (versions >= 0) & (span > 0)
     alpha = torch.where(generated, (v_theta - 1.0 - v_behav) / span.clamp(min=1.0), 0.0)
     alpha = alpha.clamp(0.0, 1.0)
-    behav = behavior_logprobs.detach()
     # Where α = 0 the current log-prob is not read at all, so -inf there cannot make 0 · inf.
     delta = torch.where(alpha > 0, logprobs.detach() - behav, 0.0)
     return behav + alpha * delta

@@ -6,13 +6,14 @@ first call, so loading plugins, listing them or validating a config never import
 - the losses, one keyword signature ``(*, logprobs, proximal_logprobs, behavior_logprobs,
   advantages, loss_mask, cu_seqlens, **options) -> (loss, stats)`` (docs/training.md):
   ``decoupled_ppo`` (:func:`.ppo.decoupled_ppo_loss`, the default), ``ppo`` (:func:`.ppo.ppo_loss`),
-  ``sapo`` (:func:`.sapo.sapo_loss`), ``cispo`` (:func:`.cispo.cispo_loss`);
+  ``sapo`` (:func:`.sapo.sapo_loss`), ``cispo`` (:func:`.cispo.cispo_loss`), ``clip_cov`` and
+  ``kl_cov`` (:mod:`.cov`);
 - ``advantage/grpo``, ``advantage/rloo``, ``advantage/gae``: token-level advantage estimators with
   one keyword signature ``(*, rewards [N], group_ids [N], loss_mask [N, T], **options) -> [N, T]``
   (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
   the trainer picks both by name from the same ``algorithm`` section;
 - ``proximal/loglinear``: :func:`areal.plugins.losses.ppo.loglinear_proximal_logprobs`, the
-  π_prox approximation for ``prox_logp: loglinear``;
+  π_prox approximation for ``prox_logp: loglinear`` and ``loglinear_every_minibatch``;
 - ``advantage_norm/batch``: :func:`areal.plugins.losses.advantages.normalize_batch_advantages`
   (``algorithm.advantage_norm: batch``), ``(advantages [N, T], loss_mask [N, T]) -> [N, T]``.
 """
@@ -33,6 +34,8 @@ BUILTIN_LOSSES: dict[str, str] = {
     "ppo": f"{_PKG}.ppo:ppo_loss",
     "sapo": f"{_PKG}.sapo:sapo_loss",
     "cispo": f"{_PKG}.cispo:cispo_loss",
+    "clip_cov": f"{_PKG}.cov:clip_cov_loss",
+    "kl_cov": f"{_PKG}.cov:kl_cov_loss",
     f"{ADVANTAGE_PREFIX}grpo": f"{_PKG}.advantages:grpo_token_advantages",
     f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
     f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",

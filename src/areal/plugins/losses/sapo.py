@@ -21,9 +21,9 @@ import torch
 from torch import Tensor
 
 from areal.plugins.losses.behavior_weight import behavior_weight
-from areal.plugins.losses.ratio import log_ratio
+from areal.plugins.losses.ratio import log_ratio, sequence_advantages
 from areal.plugins.losses.stats import common_stats, stats_to_floats
-from areal.plugins.losses.tokens import check_shapes, masked
+from areal.plugins.losses.tokens import aggregate, check_shapes, masked
 
 __all__ = ["sapo_loss"]
 
@@ -44,6 +44,9 @@ def sapo_loss(
     behavior_weight_action: str = "mask",
     behavior_weight_level: str = "token",
     behavior_weight_metric: str = "ratio",
+    behavior_weight_agg: str = "mean",
+    loss_agg_mode: str = "token-mean",
+    loss_scale_factor: float | None = None,
 ) -> tuple[Tensor, dict[str, float]]:
     """The SAPO loss of the module docstring and its statistics: the common ones
     (:func:`~.stats.common_stats`) and ``gate_mean``, the mean over valid tokens of
@@ -63,14 +66,6 @@ def sapo_loss(
     prox = masked(mask, proximal_logprobs)
     adv = masked(mask, advantages)
 
-    log_r = log_ratio(
-        logp=logp, prox=prox, mask=mask, level=importance_sampling_level, cu_seqlens=cu_seqlens
-    )
-    ratio = torch.exp(torch.where(mask, log_r, zero))
-    tau = torch.where(adv > 0, tau_pos, tau_neg).to(logprobs.dtype)
-    sigma = torch.sigmoid(tau * (ratio - 1.0))
-    per_token = -(sigma * 4.0 / tau) * adv
-
     rule = behavior_weight(
         log_ratio=prox - masked(mask, behavior_logprobs),
         mask=mask,
@@ -80,10 +75,24 @@ def sapo_loss(
         action=behavior_weight_action,
         level=behavior_weight_level,
         metric=behavior_weight_metric,
+        agg=behavior_weight_agg,
     )
+    log_r = log_ratio(
+        logp=logp, prox=prox, mask=rule.kept, level=importance_sampling_level, cu_seqlens=cu_seqlens
+    )
+    adv = sequence_advantages(
+        adv=adv, mask=rule.kept, level=importance_sampling_level, cu_seqlens=cu_seqlens
+    )
+    ratio = torch.exp(torch.where(mask, log_r, zero))
+    tau = torch.where(adv > 0, tau_pos, tau_neg).to(logprobs.dtype)
+    sigma = torch.sigmoid(tau * (ratio - 1.0))
+    per_token = -(sigma * 4.0 / tau) * adv
+
     per_token = torch.where(rule.kept, per_token * rule.weight, zero)
     denom = mask.sum().clamp(min=1).to(logprobs.dtype)
-    loss = per_token.sum() / denom
+    loss = aggregate(
+        per_token, mask, mode=loss_agg_mode, cu_seqlens=cu_seqlens, scale_factor=loss_scale_factor
+    )
 
     stats = common_stats(ratio=ratio, log_ratio=log_r, mask=mask, rule=rule)
     gate = torch.where(mask, 4.0 * sigma.detach() * (1.0 - sigma.detach()), zero)

@@ -13,7 +13,10 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["Sequences", "check_choice", "check_shapes", "masked"]
+__all__ = ["AGG_MODES", "Sequences", "aggregate", "check_choice", "check_shapes", "masked"]
+
+# How a loss turns its per-token terms into one number (verl's ``loss_agg_mode`` names).
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
 def check_shapes(**tensors: Tensor) -> None:
@@ -75,3 +78,51 @@ class Sequences:
         sums = zeros.index_add(0, flat_index, values.reshape(-1))
         counts = zeros.detach().index_add(0, flat_index, mask.reshape(-1).to(values.dtype))
         return (sums / counts.clamp(min=1))[self.index]
+
+
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    *,
+    mode: str = "token-mean",
+    cu_seqlens: Tensor | None = None,
+    scale_factor: float | None = None,
+) -> Tensor:
+    """One loss from per-token terms (0 where ``mask`` is 0), by ``loss_agg_mode``:
+
+    - ``token-mean``: Σ / valid tokens, so every token weighs alike (AReaL, DAPO; the default);
+    - ``seq-mean-token-mean``: each sequence's token mean, then the mean over the sequences that
+      have a valid token (GRPO's original form: a long answer weighs as much as a short one);
+    - ``seq-mean-token-sum``: each sequence's token sum, then the mean over those sequences;
+    - ``seq-mean-token-sum-norm``: that, divided by a constant ``scale_factor`` (Dr. GRPO, Liu et
+      al. 2025: no length bias in either direction). For ``[B, T]`` rows it defaults to T, as in
+      verl; packed ``[N]`` inputs have no row width, so they need it given (e.g. the run's
+      ``sampling.max_new_tokens``).
+    """
+    check_choice("loss_agg_mode", mode, AGG_MODES)
+    n_valid = mask.sum().clamp(min=1).to(per_token.dtype)
+    if mode == "token-mean":
+        return per_token.sum() / n_valid
+    if mode == "seq-mean-token-sum-norm" and scale_factor is None:
+        if mask.dim() != 2 or cu_seqlens is not None:
+            raise ValueError(
+                "loss_agg_mode seq-mean-token-sum-norm divides by a constant length, and packed "
+                "inputs have none: set loss_scale_factor (e.g. sampling.max_new_tokens)"
+            )
+        scale_factor = float(mask.shape[-1])
+    if scale_factor is not None and not scale_factor > 0:
+        raise ValueError(f"loss_scale_factor must be > 0; got {scale_factor}")
+    sequences = Sequences.of(mask, cu_seqlens)
+    flat_index = sequences.index.reshape(-1)
+    zeros = torch.zeros(sequences.count, dtype=per_token.dtype, device=per_token.device)
+    sums = zeros.index_add(0, flat_index, per_token.reshape(-1))
+    counts = zeros.detach().index_add(0, flat_index, mask.reshape(-1).to(per_token.dtype))
+    has_tokens = counts > 0
+    n_seqs = has_tokens.sum().clamp(min=1).to(per_token.dtype)
+    if mode == "seq-mean-token-mean":
+        sums = sums / counts.clamp(min=1)
+    loss = torch.where(has_tokens, sums, zeros.detach()).sum() / n_seqs
+    if mode == "seq-mean-token-sum-norm":
+        assert scale_factor is not None  # set from the row width above when not given
+        loss = loss / scale_factor
+    return loss

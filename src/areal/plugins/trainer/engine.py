@@ -36,7 +36,7 @@ from areal.host.faults import crash_point
 from areal.host.heap import keep_freed_memory
 from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.models.hf_io import load_model, save_model
-from areal.plugins.trainer.step import train_step
+from areal.plugins.trainer.step import SEQUENCE_AGG_MODES, loss_agg_mode, train_step
 
 log = logging.getLogger("areal.train")
 
@@ -83,8 +83,8 @@ def check_loss(setup: EngineSetup) -> None:
     """``algorithm.loss`` with its options, and the estimator's ``algorithm.advantage_options``,
     checked before anything slow: names against the signatures (a typed ``algorithm`` field the
     loss does not take is logged as ignored), values by one call on four tokens; sequence-level
-    options need whole sequences on a rank (no context parallelism). Raises
-    :class:`EngineError` with one ``key: why; fix`` per problem."""
+    options and the per-sequence ``loss_agg_mode`` values need whole sequences on a rank (no
+    context parallelism). Raises :class:`EngineError` with one ``key: why; fix`` per problem."""
     from areal.core.loss_options import (
         OPTIONS_KEY,
         TYPED_OPTIONS,
@@ -111,12 +111,20 @@ def check_loss(setup: EngineSetup) -> None:
             log.warning("%s", line)
     except ValueError as err:
         raise EngineError(str(err).replace("\n", "; ")) from err
-    sequence = sorted(k for k, v in options.items() if k.endswith("_level") and v == "sequence")
-    if sequence and setup.train.parallelism.cp > 1:
+    cp = setup.train.parallelism.cp
+    levels = ("sequence", "sequence_mean_adv")
+    sequence = sorted(k for k, v in options.items() if k.endswith("_level") and v in levels)
+    if sequence and cp > 1:
         raise EngineError(
             f"{OPTIONS_KEY}.{sequence[0]}: sequence level needs whole sequences on each rank, but "
-            f"train.parallelism.cp {setup.train.parallelism.cp} splits them; use token level or "
-            "cp: 1"
+            f"train.parallelism.cp {cp} splits them; use token level or cp: 1"
+        )
+    mode = loss_agg_mode(fn, options)
+    if mode in SEQUENCE_AGG_MODES and cp > 1:
+        raise EngineError(
+            f"{OPTIONS_KEY}.loss_agg_mode: {mode} averages each sequence, but "
+            f"train.parallelism.cp {cp} splits sequences over ranks; use loss_agg_mode "
+            "token-mean or cp: 1"
         )
 
 

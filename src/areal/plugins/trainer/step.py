@@ -10,10 +10,13 @@ The story of :func:`train_step`, top to bottom:
    weights over every minibatch under ``no_grad`` *before the first update* (the step's minibatches
    each move the weights, so computing them later would anchor at the wrong policy);
    ``loglinear`` interpolates between the behaviour and current log-probs by the tokens' versions
-   (AReaL's approximation), saving that forward pass.
+   (AReaL's approximation), saving that forward pass; on the first minibatch, where no update has
+   run, it takes π_θ itself, and ``loglinear_every_minibatch`` applies the formula there too
+   (AReaL's behaviour).
 3. For each **minibatch** of ``mini_batch_size`` samples: a packed forward, the loss named
    ``loss`` in the registry (decoupled PPO by default) with its ``loss_options``, averaged over
-   the minibatch's valid tokens, backward, optional gradient clipping, one optimizer step.
+   the minibatch's valid tokens (or, for a ``seq-mean-*`` ``loss_agg_mode``, over its sequences
+   that have one), backward, optional gradient clipping, one optimizer step.
 
 Deviation from a textbook PPO epoch: one pass over the data (no repeated epochs), as AReaL runs it
 by default; minibatches follow the order of ``samples``.
@@ -22,8 +25,11 @@ Across ranks (:mod:`areal.plugins.trainer.parallel`) the same story runs on ever
 whole step's ``samples``: a :class:`StepLayout` picks this rank's packs of each minibatch, the
 attention backend, how packs go forward and backward (one by one, or a pipeline schedule), the
 gradient-norm reduction and the sum of the statistics. Every rank knows every minibatch's
-valid-token count from ``samples``, so each pack's loss is already divided by the *global* count
-and the ranks' gradients only need summing (docs/training.md, "Decoupled PPO": token-level averaging).
+valid-token (and valid-sequence) count from ``samples``, so each pack's loss is weighted by its
+share of the *global* count and the ranks' gradients only need summing (docs/training.md,
+"Decoupled PPO": token-level averaging). A pack holds whole samples except under context
+parallelism, which splits them over ranks: the per-sequence modes are refused there
+(:func:`~areal.plugins.trainer.engine.check_loss`).
 """
 
 from __future__ import annotations
@@ -35,7 +41,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
-from areal.core.loss_options import call_options
+from areal.core.loss_options import call_options, option_defaults
 from areal.core.plugins import registry
 from areal.core.registry import Registry
 from areal.core.types import Sample
@@ -48,18 +54,24 @@ from areal.plugins.trainer.packing import PackedBatch, pack
 __all__ = [
     "ADVANTAGE_NORMS",
     "PROX_LOGP_METHODS",
+    "SEQUENCE_AGG_MODES",
     "SingleProcess",
     "StepLayout",
     "aligned_loss_mask",
     "behave_log_ratio_sum",
     "logprobs_from_hidden",
+    "loss_agg_mode",
     "reference_kl",
     "token_logprobs",
     "train_step",
 ]
 
-PROX_LOGP_METHODS = ("recompute", "loglinear")
+PROX_LOGP_METHODS = ("recompute", "loglinear", "loglinear_every_minibatch")
 ADVANTAGE_NORMS = ("none", "batch")
+# The ``loss_agg_mode`` values (areal.plugins.losses.tokens.AGG_MODES, verl's names) whose loss is
+# a mean over sequences: a pack's loss then weighs by its share of the minibatch's sequences that
+# have a valid token, not of its valid tokens. Spelled here, as the trainer imports no loss module.
+SEQUENCE_AGG_MODES = ("seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 
 # Loss statistics the step always returns, averaged over valid tokens across minibatches (0.0
 # when the loss does not report one); any other statistic a loss reports is averaged as well.
@@ -204,6 +216,25 @@ def logprobs_from_hidden(
     return out.index_put((index,), picked)
 
 
+def loss_agg_mode(loss_fn: Callable[..., Any], options: dict[str, Any]) -> str:
+    """The ``loss_agg_mode`` ``loss_fn`` runs with: the option given, else its signature's
+    default, else ``token-mean`` (a loss without the option is a mean over valid tokens, the
+    contract of docs/training.md, "The loss signature")."""
+    if "loss_agg_mode" in options:
+        return str(options["loss_agg_mode"])
+    default = (option_defaults(loss_fn) or {}).get("loss_agg_mode", "token-mean")
+    return default if isinstance(default, str) else "token-mean"
+
+
+def _loss_share(batch: PackedBatch, per_sequence: bool) -> int:
+    """What ``batch`` adds to its minibatch's loss denominator: its valid tokens, or with
+    ``per_sequence`` its samples that have one (a pack holds whole samples, and padding samples
+    have none)."""
+    if per_sequence:
+        return int(batch.sample_index[batch.loss_mask].unique().numel())
+    return int(batch.loss_mask.sum())
+
+
 def aligned_loss_mask(samples: Sequence[Sample]) -> Tensor:
     """``[N, T]`` (T = longest sample) bool: column t is 1 when token t+1 is trained on.
 
@@ -248,7 +279,9 @@ def train_step(
     the version of the weights this step starts from (the trainer's version; tokens generated by
     these very weights carry it), so the update produces ``current_version + 1``. ``max_tokens``
     caps a pack: a minibatch that does not fit is run as several packs whose gradients accumulate,
-    weighted so the loss is still the mean over all the minibatch's valid tokens. ``losses`` is the
+    weighted so the loss is still the minibatch's: the mean over all its valid tokens, or for a
+    :data:`SEQUENCE_AGG_MODES` ``loss_agg_mode`` the mean over all its sequences that have a valid
+    token (verl's ``agg_loss`` over the whole minibatch). ``losses`` is the
     loss registry (default: the process-wide one); ``loss`` names the loss in it, called with
     ``loss_options`` and, where it names them, ``eps_clip``, ``eps_clip_high`` and
     ``behavior_weight_cap`` (:func:`~areal.core.loss_options.call_options`). With ``kl_coef > 0`` each sample's reward is
@@ -256,9 +289,11 @@ def train_step(
 
     Returns ``loss``, ``grad_norm`` (before clipping), ``n_tokens`` (packed), ``n_valid_tokens``,
     ``n_minibatches``, and the loss statistics averaged over valid tokens: those of
-    ``_TOKEN_STATS`` always (0.0 if the loss lacks one), plus any other the loss reports; ``loss``
-    too is per valid token over the whole step, and so is ``behave_approx_kl``
-    (:func:`behave_log_ratio_sum`). ``layout`` spreads the
+    ``_TOKEN_STATS`` always (0.0 if the loss lacks one), plus any other the loss reports, and
+    ``behave_approx_kl`` (:func:`behave_log_ratio_sum`). ``loss`` is the minibatches' losses
+    averaged with their valid tokens as weights: with ``token-mean`` that is the loss per valid
+    token over the whole step; with a per-sequence mode each minibatch's term is its
+    sequence mean. ``prox_logp`` is one of :data:`PROX_LOGP_METHODS`. ``layout`` spreads the
     step over ranks (default :class:`SingleProcess`); every rank passes the same ``samples``.
     """
     if not samples:
@@ -284,22 +319,30 @@ def train_step(
     token_stats = [*_TOKEN_STATS]
     token_stats += [n for n in probe_loss(loss_fn, options, loss=loss) if n not in _TOKEN_STATS]
     advantage_fn = _resolve(losses.get(f"advantage/{advantage}", key="advantage"))
-    approx_prox = _resolve(losses.get("proximal/loglinear")) if prox_logp == "loglinear" else None
+    loglinear = prox_logp in ("loglinear", "loglinear_every_minibatch")
+    approx_prox = _resolve(losses.get("proximal/loglinear")) if loglinear else None
+    per_sequence = loss_agg_mode(loss_fn, options) in SEQUENCE_AGG_MODES
     layout = layout if layout is not None else SingleProcess()
     device = next(model.parameters()).device
 
     # Minibatches by samples; each becomes this rank's packs (sample_index made global). The
-    # token counts come from the samples themselves, so every rank knows the global ones.
+    # token and sequence counts come from the samples themselves, so every rank knows the global
+    # ones. A pack's loss weighs share / total: its part of the minibatch's loss denominator
+    # (valid tokens, or with a per-sequence mode the sequences that have one) over the whole.
     loss_mask = aligned_loss_mask(samples)  # [N, T]: also each minibatch's valid-token count
     minibatches: list[list[PackedBatch]] = []
     mb_tokens: list[int] = []
     mb_valid_tokens: list[int] = []
+    pack_weights: list[list[float]] = []
     for start in range(0, len(samples), mini_batch_size):
         chunk = samples[start : start + mini_batch_size]
         packs = layout.packs(chunk, start, max_tokens)
         minibatches.append([p.to(device) for p in packs])
         mb_tokens.append(sum(len(s.input_ids) for s in chunk))
-        mb_valid_tokens.append(int(loss_mask[start : start + mini_batch_size].sum()))
+        mb_mask = loss_mask[start : start + mini_batch_size]
+        mb_valid_tokens.append(int(mb_mask.sum()))
+        total = int(mb_mask.any(dim=1).sum()) if per_sequence else mb_valid_tokens[-1]
+        pack_weights.append([_loss_share(p, per_sequence) / max(total, 1) for p in packs])
 
     # 1. Advantages, [N, T] in the prediction-aligned layout, from the rewards less the optional
     # KL-to-reference penalty.
@@ -331,9 +374,9 @@ def train_step(
     totals: dict[str, float] = dict.fromkeys(("loss", "behave_approx_kl", *token_stats), 0.0)
 
     def pack_loss(m: int, records: dict[int, dict[str, float]], j: int, logp: Tensor) -> Tensor:
-        """Pack j of minibatch m: its loss, weighted to the minibatch's token mean
-        (the pack's loss is a mean over its own valid tokens). Its statistics go to
-        ``records[j]``, overwritten if a pipeline schedule evaluates the loss twice."""
+        """Pack j of minibatch m: its loss, weighted to the minibatch's mean (the pack's loss
+        is a mean over its own valid tokens, or sequences). Its statistics go to ``records[j]``,
+        overwritten if a pipeline schedule evaluates the loss twice."""
         p = minibatches[m][j]
         if approx_prox is None:
             prox_p = prox[m][j]
@@ -344,6 +387,8 @@ def train_step(
                 logprobs=logp.detach(),
                 versions=p.versions,
                 current_version=current_version + 1,
+                # Before the first update π_θ is π_prox itself, which `loglinear` takes as is.
+                weights_moved=m > 0 or prox_logp == "loglinear_every_minibatch",
             )
         value, stats = loss_fn(
             logprobs=logp,
@@ -355,12 +400,14 @@ def train_step(
             **options,
         )
         pack_valid = int(stats["n_valid_tokens"])
+        weighted = value * pack_weights[m][j]  # this pack's term of the minibatch's loss
         records[j] = {
-            "loss": float(value.detach()) * pack_valid,
+            # Σ over packs and ranks: the minibatch's loss × its valid tokens (see Returns).
+            "loss": float(weighted.detach()) * mb_valid_tokens[m],
             "behave_approx_kl": behave_log_ratio_sum(prox_p, p.behavior_logprobs, p.loss_mask),
         }
         records[j].update({k: stats[k] * pack_valid for k in token_stats if k in stats})
-        return value * (pack_valid / mb_valid_tokens[m])
+        return weighted
 
     grad_norms: list[float] = []
     n_tokens = n_valid = 0
