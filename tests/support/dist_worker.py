@@ -7,6 +7,8 @@ statistics and the updated full parameters to ``OUT_DIR/<layout>.pt`` (rank 0). 
 also saves a DCP checkpoint in one layout, resumes it in another and exports HF safetensors from
 the sharded model. Torch imports cost seconds per process, so one launch does everything of its
 world size; the tests compare the files with the single-process step computed in the test.
+Layouts whose name ends in :data:`SAMPLED` train on samples the model drew itself at T = 0.7 (and
+its neighbours) with top-p, and also write their log-probs before the step (:func:`step_logprobs`).
 
 ``python -m support.dist_worker torchrun LAYOUT OUT_DIR`` is one rank that torchrun started (``env://``):
 it runs LAYOUT alone and also writes ``OUT_DIR/env-rank<RANK>.json``, where torchrun put it.
@@ -14,6 +16,7 @@ it runs LAYOUT alone and also writes ``OUT_DIR/env-rank<RANK>.json``, where torc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import json
@@ -83,7 +86,21 @@ LAYOUTS: dict[int, dict[str, dict[str, int]]] = {
         "tp2_pp2": {"tp": 2, "pp": 2},
     },
 }
-# layouts run with another pipeline schedule than 1F1B
+# Layouts that also run as ``<name>_t07``: the same mesh, trained on samples the model drew itself
+# (:func:`sampled_samples`), so the trainer's division of the logits by each position's temperature
+# is checked where each layout handles it: loss-parallel on vocabulary shards (tp), on sequence
+# shards (cp), carried between stages in the loss mask (pp, also two stages per rank), on a dp
+# rank's share of the samples, and tp × cp, tp × pp, cp × pp. (A layout left
+# out adds nothing to the temperature's path: dp2_tp2 is tp2 with dp2_cp2's split, the untied
+# pipelines divide as the tied ones do.)
+SAMPLED = "_t07"
+SAMPLED_LAYOUTS = {
+    2: ("tp2", "cp2", "pp2"),
+    4: ("dp2_cp2", "tp2_cp2", "tp2_pp2", "untied_cp2_pp2", "untied_dp2_pp2_interleaved"),
+}
+for _world, _names in SAMPLED_LAYOUTS.items():
+    LAYOUTS[_world].update({name + SAMPLED: LAYOUTS[_world][name] for name in _names})
+# layouts run with another pipeline schedule than 1F1B (a SAMPLED one: as its base layout)
 SCHEDULES = {  # name -> (schedule, stages per rank)
     "untied_pp2_zero_bubble": ("ZeroBubble", 2),
     "untied_dp2_pp2_interleaved": ("Interleaved1F1B", 2),
@@ -102,9 +119,63 @@ KL_ARGS: dict[str, Any] = {"kl_coef": 0.5}
 KL_REFERENCE_SEED = 1
 
 
+# Sampling of the SAMPLED layouts: each group of two samples at one temperature, so every
+# minibatch of four mixes two (each position's logits are divided by its own), top-p as an engine
+# truncates. The final norm's weight is raised so the logits spread as a trained model's do
+# (standard deviation ~1.6 tied, ~3 untied, against 0.16 at init): the nucleus is a few to a few
+# hundred of the 4096 tokens and the temperature moves every log-prob, where the near-uniform
+# distribution at init would make the samples uniform noise and the division nearly a no-op.
+SAMPLING_TEMPERATURES = (0.7, 0.5, 0.7, 1.0)  # of groups 0, 1, 2, 3
+TOP_P = 0.9
+LOGIT_SCALE = {"dense": 10.0, "untied": 20.0}
+
+
 def step_args(layout: str) -> dict[str, Any]:
     """The train step's arguments for ``layout`` (the KL coefficient for a ``_kl`` one)."""
     return {**STEP_ARGS, **(KL_ARGS if layout.endswith("_kl") else {})}
+
+
+def base_layout(layout: str) -> str:
+    """``layout`` less the :data:`SAMPLED` suffix: the name its mesh and schedule are under."""
+    return layout.removesuffix(SAMPLED)
+
+
+def reference_key(layout: str) -> str:
+    """The single-process step a layout must equal: its model kind, ``_kl`` for the
+    KL-to-reference penalty, :data:`SAMPLED` for the self-drawn samples."""
+    kl = "_kl" if base_layout(layout).endswith("_kl") else ""
+    return model_kind(layout) + kl + (SAMPLED if layout.endswith(SAMPLED) else "")
+
+
+def model_for(layout: str) -> DecoderForCausalLM:
+    """The model ``layout`` (or a :func:`reference_key`) trains: :func:`build_model` of its
+    kind, with the logits spread by :data:`LOGIT_SCALE` for a :data:`SAMPLED` one."""
+    kind = model_kind(layout)
+    model = build_model(kind=kind)
+    if layout.endswith(SAMPLED):
+        with torch.no_grad():
+            model.model.norm.weight.fill_(LOGIT_SCALE[kind])
+    return model
+
+
+def samples_for(layout: str, model: DecoderForCausalLM) -> tuple[list[Sample], list[int]]:
+    """The step's samples and group ids of ``layout``, whose model ``model`` is
+    (:func:`model_for`): its own draws for a :data:`SAMPLED` one (:func:`sampled_samples`; a
+    forward per token, so drawn once per process and model kind and copied), else
+    :func:`build_samples`."""
+    if layout.endswith(SAMPLED):
+        samples, groups = _drawn(reference_key(layout), model)
+        return copy.deepcopy(samples), list(groups)
+    return build_samples(model)
+
+
+_DRAWN: dict[str, tuple[list[Sample], list[int]]] = {}
+
+
+def _drawn(key: str, model: DecoderForCausalLM) -> tuple[list[Sample], list[int]]:
+    if key not in _DRAWN:
+        _DRAWN[key] = sampled_samples(model)
+    return _DRAWN[key]
 
 
 def reference_model(kind: str) -> DecoderForCausalLM:
@@ -166,6 +237,66 @@ def build_samples(model: DecoderForCausalLM, n: int = 8) -> tuple[list[Sample], 
     return samples, [i // 2 for i in range(n)]
 
 
+def sampled_samples(model: DecoderForCausalLM, n: int = 8) -> tuple[list[Sample], list[int]]:
+    """``n`` samples in groups of two: a random prompt of 2..7 tokens, then 3..14 tokens drawn
+    from ``model`` one at a time (a full forward per token, no cache) at the group's
+    :data:`SAMPLING_TEMPERATURES` with top-p :data:`TOP_P`. Each token's behaviour log-prob is
+    log softmax(logits / T) over the whole vocabulary, the distribution the trainer recomputes
+    (docs/training.md); top-p only chose the token. Tokens carry versions 1..3."""
+    gen = torch.Generator().manual_seed(2)
+    samples = []
+    for i in range(n):
+        temperature = SAMPLING_TEMPERATURES[(i // 2) % len(SAMPLING_TEMPERATURES)]
+        prompt = int(torch.randint(2, 8, (1,), generator=gen))
+        answer = int(torch.randint(3, 15, (1,), generator=gen))
+        ids = torch.randint(10, 4000, (prompt,), generator=gen).tolist()
+        logprobs = [0.0] * prompt
+        for _ in range(answer):
+            token, logprob = _draw(model, ids, temperature, gen)
+            ids.append(token)
+            logprobs.append(logprob)
+        versions = [-1] * prompt + torch.randint(1, 4, (answer,), generator=gen).tolist()
+        s = Sample(ids, [0] * prompt + [1] * answer, logprobs, versions, temperature=temperature)
+        s.reward = float(torch.rand((), generator=gen))
+        samples.append(s)
+    return samples, [i // 2 for i in range(n)]
+
+
+def _draw(
+    model: DecoderForCausalLM, ids: list[int], temperature: float, gen: torch.Generator
+) -> tuple[int, float]:
+    """The next token after ``ids``, drawn from the top-p nucleus of softmax(logits / T) (the
+    most likely tokens until their mass reaches :data:`TOP_P`), and its full-vocabulary
+    log-prob."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids]))[0, -1].float() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    probs, order = logprobs.exp().sort(descending=True)
+    nucleus = order[(probs.cumsum(0) - probs) < TOP_P]  # the mass before each token
+    weights = logprobs[nucleus].exp()
+    token = int(nucleus[torch.multinomial(weights / weights.sum(), 1, generator=gen)])
+    return token, float(logprobs[token])
+
+
+def step_logprobs(model: DecoderForCausalLM, samples: list[Sample], layout: Any) -> torch.Tensor:
+    """``[len(samples), longest]`` float64: the log-prob of each trained token under ``model``
+    (column t: token t + 1, as :func:`~areal.plugins.trainer.step.aligned_loss_mask`; 0
+    elsewhere), computed by ``layout`` on the packs the step runs and summed over its ranks (a
+    collective under a mesh): every position once, whatever rank or stage computed it."""
+    mini_batch, max_tokens = STEP_ARGS["mini_batch_size"], STEP_ARGS["max_tokens"]
+    width = max(len(s.input_ids) for s in samples)
+    out = torch.zeros(len(samples), width, dtype=torch.float64)
+    adds = layout.holds_logprobs(model)  # a pipeline's other stages get placeholders
+    with torch.no_grad():
+        for start in range(0, len(samples), mini_batch):
+            packs = layout.packs(samples[start : start + mini_batch], start, max_tokens)
+            for p, logprobs in zip(packs, layout.logprobs(model, packs), strict=True):
+                if adds:
+                    at = (p.sample_index[p.loss_mask], p.positions[0][p.loss_mask])
+                    out.index_put_(at, logprobs[p.loss_mask].double(), accumulate=True)
+    return layout.all_reduce(out)
+
+
 def full_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Every parameter as a plain full tensor, by its checkpoint name (a collective: every
     rank's, pipeline stages merged)."""
@@ -209,9 +340,9 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
     sizes = {k: v for k, v in spec.items() if k != "ac"}
     dims = ParallelDims(world_size=dist.get_world_size(), **sizes)
     mesh = dims.build_mesh()
-    model = build_model(kind=model_kind(name))
-    samples, groups = build_samples(model)
-    schedule, per_rank = SCHEDULES.get(name, ("1F1B", 1))
+    model = model_for(name)
+    samples, groups = samples_for(name, model)
+    schedule, per_rank = SCHEDULES.get(base_layout(name), ("1F1B", 1))
     options = ParallelizeOptions(
         activation_checkpointing=bool(spec.get("ac")),
         pipeline_schedule=schedule,
@@ -229,23 +360,23 @@ def _run_layout(name: str, spec: dict[str, int], out: Path) -> None:
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # the head lives on the last pipeline stage
     sharded_logits = bool(flag)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    layout = make_layout(mesh)
+    logprobs = step_logprobs(model, samples, layout) if name.endswith(SAMPLED) else None
     start = time.perf_counter()
     stats = train_step(
         model,
         optimizer,
         samples,
         group_ids=groups,
-        layout=make_layout(mesh),
+        layout=layout,
         reference=reference,
         **step_args(name),
     )
     seconds = time.perf_counter() - start
     params = full_parameters(model)
     if dist.get_rank() == 0:
-        torch.save(
-            {"stats": stats, "params": params, "seconds": seconds, "vocab_sharded": sharded_logits},
-            out / f"{name}.pt",
-        )
+        result = {"stats": stats, "params": params, "seconds": seconds, "logprobs": logprobs}
+        torch.save({**result, "vocab_sharded": sharded_logits}, out / f"{name}.pt")
 
 
 def _mesh(sizes: dict[str, int]) -> Any:

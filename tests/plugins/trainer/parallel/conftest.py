@@ -49,7 +49,7 @@ def _launch(world: int, out: Path, failed: Path) -> None:
             dist_worker.command(str(world), str(partial)),
             capture_output=True,
             text=True,
-            timeout=240,
+            timeout=600,  # a hang's bound, several times the launch: never a slow machine
             env=dist_worker.env(),
         )
     except subprocess.TimeoutExpired as exc:

@@ -3,6 +3,11 @@ tp×cp, dp×ep, dp×cp×ep, dp×pp, tp×pp, cp×pp, dp×pp×ep, pp with the KL-t
 HSDP, activation checkpointing and four pipeline schedules, on real gloo ranks, against the same
 step in one process: loss and updated parameters agree to 1e-5. The dense layouts train the nano Qwen3 (tied embeddings), the ``moe_``
 ones its Qwen3-MoE twin, the ``untied_`` ones (pipelines) the nano with an untied LM head.
+The ``_t07`` twins of the tp, cp and pp layouts (``worker.SAMPLED_LAYOUTS``) train on samples the
+model drew itself at temperatures 0.7, 0.5 and 1.0 (mixed in each minibatch) with top-p 0.9:
+they also agree on every trained token's log-prob, so the division of each position's logits by
+its own temperature (loss-parallel under TP, carried between stages under PP, on sequence shards
+under CP) is the single process's.
 The dp2 step also runs as two torchrun "nodes" on loopback (one rank each, areal's own torchrun
 command with multi-node flags, static and c10d rendezvous): the path of several machines.
 
@@ -14,6 +19,7 @@ of near-zero gradients into differences of the learning rate's order.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -27,7 +33,7 @@ from typing import Any
 import pytest
 import torch
 
-from areal.plugins.trainer.step import train_step
+from areal.plugins.trainer.step import SingleProcess, aligned_loss_mask, train_step
 from areal.run.launch import torchrun_command
 from support import dist_worker as worker
 
@@ -36,16 +42,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # multi-rank launches (conf
 
 @pytest.fixture(scope="module")
 def references() -> dict[str, dict[str, Any]]:
-    """The single-process step of each model kind (dense, moe, untied), and of the untied one
-    with the KL-to-reference penalty (``untied_kl``)."""
+    """The single-process step of each model kind (dense, moe, untied), of the untied one
+    with the KL-to-reference penalty (``untied_kl``), and of the dense and untied ones on their
+    own samples (``_t07``, with the log-probs of the trained tokens before the step)."""
     torch.set_num_threads(1)
     out = {}
-    for key in ("dense", "moe", "untied", "untied_kl"):
+    sampled = ("dense" + worker.SAMPLED, "untied" + worker.SAMPLED)
+    for key in ("dense", "moe", "untied", "untied_kl", *sampled):
         kind = worker.model_kind(key)
-        model = worker.build_model(kind=kind)
-        samples, groups = worker.build_samples(model)
+        model = worker.model_for(key)
+        samples, groups = worker.samples_for(key, model)
         optimizer = torch.optim.SGD(model.parameters(), lr=worker.LR)
         reference = worker.reference_model(kind) if key.endswith("_kl") else None
+        logprobs = worker.step_logprobs(model, samples, SingleProcess()) if key in sampled else None
         stats = train_step(
             model,
             optimizer,
@@ -54,8 +63,40 @@ def references() -> dict[str, dict[str, Any]]:
             reference=reference,
             **worker.step_args(key),
         )
-        out[key] = {"stats": stats, "params": worker.full_parameters(model)}
+        params = worker.full_parameters(model)
+        out[key] = {"stats": stats, "params": params, "logprobs": logprobs, "samples": samples}
     return out
+
+
+@pytest.mark.parametrize("kind", ["dense", "untied"])
+def test_sampled_steps_train_the_distribution_that_sampled(
+    references: dict[str, dict[str, Any]], kind: str
+) -> None:
+    """The premise of the ``_t07`` layouts, in one process: the trainer's log-probs are the
+    behaviour log-probs the tokens were drawn with (each sample at its own temperature), the
+    tokens are likely ones (top-p of a spread distribution, not uniform noise), and the
+    temperature moves the log-probs far beyond the parity tolerance, so a layout that skipped
+    or misplaced the division would fail its parity test."""
+    reference = references[kind + worker.SAMPLED]
+    samples, logprobs = reference["samples"], reference["logprobs"]
+    mask = aligned_loss_mask(samples)
+    behaviour = torch.zeros_like(logprobs)
+    for i, s in enumerate(samples):
+        behaviour[i, : len(s.input_ids) - 1] = torch.from_numpy(s.logprobs[1:]).double()
+    torch.testing.assert_close(logprobs[mask], behaviour[mask], atol=1e-5, rtol=0)
+    assert abs(reference["stats"]["behave_approx_kl"]) < 1e-6
+    # Every minibatch of four mixes two temperatures.
+    batch = worker.STEP_ARGS["mini_batch_size"]
+    for start in range(0, len(samples), batch):
+        assert len({s.temperature for s in samples[start : start + batch]}) == 2
+    assert 0.7 in {s.temperature for s in samples}
+    # Likely tokens: far above the uniform log(1/4096) = -8.3 on average.
+    assert float(behaviour[mask].mean()) > -3.0
+    at_one = [dataclasses.replace(s, temperature=1.0) for s in samples]
+    untempered = worker.step_logprobs(
+        worker.model_for(kind + worker.SAMPLED), at_one, SingleProcess()
+    )
+    assert float((untempered - logprobs)[mask].abs().median()) > 0.1  # ~0.4: 10^4 × the tolerance
 
 
 @pytest.mark.parametrize(
@@ -74,7 +115,7 @@ def test_step_matches_single_process(
 def check_step(got: dict[str, Any], references: dict[str, dict[str, Any]], layout: str) -> None:
     """``got`` (rank 0's file of one layout) is the single-process step of the layout's model."""
     kind = worker.model_kind(layout)
-    reference = references[kind + ("_kl" if layout.endswith("_kl") else "")]
+    reference = references[worker.reference_key(layout)]
     ref = reference["stats"]
     # The KL to the reference model: summed over every sample's tokens once, whatever the layout
     # (a pipeline's first stage has no log-probs to add); 0 without the penalty.
@@ -85,10 +126,16 @@ def check_step(got: dict[str, Any], references: dict[str, dict[str, Any]], layou
     assert got["stats"]["n_minibatches"] == ref["n_minibatches"] == 2
     assert got["stats"]["loss"] == pytest.approx(ref["loss"], abs=1e-5)
     assert got["stats"]["clip_fraction"] == pytest.approx(ref["clip_fraction"], abs=1e-6)
+    # A mean over trained tokens of log π_prox − log π_behav: within the log-probs' 1e-5 below.
+    assert got["stats"]["behave_approx_kl"] == pytest.approx(ref["behave_approx_kl"], abs=1e-5)
     assert got["stats"]["grad_norm"] == pytest.approx(ref["grad_norm"], rel=1e-4)
     assert got["params"].keys() == reference["params"].keys()
     for name, expected in reference["params"].items():
         torch.testing.assert_close(got["params"][name], expected, atol=1e-5, rtol=0, msg=name)
+    # The log-prob of every trained token before the step (the ``_t07`` layouts write them).
+    assert (got.get("logprobs") is None) == (reference["logprobs"] is None)
+    if reference["logprobs"] is not None:
+        torch.testing.assert_close(got["logprobs"], reference["logprobs"], atol=1e-5, rtol=0)
     # With TP the LM head is sharded along the vocabulary and its log-probs are loss-parallel.
     assert got["vocab_sharded"] == ("tp2" in layout)
     # The step did move the weights (the comparison is not between two untouched models).
@@ -112,9 +159,10 @@ def _node_command(node_args: list[str], out: Path) -> list[str]:
     return [*launcher, worker.MODULE, "torchrun", "dp2", str(out)]
 
 
-def _run_nodes(commands: list[list[str]], outs: list[Path], timeout: float = 180) -> None:
+def _run_nodes(commands: list[list[str]], outs: list[Path], timeout: float = 600) -> None:
     """Start every node's torchrun at once (as on separate machines) and wait for all; a node
-    that fails or hangs fails the test with every node's log. Nothing outlives the call."""
+    that fails or hangs fails the test with every node's log (``timeout`` bounds a hang, several
+    times a launch on a busy machine). Nothing outlives the call."""
     env = worker.env()
     procs: list[subprocess.Popen[bytes]] = []
     codes: list[int | None] = []
