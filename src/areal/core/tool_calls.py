@@ -19,8 +19,10 @@ def new_call_id(prefix: str = "call_") -> str:
 @dataclass
 class ToolCall:
     name: str
-    arguments: str  # a JSON object, as text
+    arguments: str  # a JSON object, as text (a cut-off call's: the part that was written)
     id: str = field(default_factory=new_call_id)
+    # The token limit cut the call before its JSON closed: ``arguments`` is as far as it got.
+    truncated: bool = False
 
 
 @dataclass

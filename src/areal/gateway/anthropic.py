@@ -25,7 +25,13 @@ from aiohttp import web
 
 from areal.core.tool_calls import new_call_id
 from areal.gateway.anthropic_request import ChatRequest, parse_request, sampling_options
-from areal.gateway.chat_messages import ForcedCallReader, OutputStream, split_output
+from areal.gateway.chat_messages import (
+    ForcedCallReader,
+    OutputStream,
+    cut_forced_call,
+    partial_arguments,
+    split_output,
+)
 from areal.gateway.episodes import Episode, check_not_aborted
 from areal.gateway.errors import GatewayError, anthropic_error_body
 from areal.gateway.gateway_state import GatewayState, state_of
@@ -67,8 +73,10 @@ def _usage(prompt_tokens: int, output_tokens: int) -> dict[str, int]:
 
 
 def reply_blocks(state: GatewayState, chat: ChatRequest, gen: Generation) -> list[dict[str, Any]]:
-    """The content blocks of a finished generation, its calls read by the policy's parser."""
-    text, calls = split_output(chat.plan, state.policy.tool_parser, gen.text)
+    """The content blocks of a finished generation, its calls read by the policy's parser (a
+    forced call the limit cut is a ``tool_use`` block with its input as far as it was written)."""
+    cut = gen.finish_reason == "length"
+    text, calls = split_output(chat.plan, state.policy.tool_parser, gen.text, cut)
     blocks: list[dict[str, Any]] = []
     if text or not calls:
         blocks.append({"type": "text", "text": text})
@@ -78,7 +86,9 @@ def reply_blocks(state: GatewayState, chat: ChatRequest, gen: Generation) -> lis
                 "type": "tool_use",
                 "id": _tool_id(),
                 "name": call.name,
-                "input": json.loads(call.arguments),
+                "input": partial_arguments(call.arguments)
+                if call.truncated
+                else json.loads(call.arguments),
             }
         )
     return blocks
@@ -104,6 +114,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     if not state.policy.serves(_model_field(body)):
         return await _elsewhere(request, state, body, "/messages")
     chat = parse_request(body, state.policy.model_id, state.policy.tool_parser)
+    state.policy.note_dropped_tools(request[LOG_FIELDS], chat.dropped_tools)
     options = sampling_options(body)
     stream = body.get("stream", False)
     if not isinstance(stream, bool):
@@ -331,8 +342,9 @@ async def _stream_blocks(
 
     Text and tool calls come from the shared :class:`OutputStream`; a forced call is also read
     while it is written (:class:`ForcedCallReader`), so its ``tool_use`` block opens as soon as
-    the name is known and its arguments stream as they are generated. A forced call cut short
-    before its name was complete comes out as the text it is.
+    the name is known and its arguments stream as they are generated; one the token limit cut
+    ends with its arguments as written (its name, if that was cut too, as
+    :func:`cut_forced_call` reads it), as the non-streamed reply says it.
     """
     output = OutputStream(chat.plan, state.policy.tool_parser, stops)
     forced = ForcedCallReader() if chat.plan.forced else None
@@ -340,7 +352,10 @@ async def _stream_blocks(
     async for gen in gens:
         last = gen
         if forced is not None:
-            name, partial = forced.update(gen.text, gen.finished)
+            cut = None
+            if gen.finished and gen.finish_reason == "length":
+                cut = cut_forced_call(chat.plan, gen.text)
+            name, partial = forced.update(gen.text, gen.finished, cut)
             if name is not None:
                 await events.start(
                     {"type": "tool_use", "id": _tool_id(), "name": name, "input": {}}

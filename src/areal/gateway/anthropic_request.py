@@ -21,6 +21,7 @@ from areal.gateway.chat_messages import (
     ToolPlan,
     arguments_text,
     function_tool,
+    hosted_tool_kind,
     plan_tools,
     tool_names,
 )
@@ -48,6 +49,7 @@ class ChatRequest:
     plan: ToolPlan = field(default_factory=ToolPlan)  # the tools, as every protocol runs them
     prefill: str = ""  # a trailing assistant turn the reply continues
     json_schema: dict[str, Any] | None = None  # output_config.format
+    dropped_tools: list[str] = field(default_factory=list)  # server tools left out, by type
 
     @property
     def constraint(self) -> dict[str, Any] | None:
@@ -72,7 +74,8 @@ def parse_request(body: dict[str, Any], policy_id: str, parser: ToolCallParser) 
         raise GatewayError(
             400, "messages: the conversation has nothing to answer", param="messages"
         )
-    tools = convert_tools(body.get("tools"))
+    dropped: list[str] = []
+    tools = convert_tools(body.get("tools"), dropped)
     choice = tool_choice(body.get("tool_choice"), tool_names(tools))
     request = ChatRequest(
         model=model or policy_id,
@@ -80,6 +83,7 @@ def parse_request(body: dict[str, Any], policy_id: str, parser: ToolCallParser) 
         plan=plan_tools(tools, choice, parser),
         prefill=prefill,
         json_schema=output_schema(body),
+        dropped_tools=dropped,
     )
     if request.plan.forced and request.json_schema is not None:
         raise GatewayError(
@@ -243,9 +247,10 @@ def _text_of(block: dict[str, Any], at: str) -> str:
     return text
 
 
-def convert_tools(raw: Any) -> list[dict[str, Any]]:
-    """Custom tools -> the policy's function tools. Anthropic's server tools (``web_search_...``)
-    have no schema the policy could fill, so they are left out."""
+def convert_tools(raw: Any, dropped: list[str] | None = None) -> list[dict[str, Any]]:
+    """Custom tools -> the policy's function tools. Anthropic's server and built-in tools
+    (``web_search_...``, ``bash_...``) have no schema the policy could fill, so they are left
+    out, their types added to ``dropped`` (:func:`~areal.gateway.chat_messages.hosted_tool_kind`)."""
     if raw is None:
         return []
     if not isinstance(raw, list):
@@ -255,6 +260,9 @@ def convert_tools(raw: Any) -> list[dict[str, Any]]:
         if not isinstance(tool, dict):
             raise GatewayError(400, f"tools.{i}: must be an object", param="tools")
         if tool.get("type") not in (None, "custom") and "input_schema" not in tool:
+            kind = hosted_tool_kind(tool, f"tools.{i}")
+            if dropped is not None:
+                dropped.append(kind)
             continue
         name, schema = tool.get("name"), tool.get("input_schema")
         if not isinstance(name, str) or not _TOOL_NAME.match(name):

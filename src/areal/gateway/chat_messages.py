@@ -16,11 +16,14 @@ Bad input raises :class:`GatewayError` (400) naming the offending field, e.g.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import jiter
 
 from areal.core.stop_strings import StopHoldBack
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser
@@ -159,6 +162,10 @@ def normalize_messages(messages: Any, param: str = "messages") -> list[dict[str,
 
 # --- tools ----------------------------------------------------------------------------------
 
+# The json_schema for ``json_object`` output (Chat Completions ``response_format``, Responses
+# ``text.format``): an object, as the name says; "any JSON" would allow arrays and scalars.
+JSON_OBJECT_SCHEMA = json.dumps({"type": "object"})
+
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
@@ -191,8 +198,36 @@ def function_tool(name: Any, description: Any, parameters: Any, param: str) -> d
     return {"type": "function", "function": fn}
 
 
-def normalize_tools(tools: Any, param: str = "tools") -> list[dict[str, Any]]:
-    """Chat Completions ``tools``: each ``{"type": "function", "function": {...}}``; names unique."""
+# What a hosted tool's type looks like on every protocol (``web_search``, ``namespace``,
+# ``code_interpreter``, ``web_search_20250305``, ``bash_20250124``); anything else is a 400.
+HOSTED_TOOL_TYPE = re.compile(r"[a-z][a-z0-9_]{0,63}")
+
+
+def hosted_tool_kind(tool: dict[str, Any], where: str) -> str:
+    """The type of a tool the policy cannot call, named for the log (``web_search``, ...).
+
+    The rule on every protocol: the policy is offered function tools only. A hosted or built-in
+    tool (web search, file search, computer use, code interpreter, a namespace, a freeform custom
+    tool...) is something the provider runs or a format the chat template cannot say, so it is
+    left out of the prompt, counted and named in the request's ``gateway.log`` line
+    (:meth:`~areal.gateway.policy.PolicyService.note_dropped_tools`); the request is served.
+    """
+    kind = tool.get("type")
+    if not isinstance(kind, str) or not HOSTED_TOOL_TYPE.fullmatch(kind):
+        shown = repr(kind)[:80] if isinstance(kind, str) else type_name(kind)
+        raise bad(
+            f"{where}.type",
+            f"unknown tool type {shown}: function tools are offered to the policy, hosted tools "
+            "(web_search, namespace, ...) are left out of its prompt",
+        )
+    return kind
+
+
+def normalize_tools(
+    tools: Any, param: str = "tools", dropped: list[str] | None = None
+) -> list[dict[str, Any]]:
+    """Chat Completions ``tools``: each ``{"type": "function", "function": {...}}``; names unique.
+    Other tool types are left out (:func:`hosted_tool_kind`), their types added to ``dropped``."""
     if tools is None:
         return []
     if not isinstance(tools, list):
@@ -203,9 +238,10 @@ def normalize_tools(tools: Any, param: str = "tools") -> list[dict[str, Any]]:
         where = f"{param}[{i}]"
         if not isinstance(tool, dict):
             raise bad(where, f"a tool must be an object, got {type_name(tool)}")
-        kind = tool.get("type", "function")
-        if kind != "function":
-            raise bad(f"{where}.type", f"only function tools are supported, got {kind!r}")
+        if tool.get("type", "function") != "function":
+            if dropped is not None:
+                dropped.append(hosted_tool_kind(tool, where))
+            continue
         fn = tool.get("function")
         if not isinstance(fn, dict):
             raise bad(f"{where}.function", f"must be an object, got {type_name(fn)}")
@@ -293,6 +329,7 @@ class ToolPlan:
     parse_calls: bool = False  # look for tool calls in the output
     prefix: str = ""  # appended to the prompt: opens the forced call
     json_schema: dict[str, Any] | None = None  # constrains the forced call
+    forced_names: tuple[str, ...] = ()  # the tools a forced call may call, in order
 
     @property
     def forced(self) -> bool:
@@ -323,26 +360,71 @@ def plan_tools(
             f"tool_choice names {choice.name!r}, which is not among the tools "
             f"({', '.join(tool_names(tools))})",
         )
+    return forced_plan(tools, parser, [choice.name] if choice.name else tool_names(tools))
+
+
+def forced_plan(tools: list[dict[str, Any]], parser: ToolCallParser, names: list[str]) -> ToolPlan:
+    """All of ``tools`` in the prompt, the output forced to be a call of one of ``names``."""
+    chosen = [t for t in tools if t["function"]["name"] in names]
     return ToolPlan(
         tools=tools,
         parse_calls=True,
         prefix=parser.forced_prefix(),
-        json_schema=forced_call_schema(tools, choice.name),
+        json_schema=forced_call_schema(chosen),
+        forced_names=tuple(tool_names(chosen)),
     )
 
 
 # --- reading calls out of the output --------------------------------------------------------
 
 
-def split_output(plan: ToolPlan, parser: ToolCallParser, text: str) -> tuple[str, list[ToolCall]]:
+def split_output(
+    plan: ToolPlan, parser: ToolCallParser, text: str, cut: bool = False
+) -> tuple[str, list[ToolCall]]:
     """A finished reply's content and tool calls; a forced call's output is read after its prefix
-    (which was in the prompt), and one that does not parse is the reply's text as written."""
+    (which was in the prompt). A forced call the token limit ``cut`` is still the call, as far as
+    it was written (:func:`cut_forced_call`); other output that does not parse is text."""
     if not plan.parse_calls:
         return text, []
     parsed = parser.parse(plan.prefix + text)
     if not parsed.tool_calls:
+        if plan.forced and cut:
+            return "", [cut_forced_call(plan, text)]
         return text, []
     return parsed.content, parsed.tool_calls
+
+
+# The start of a forced call's JSON (:func:`call_schema` puts the name first): the name, whole or
+# begun, then the opening of the arguments.
+_CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)("?)')
+_CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def cut_forced_call(plan: ToolPlan, text: str) -> ToolCall:
+    """The call a forced generation was writing when the token limit cut it: its name, and its
+    arguments exactly as far as they were written (unclosed JSON, or "" before they began), as
+    the OpenAI and Anthropic APIs return a truncated call. A name cut mid-way is the first of the
+    forced tools it begins (the grammar allows only those)."""
+    head = _CALL_HEAD.match(text)
+    if head is not None:
+        return ToolCall(json.loads(head.group(1)), text[head.end() :], truncated=True)
+    begun = _CALL_NAME.match(text)
+    written = begun.group(1) if begun else ""
+    if begun and begun.group(2):  # the name is whole
+        with contextlib.suppress(json.JSONDecodeError):
+            return ToolCall(json.loads(f'"{written}"'), "", truncated=True)
+    names = [n for n in plan.forced_names if n.startswith(written)] or list(plan.forced_names)
+    return ToolCall(names[0], "", truncated=True)
+
+
+def partial_arguments(arguments: str) -> dict[str, Any]:
+    """A call's arguments as an object, a cut-off call's parsed as far as they go (a string cut
+    mid-way kept as written), as the Anthropic SDK reads a streamed ``input_json_delta``."""
+    try:
+        value = jiter.from_json(arguments.encode(), partial_mode="trailing-strings")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 class ForcedCallReader:
@@ -355,7 +437,6 @@ class ForcedCallReader:
     (:class:`OutputStream`); this only says early what the grammar already fixes.
     """
 
-    _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
     _TAIL = re.compile(r"\s*\}?\s*$")
 
     def __init__(self) -> None:
@@ -363,20 +444,29 @@ class ForcedCallReader:
         self.start = 0
         self.sent = 0
 
-    def update(self, text: str, final: bool) -> tuple[str | None, str]:
+    def update(self, text: str, final: bool, cut: ToolCall | None = None) -> tuple[str | None, str]:
         """(the name, when it has just become known; the new part of the arguments), from the
-        cumulative ``text`` (a trailing partial character is held back until it completes)."""
+        cumulative ``text`` (a trailing partial character is held back until it completes).
+        ``cut``: the final text is a call the token limit cut (:func:`cut_forced_call`), whose
+        arguments end as written, with no outer ``}`` to hold back."""
         if not final:
             text = text.rstrip("\ufffd")
         opened = None
         if self.name is None:
-            match = self._HEAD.match(text)
+            match = _CALL_HEAD.match(text)
+            if match is not None and match.end() == len(text) and not final:
+                match = None  # more space may follow the colon: the arguments start after it
             if match is None:
-                return None, ""
+                if cut is None:
+                    return None, ""
+                self.name = cut.name  # cut before its arguments began
+                return cut.name, ""
             self.name = opened = json.loads(match.group(1))
             self.start = self.sent = match.end()
         body = text[self.start :]
-        if final:
+        if cut is not None:
+            stable = len(text)
+        elif final:
             stable = self.start + len(re.sub(r"\s*\}\s*$", "", body, count=1))
         else:
             tail = self._TAIL.search(body)
@@ -435,6 +525,8 @@ class OutputStream:
         if self.calls is not None and plan.prefix:
             self.calls.feed(plan.prefix)  # the forced call was opened in the prompt
         self.strip_prefix = plan.prefix
+        self.plan = plan
+        self.called = False  # a call has been said
 
     def step(self, gen: Generation) -> list[StreamEvent]:
         """What ``gen`` (the generation so far; the last one is finished) adds."""
@@ -444,6 +536,12 @@ class OutputStream:
         events = self.calls.feed(delta) if delta else []
         if gen.finished:
             events += self.calls.finish()
+        said = self.called or any(e.kind == "tool_call" for e in events)
+        if self.plan.forced and gen.finish_reason == "length" and gen.finished and not said:
+            # the forced call, cut by the limit: still the call, as far as it was written
+            events = [StreamEvent("tool_call", call=cut_forced_call(self.plan, gen.text))]
+            said = True
+        self.called = said
         if self.strip_prefix:
             for i, event in enumerate(events):
                 if event.kind == "text":

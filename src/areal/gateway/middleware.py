@@ -176,8 +176,11 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if traced is not None and not is_rl_path(request.path):
             traced.note_call(path=request.path, model=info.get("model"), status=status)
         # ``upstream``: what each attempt at the upstream channel came to (``429,200``);
-        # ``error``: the error's code. Both only on the lines that have them.
-        extra = {k: info[k] for k in ("upstream", "error") if info.get(k) is not None}
+        # ``error``: the error's code; ``dropped_tools``: hosted tools left out of the prompt.
+        # Each only on the lines that have it.
+        extra = {
+            k: info[k] for k in ("upstream", "error", "dropped_tools") if info.get(k) is not None
+        }
         state.access_log.write(
             session=caller.session.session_id if caller.session else info.get("session"),
             model=info.get("model"),

@@ -31,6 +31,7 @@ from aiohttp import web
 
 from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, new_call_id
 from areal.gateway.chat_messages import (
+    JSON_OBJECT_SCHEMA,
     OutputStream,
     ToolPlan,
     bad,
@@ -53,7 +54,7 @@ from areal.gateway.sse import EventStreamResponse, sse_event
 from areal.host import fast_json
 
 MAX_CHOICES = 64
-ANY_JSON = "$$ANY$$"  # SGLang's json_schema for response_format json_object
+ANY_JSON = "$$ANY$$"  # SGLang's json_schema for "any JSON value" (json_schema without a schema)
 
 
 # --- the request ----------------------------------------------------------------------------
@@ -72,6 +73,7 @@ class ChatRequest:
     logprobs: bool = False
     episode: Episode = field(default_factory=Episode)
     stops: list[str] = field(default_factory=list)
+    dropped_tools: list[str] = field(default_factory=list)  # hosted tools left out, by type
 
 
 def _number(body: dict[str, Any], key: str, low: float, high: float) -> float | None:
@@ -118,7 +120,7 @@ def _response_format(value: Any) -> Any:
     if kind == "text":
         return None
     if kind == "json_object":
-        return ANY_JSON
+        return JSON_OBJECT_SCHEMA
     if kind == "json_schema":
         spec = value.get("json_schema")
         if not isinstance(spec, dict):
@@ -163,7 +165,8 @@ def parse_request(
 ) -> ChatRequest:
     """Validate everything the policy needs; every problem is a 400 naming the field."""
     messages = normalize_messages(body.get("messages"))
-    tools = normalize_tools(body.get("tools"))
+    dropped: list[str] = []
+    tools = normalize_tools(body.get("tools"), dropped=dropped)
     plan = plan_tools(tools, openai_tool_choice(body.get("tool_choice")), parser)
     schema = _response_format(body.get("response_format"))
     max_tokens = _integer(body, "max_completion_tokens", 1)
@@ -201,6 +204,7 @@ def parse_request(
         logprobs=logprobs,
         episode=episode or Episode(),
         stops=stops,
+        dropped_tools=dropped,
     )
 
 
@@ -224,8 +228,9 @@ def tool_call_json(call: ToolCall) -> dict[str, Any]:
     }
 
 
-def finish_reason(gen: Generation, calls: bool) -> str:
-    if calls:
+def finish_reason(gen: Generation, calls: list[ToolCall]) -> str:
+    """``tool_calls``, or ``length`` when the limit cut the output (a cut-off call included)."""
+    if calls and not any(call.truncated for call in calls):
         return "tool_calls"
     return "length" if gen.finish_reason == "length" else "stop"
 
@@ -275,7 +280,7 @@ async def complete(
     parser = state.policy.tool_parser
     choices = []
     for i, gen in enumerate(gens):
-        content, calls = split_output(chat.plan, parser, gen.text)
+        content, calls = split_output(chat.plan, parser, gen.text, gen.finish_reason == "length")
         message: dict[str, Any] = {
             "role": "assistant",
             "content": content if content or not calls else None,
@@ -294,7 +299,7 @@ async def complete(
                 "index": i,
                 "message": message,
                 "logprobs": logprobs,
-                "finish_reason": finish_reason(gen, bool(calls)),
+                "finish_reason": finish_reason(gen, calls),
             }
         )
     # A recorded completion's id is the handle for rewarding it (POST /rl/sessions/{id}/reward).
@@ -334,7 +339,7 @@ class ChoiceStream:
         self.tokenizer = tokenizer  # set when log-probs were asked for
         self.logprobs_sent = 0
         self.held_space = ""
-        self.n_calls = 0
+        self.calls: list[ToolCall] = []
 
     def entry(self, delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
         return {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -345,9 +350,9 @@ class ChoiceStream:
     def step(self, gen: Generation) -> list[dict[str, Any]]:
         out = [e for e in (self._event(ev) for ev in self.output.step(gen)) if e is not None]
         if gen.finished:
-            if self.held_space and not self.n_calls:
+            if self.held_space and not self.calls:
                 out.append(self.entry({"content": self.held_space}))
-            out.append(self.entry({}, finish_reason(gen, self.n_calls > 0)))
+            out.append(self.entry({}, finish_reason(gen, self.calls)))
         if self.tokenizer is not None and out and len(gen.output_ids) > self.logprobs_sent:
             new = slice(self.logprobs_sent, len(gen.output_ids))
             out[0]["logprobs"] = {
@@ -360,8 +365,8 @@ class ChoiceStream:
     def _event(self, event: StreamEvent) -> dict[str, Any] | None:
         if event.kind == "tool_call" and event.call is not None:
             self.held_space = ""
-            call = {"index": self.n_calls, **tool_call_json(event.call)}
-            self.n_calls += 1
+            call = {"index": len(self.calls), **tool_call_json(event.call)}
+            self.calls.append(event.call)
             return self.entry({"tool_calls": [call]})
         text = event.text
         if not text.strip():
@@ -542,6 +547,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         )
     request[LOG_FIELDS].update(route="local")
     chat = parse_request(body, state.policy.tool_parser)
+    state.policy.note_dropped_tools(request[LOG_FIELDS], chat.dropped_tools)
     chat.episode = episode = await Episode.of(request, state, body)  # after the 400s: admits
     check_replayable(request, chat.sampling["extra"])  # a recorded call: what the trainer replays
     prompt_ids = state.policy.render(

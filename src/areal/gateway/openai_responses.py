@@ -24,30 +24,33 @@ from typing import Any, cast
 
 from aiohttp import web
 
-from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser, ToolCallStream
+from areal.core.tool_calls import StreamEvent, ToolCall, ToolCallParser
 from areal.gateway.chat_messages import (
+    JSON_OBJECT_SCHEMA,
     ROLE_ALIASES,
+    OutputStream,
     ToolPlan,
     arguments_text,
     bad,
     content_text,
-    forced_call_schema,
+    forced_plan,
     function_tool,
+    hosted_tool_kind,
     openai_tool_choice,
     plan_tools,
+    split_output,
     tool_names,
     type_name,
 )
 from areal.gateway.episodes import Episode
 from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState, state_of
-from areal.gateway.policy import Generation, TextDeltas
+from areal.gateway.policy import Generation
 from areal.gateway.request_body import read_json
 from areal.gateway.request_log import LOG_FIELDS
 from areal.gateway.sse import EventStreamResponse, sse_event
 
 ROUTE = "/responses"
-ANY_JSON = "$$ANY$$"  # SGLang's json_schema value for "any JSON value" (text.format json_object)
 _ROLES = ("system", "user", "assistant")
 _SKIPPED_ITEMS = {"reasoning"}  # the policy's own reasoning is not re-rendered
 
@@ -67,6 +70,7 @@ class ResponsesRequest:
     top_p: float | None
     stream: bool
     echo: dict[str, Any] = field(default_factory=dict)  # request fields the response repeats
+    dropped_tools: list[str] = field(default_factory=list)  # hosted tools left out, by type
 
     @property
     def constraint(self) -> str | None:
@@ -102,7 +106,8 @@ def parse_request(body: dict[str, Any], parser: ToolCallParser) -> ResponsesRequ
     messages = input_messages(body.get("input"))
     if instructions:
         messages.insert(0, {"role": "system", "content": instructions})
-    tools, echo_tools = responses_tools(body.get("tools"))
+    dropped: list[str] = []
+    tools, echo_tools = responses_tools(body.get("tools"), dropped)
     choice = body.get("tool_choice")
     text_schema, text_echo = text_format(body.get("text"))
     stream = body.get("stream")
@@ -128,6 +133,7 @@ def parse_request(body: dict[str, Any], parser: ToolCallParser) -> ResponsesRequ
             "user": user if isinstance(user, str) else None,
             "prompt_cache_key": cache_key if isinstance(cache_key, str) else None,
         },
+        dropped_tools=dropped,
     )
 
 
@@ -228,8 +234,12 @@ def _name(item: dict[str, Any], where: str) -> str:
     return value
 
 
-def responses_tools(tools: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Responses function tools → (policy function specs, the tools the response echoes)."""
+def responses_tools(
+    tools: Any, dropped: list[str] | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Responses function tools → (policy function specs, the tools the response echoes).
+    Hosted tools (``web_search``, ``namespace``...) are left out, their types added to
+    ``dropped`` (:func:`~areal.gateway.chat_messages.hosted_tool_kind`)."""
     if tools is None:
         return [], []
     if not isinstance(tools, list):
@@ -240,12 +250,11 @@ def responses_tools(tools: Any) -> tuple[list[dict[str, Any]], list[dict[str, An
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
             raise bad(where, f"a tool must be an object, got {type_name(tool)}")
-        kind = tool.get("type")
-        if kind != "function":
-            raise bad(
-                f"{where}.type",
-                f"tool type {kind!r} is not supported; the gateway serves function tools only",
-            )
+        if tool.get("type") != "function":
+            kind = hosted_tool_kind(tool, where)
+            if dropped is not None:
+                dropped.append(kind)
+            continue
         spec = function_tool(
             tool.get("name"), tool.get("description"), tool.get("parameters"), where
         )
@@ -282,13 +291,7 @@ def tool_plan(choice: Any, tools: list[dict[str, Any]], parser: ToolCallParser) 
         if unknown:
             raise bad("tool_choice.tools", f"names tools that are not among the tools: {unknown}")
         if choice.get("mode") == "required":
-            chosen = [t for t in tools if t["function"]["name"] in names]
-            return ToolPlan(
-                tools=tools,
-                parse_calls=True,
-                prefix=parser.forced_prefix(),
-                json_schema=forced_call_schema(chosen),
-            )
+            return forced_plan(tools, parser, [n for n in names if isinstance(n, str)])
         return ToolPlan(tools=tools, parse_calls=True)
     if isinstance(choice, dict) and choice.get("type", "function") != "function":
         raise bad(
@@ -313,7 +316,7 @@ def text_format(text: Any) -> tuple[str | None, dict[str, Any]]:
     if kind == "text":
         return None, text
     if kind == "json_object":
-        return ANY_JSON, text
+        return JSON_OBJECT_SCHEMA, text
     if kind == "json_schema":
         schema = fmt.get("schema")
         if not isinstance(schema, dict):
@@ -349,13 +352,15 @@ def message_item(text: str, status: str = "completed") -> dict[str, Any]:
 
 
 def call_item(call: ToolCall, status: str = "completed") -> dict[str, Any]:
+    """A ``function_call`` item; a call the token limit cut is ``incomplete``, its arguments as
+    far as they were written."""
     return {
         "type": "function_call",
         "id": _id("fc_"),
         "call_id": call.id,
         "name": call.name,
         "arguments": call.arguments,
-        "status": status,
+        "status": "incomplete" if call.truncated else status,
     }
 
 
@@ -423,11 +428,9 @@ def output_items(req: ResponsesRequest, gen: Generation, parser: ToolCallParser)
     status = finish_status(gen)
     if not req.parse_calls:
         return [message_item(gen.text, status)]
-    parsed = parser.parse(req.plan.prefix + gen.text)
-    items = (
-        [message_item(parsed.content, status)] if parsed.content or not parsed.tool_calls else []
-    )
-    return items + [call_item(c) for c in parsed.tool_calls]
+    text, calls = split_output(req.plan, parser, gen.text, gen.finish_reason == "length")
+    items = [message_item(text, status)] if text or not calls else []
+    return items + [call_item(c) for c in calls]
 
 
 # --- the handler --------------------------------------------------------------------------------
@@ -451,6 +454,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     request[LOG_FIELDS].update(model=state.policy.model_id, route="local")
     parser = state.policy.tool_parser
     req = parse_request(body, parser)
+    state.policy.note_dropped_tools(request[LOG_FIELDS], req.dropped_tools)
     # A session key's calls, or with --online a conversation's; a driver's hints bind no
     # Responses call.
     episode = await Episode.of(request, state, body, bind_hints=False)
@@ -535,7 +539,9 @@ class _OutputStream:
         await self.events.send(
             "response.function_call_arguments.done", name=call.name, arguments=call.arguments, **at
         )
-        item.update(arguments=call.arguments, status="completed")
+        item.update(
+            arguments=call.arguments, status="incomplete" if call.truncated else "completed"
+        )
         await self.events.send(
             "response.output_item.done", output_index=at["output_index"], item=item
         )
@@ -631,27 +637,20 @@ async def _relay(
     first: Generation | None,
     rest: AsyncIterator[Generation],
 ) -> Generation:
-    """Feed the engine's text to the output (through the tool-call parser when calls are read);
-    returns the finished generation."""
-    parser: ToolCallStream | None = None
-    if req.parse_calls:
-        parser = state.policy.tool_parser.new_stream()
-        await out.apply(parser.feed(req.plan.prefix))
-    deltas = TextDeltas()
+    """Feed the engine's text to the output through the shared :class:`OutputStream` (which
+    reads tool calls when the request does); returns the finished generation."""
+    plan = req.plan if req.parse_calls else ToolPlan()
+    output = OutputStream(plan, state.policy.tool_parser)
     gen = first
     while gen is not None:
-        delta = deltas.step(gen)
-        if parser is None:
-            await out.text(delta)
-        else:
-            await out.apply(parser.feed(delta))
+        if gen.finished and gen.finish_reason == "abort":
+            break
+        await out.apply(output.step(gen))
         if gen.finished:
             break
         gen = await anext(rest, None)
     if gen is None or not gen.finished or gen.finish_reason == "abort":
         raise GatewayError(503, "the inference engine ended the generation early; retry")
-    if parser is not None:
-        await out.apply(parser.finish())
     return gen
 
 

@@ -26,6 +26,7 @@ from areal.gateway.router_config import ModelRoute
 DEFAULT_ALIASES = ("default",)
 
 log = logging.getLogger("areal.gateway.policy")
+MAX_DROPPED_KINDS = 64  # distinct hosted-tool types counted by name; more are counted as "other"
 
 # The sampling params that constrain decoding with a grammar (SGLang's names, as sent).
 GRAMMAR_PARAMS = ("json_schema", "regex", "ebnf", "structural_tag")
@@ -182,6 +183,9 @@ class PolicyService:
         # Calls whose engine reports log-probs under a mask the trainer does not replay (SGLang
         # takes them after a grammar's vocabulary mask, docs/inference.md): GET /rl/sessions.
         self.masked_logprobs: dict[str, int] = {}
+        # Tools left out of prompts because the policy cannot call them (hosted web search,
+        # namespaces...: chat_messages.hosted_tool_kind), by type: GET /rl/sessions.
+        self.dropped_tools: dict[str, int] = {}
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
             parser, key="model_routing.policy_model.tool_parser"
@@ -436,6 +440,23 @@ class PolicyService:
                     note_lost(engine.url)
                     raise lost from None
                 tried.add(engine.url)
+
+    def note_dropped_tools(self, log_fields: dict[str, Any], kinds: Sequence[str]) -> None:
+        """Count the hosted tools a request's prompt left out, name them on its ``gateway.log``
+        line (``dropped_tools=web_search,namespace``), and log each type the first time."""
+        if not kinds:
+            return
+        log_fields["dropped_tools"] = ",".join(kinds)
+        for kind in kinds:
+            if kind not in self.dropped_tools and len(self.dropped_tools) >= MAX_DROPPED_KINDS:
+                kind = "other"  # clients choose the names: the counter's size is bounded
+            if kind not in self.dropped_tools:
+                log.warning(
+                    "a %r tool was left out of the prompt: the policy is offered function tools "
+                    "only (hosted and built-in tools are the provider's to run)",
+                    kind,
+                )
+            self.dropped_tools[kind] = self.dropped_tools.get(kind, 0) + 1
 
     def _note_masked(self, engine: Engine, sampling: dict[str, Any]) -> None:
         """Count (and log once per engine) a grammar-constrained call to an engine that reports

@@ -78,6 +78,8 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                 "sampling_overridden": dict(state_of(request).policy.overridden),
                 # grammar-constrained calls per backend whose log-probs are the masked ones
                 "masked_logprobs": dict(state_of(request).policy.masked_logprobs),
+                # hosted tools (web search, namespaces...) left out of prompts, by type
+                "dropped_tools": dict(state_of(request).policy.dropped_tools),
             }
         )
 
