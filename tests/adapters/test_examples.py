@@ -21,11 +21,19 @@ from areal.core.rewards import build_reward
 from areal.core.run_config import load_run_config
 from areal.run.probe import probe
 from areal.run.rollout_worker import WorkerSpec, resolve_agent
-from support.cli import CLAUDE_CODE
+from support.cli import CLAUDE_CODE, CODEX, vercel_ai_sdk
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
-NAMES = ["openai_math", "langchain_tools", "claude_code_fix", "openclaw_task"]
+IN_PROCESS = [
+    "openai_math",
+    "langchain_tools",
+    "openai_agents_math",
+    "pydantic_ai_math",
+    "dspy_math",
+    "litellm_math",
+]
+NAMES = [*IN_PROCESS, "vercel_ai_math", "claude_code_fix", "openclaw_task", "codex_fix"]
 
 
 @pytest.fixture(autouse=True)
@@ -62,7 +70,7 @@ def test_each_example_config_validates_and_its_agent_loads(name: str) -> None:
     assert f"examples/{name}/config.yaml" in readme
 
 
-@pytest.mark.parametrize("name", ["claude_code_fix", "openclaw_task"])
+@pytest.mark.parametrize("name", ["claude_code_fix", "openclaw_task", "codex_fix"])
 def test_the_bug_fix_tasks_are_solvable(name: str, tmp_path: Path) -> None:
     fixes = {"add": "a + b", "mul": "a * b", "sub": "a - b", "half": "a // 2"}
     for task in tasks(name):
@@ -80,11 +88,20 @@ def test_the_bug_fix_tasks_are_solvable(name: str, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["openai_math", "langchain_tools", pytest.param("claude_code_fix", marks=pytest.mark.serial)],
+    [
+        *IN_PROCESS,
+        pytest.param("vercel_ai_math", marks=pytest.mark.serial),
+        pytest.param("claude_code_fix", marks=pytest.mark.serial),
+        pytest.param("codex_fix", marks=pytest.mark.serial),
+    ],
 )
 def test_each_example_agent_runs_one_probed_episode(name: str, gateway: Any) -> None:
     if name == "claude_code_fix":
         CLAUDE_CODE()  # the example runs the CLI that `make setup` installs
+    if name == "codex_fix":
+        CODEX()
+    if name == "vercel_ai_math":
+        vercel_ai_sdk()  # its agent is a Node script on the AI SDK that `make setup` installs
     config, agent = agent_of(name)
     reward = config.agent.reward_source
     report = asyncio.run(

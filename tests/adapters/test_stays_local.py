@@ -12,7 +12,6 @@ runs are in the serial tier.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import re
 import sys
 from collections.abc import Iterator
@@ -23,61 +22,20 @@ import pytest
 
 import areal
 from areal.adapters.claude_code import ClaudeCodeAdapter
+from areal.adapters.codex import CodexAdapter
 from areal.adapters.openclaw import OpenClawAdapter, find_node_dir
 from areal.core.episode import session_fields
 from areal.run.rollout import RolloutWorker
-from support.cli import CLAUDE_CODE, OPENCLAW, strace
+from support.cli import CLAUDE_CODE, CODEX, OPENCLAW, strace
+from support.sockets import is_loopback, outside, watch_sockets
 
 TASK = {"task_id": "local", "question": "What is 2 plus 2?", "prompt": "hi", "answer": "4"}
-
-_watching: list[list[tuple[str, Any]]] = []
-
-
-def _audit(event: str, args: tuple[Any, ...]) -> None:
-    if not _watching:
-        return
-    if event == "socket.connect":
-        _watching[-1].append(("connect", args[1]))
-    elif event == "socket.getaddrinfo":
-        _watching[-1].append(("lookup", args[0]))
-
-
-sys.addaudithook(_audit)  # audit hooks cannot be removed; it does nothing unless a test watches
 
 
 @pytest.fixture
 def sockets() -> Iterator[list[tuple[str, Any]]]:
-    seen: list[tuple[str, Any]] = []
-    _watching.append(seen)
-    try:
+    with watch_sockets() as seen:
         yield seen
-    finally:
-        _watching.remove(seen)
-
-
-def is_loopback(host: Any) -> bool:
-    if isinstance(host, bytes):
-        host = host.decode()
-    if host in ("localhost", None):
-        return True
-    try:
-        address = ipaddress.ip_address(str(host))
-    except ValueError:
-        return False  # a name that is not localhost
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
-
-
-def outside(seen: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    bad = []
-    for kind, target in seen:
-        if isinstance(target, str) and kind == "connect":
-            continue  # an AF_UNIX path
-        host = target[0] if isinstance(target, tuple) else target
-        if not is_loopback(host):
-            bad.append((kind, target))
-    return bad
 
 
 async def openai_agent(task: dict[str, Any], client: Any, model: str) -> float:
@@ -223,3 +181,15 @@ def test_both_watches_see_a_connection_that_leaves(
     binary, log = traced(sys.executable, tmp_path)
     subprocess.run([binary, str(script)], check=True)
     assert "192.0.2.1" in inet_connects(log)
+
+
+@pytest.mark.serial
+def test_codex_connects_only_to_loopback(gateway: Any, tmp_path: Path) -> None:
+    """Codex with the adapter's switches (no update check, analytics, feedback, OTel exporters
+    or plugin sync): only the gateway is reached."""
+    binary, log = traced(CODEX(), tmp_path)
+    stats = run_harness(gateway, CodexAdapter(binary=binary, timeout_s=120.0))
+    assert stats.started == 1 and not stats.timed_out, stats.to_json()
+    addresses = inet_connects(log)
+    assert addresses, "strace saw no connection: the CLI never reached the gateway"
+    assert [a for a in addresses if not is_loopback(a)] == []

@@ -4,7 +4,9 @@
   written, with the protocol's truncation finish (``length`` / ``incomplete`` / ``max_tokens``);
 - hosted tools the policy cannot call (web search, namespaces, ...) are left out of the prompt,
   named in ``gateway.log`` and counted, and the request is served;
-- ``json_object`` output is a JSON object, never an array or a scalar.
+- ``json_object`` output is a JSON object, never an array or a scalar;
+- a forced call and the turn that sends it back with its result are one training sample: the
+  engine writes the call exactly as the chat template renders it.
 
 Each is checked through the official ``openai`` and ``anthropic`` SDKs against the real gateway and
 embedded engine.
@@ -24,6 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from areal.gateway.chat_messages import partial_arguments
+from support.gateway import trajectories
 
 NOTE: Any = {
     "name": "take_note",
@@ -66,13 +69,15 @@ def clients(gateway: Any) -> Iterator[tuple[openai.OpenAI, anthropic.Anthropic]]
 # --- a forced call cut by the limit ----------------------------------------------------------
 
 
-def chat_call(gpt: openai.OpenAI, limit: int, stream: bool) -> tuple[str, str, str]:
+def chat_call(
+    gpt: openai.OpenAI, limit: int, stream: bool, choice: Any = "required"
+) -> tuple[str, str, str]:
     """(name, arguments, finish) of a forced Chat Completions call."""
     body: Any = dict(
         model="areal-tiny",
         messages=[{"role": "user", "content": QUESTION}],
         tools=[chat_tool(NOTE), chat_tool(NAP)],
-        tool_choice="required",
+        tool_choice=choice,
         max_tokens=limit,
         temperature=0,
     )
@@ -85,7 +90,7 @@ def chat_call(gpt: openai.OpenAI, limit: int, stream: bool) -> tuple[str, str, s
     name, arguments, finish, ids = "", "", "", set()
     for chunk in gpt.chat.completions.create(**body, stream=True):
         for choice in chunk.choices:
-            assert not choice.delta.content, choice.delta
+            assert choice.delta.content is None, choice.delta  # no empty text part, even first
             for delta in choice.delta.tool_calls or []:
                 assert delta.index == 0 and delta.function is not None
                 ids.add(delta.id)
@@ -121,7 +126,9 @@ def responses_call(gpt: openai.OpenAI, limit: int, stream: bool) -> tuple[str, s
     return item.name, item.arguments, response.status
 
 
-def anthropic_call(claude: anthropic.Anthropic, limit: int, stream: bool) -> tuple[str, str, str]:
+def anthropic_call(
+    claude: anthropic.Anthropic, limit: int, stream: bool, choice: Any = None
+) -> tuple[str, str, str]:
     """(name, arguments as written, stop_reason) of a forced Messages call. Streamed, the
     arguments are the ``input_json_delta`` pieces; whole, the block's ``input`` must be those
     pieces parsed as far as they go, so only the name and input can be compared."""
@@ -129,7 +136,7 @@ def anthropic_call(claude: anthropic.Anthropic, limit: int, stream: bool) -> tup
         model="areal-tiny",
         max_tokens=limit,
         tools=[NOTE, NAP],
-        tool_choice={"type": "any"},
+        tool_choice=choice or {"type": "any"},
         messages=[{"role": "user", "content": QUESTION}],
         extra_body={"temperature": 0},
     )
@@ -185,6 +192,37 @@ def test_a_forced_call_that_closes_in_time_is_whole(
     (call,) = choice.message.tool_calls or []
     assert choice.finish_reason == "tool_calls"
     assert set(json.loads(call.function.arguments)) == {"minutes"}
+
+
+def test_allowed_tools_force_a_call_among_some_of_the_tools(
+    clients: tuple[openai.OpenAI, anthropic.Anthropic],
+) -> None:
+    """Chat Completions' ``allowed_tools`` (pydantic-ai sends it) as Responses' flat form: every
+    tool in the prompt, the call forced among the listed ones; a bad mode is a 400."""
+    gpt, _ = clients
+    pick = {"type": "function", "function": {"name": "take_nap"}}
+    for seed in range(3):
+        choice = gpt.chat.completions.create(
+            model="areal-tiny",
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=[chat_tool(NOTE), chat_tool(NAP)],
+            tool_choice={
+                "type": "allowed_tools",
+                "allowed_tools": {"mode": "required", "tools": [pick]},
+            },  # type: ignore[typeddict-item]
+            max_tokens=64,
+            seed=seed,
+        ).choices[0]
+        (call,) = choice.message.tool_calls or []
+        assert call.function.name == "take_nap" and choice.finish_reason == "tool_calls"
+    with pytest.raises(openai.BadRequestError) as caught:
+        gpt.chat.completions.create(
+            model="areal-tiny",
+            messages=[{"role": "user", "content": QUESTION}],
+            tools=[chat_tool(NAP)],
+            tool_choice={"type": "allowed_tools", "allowed_tools": {"mode": "x", "tools": [pick]}},  # type: ignore[typeddict-item]
+        )
+    assert caught.value.body["param"] == "tool_choice.allowed_tools.mode"  # type: ignore[index]
 
 
 # --- hosted tools ----------------------------------------------------------------------------
@@ -315,3 +353,184 @@ def test_json_object_is_always_an_object(
         assert isinstance(json.loads(text), dict), text
     else:
         assert text.lstrip().startswith("{"), text
+
+
+# --- a forced call and the turn after it: one sample ------------------------------------------
+
+NAP_CALL = {"name": "take_nap"}
+RESULT = "slept well"
+
+
+def chat_round_trip(client: openai.OpenAI, stream: bool) -> str:
+    """A forced Chat Completions call, then the turn that sends it back with its result; the
+    call's text (its name and arguments) as the agent got it."""
+    question: list[Any] = [{"role": "user", "content": QUESTION}]
+    tools = [chat_tool(NOTE), chat_tool(NAP)]
+    choice = {"type": "function", "function": NAP_CALL}
+    body: Any = dict(model="areal-tiny", messages=question, tools=tools, tool_choice=choice)
+    if stream:
+        name, arguments, call_id = "", "", ""
+        for chunk in client.chat.completions.create(**body, stream=True):
+            for delta in (d for c in chunk.choices for d in c.delta.tool_calls or []):
+                call_id += delta.id or ""
+                name += (delta.function.name or "") if delta.function else ""
+                arguments += (delta.function.arguments or "") if delta.function else ""
+    else:
+        (call,) = client.chat.completions.create(**body).choices[0].message.tool_calls or []
+        assert call.type == "function"
+        name, arguments, call_id = call.function.name, call.function.arguments, call.id
+    sent = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+    client.chat.completions.create(
+        model="areal-tiny",
+        messages=[
+            *question,
+            {"role": "assistant", "content": None, "tool_calls": [sent]},
+            {"role": "tool", "tool_call_id": call_id, "content": RESULT},
+        ],
+        tools=tools,
+        max_tokens=4,
+    )
+    return f"{name} {arguments}"
+
+
+def responses_round_trip(client: openai.OpenAI, stream: bool) -> str:
+    tools = [responses_tool(NOTE), responses_tool(NAP)]
+    body: Any = dict(
+        model="areal-tiny",
+        input=[{"role": "user", "content": QUESTION}],
+        tools=tools,
+        tool_choice={"type": "function", **NAP_CALL},
+    )
+    if stream:
+        with client.responses.stream(**body) as events:
+            for _ in events:
+                pass
+            first = events.get_final_response()
+    else:
+        first = client.responses.create(**body)
+    (call,) = first.output
+    assert call.type == "function_call"
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": RESULT}
+    client.responses.create(
+        model="areal-tiny",
+        input=[*body["input"], *first.output, result],
+        tools=tools,
+        max_output_tokens=4,
+    )
+    return f"{call.name} {call.arguments}"
+
+
+def anthropic_round_trip(client: anthropic.Anthropic, stream: bool) -> str:
+    question: list[Any] = [{"role": "user", "content": QUESTION}]
+    body: Any = dict(
+        model="areal-tiny",
+        max_tokens=64,
+        tools=[NOTE, NAP],
+        tool_choice={"type": "tool", **NAP_CALL},
+        messages=question,
+    )
+    if stream:
+        with client.messages.stream(**body) as events:
+            reply = events.get_final_message()
+    else:
+        reply = client.messages.create(**body)
+    (block,) = reply.content
+    assert block.type == "tool_use"
+    use = {"type": "tool_use", "id": block.id, "name": block.name, "input": block.input}
+    result = {"type": "tool_result", "tool_use_id": block.id, "content": RESULT}
+    history = [
+        *question,
+        {"role": "assistant", "content": [use]},
+        {"role": "user", "content": [result]},
+    ]
+    client.messages.create(
+        **{**body, "max_tokens": 4, "tool_choice": {"type": "auto"}, "messages": history}
+    )
+    return f"{block.name} {json.dumps(block.input)}"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("api", ["chat", "responses", "anthropic"])
+def test_a_forced_call_and_the_turn_after_it_are_one_sample(
+    gateway: Any, tokenizer: Any, api: str, stream: bool
+) -> None:
+    """The engine writes a forced call exactly as the chat template renders it when the agent
+    sends it back (the call's JSON, then ``\\n</tool_call>``, then the stop token), so the next
+    turn's prompt extends the first turn token for token and the episode trains as one sample."""
+    opened = gateway.open_session()
+    key = opened["api_key"]
+    if api == "anthropic":
+        with anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0) as claude:
+            said = anthropic_round_trip(claude, stream)
+    else:
+        with openai.OpenAI(base_url=gateway.v1, api_key=key, max_retries=0, timeout=60) as gpt:
+            said = (chat_round_trip if api == "chat" else responses_round_trip)(gpt, stream)
+    end = httpx.post(
+        f"{gateway.url}/rl/sessions/{opened['session_id']}/end", headers=gateway.headers(key)
+    )
+    assert end.status_code == 200, end.text
+    assert (end.json()["completions"], end.json()["samples"]) == (2, 1)
+
+    (trajectory,) = [
+        t for t in trajectories(gateway.log_dir) if t.session_id == opened["session_id"]
+    ]
+    call, answer = trajectory.turns
+    (sample,) = trajectory.samples
+    first = call.prompt_ids + call.output_ids
+    assert answer.prompt_ids[: len(first)] == first
+    assert sample.input_ids.tolist() == answer.prompt_ids + answer.output_ids
+    context = len(answer.prompt_ids) - len(first)
+    assert sample.loss_mask.tolist() == (
+        [0] * len(call.prompt_ids) + [1] * len(call.output_ids) + [0] * context
+        + [1] * len(answer.output_ids)
+    )  # fmt: skip
+    # the call as generated: its JSON (what the agent was told), closed, then the stop token
+    written = tokenizer.decode(call.output_ids)
+    assert written.endswith("}\n</tool_call><|im_end|>"), written
+    call_json = json.loads(written.removesuffix("\n</tool_call><|im_end|>"))
+    assert call_json["name"] == "take_nap"
+    assert said == f"take_nap {json.dumps(call_json['arguments'])}"
+
+
+def test_a_forced_call_cut_in_its_closing_text_is_whole(
+    clients: tuple[openai.OpenAI, anthropic.Anthropic], gateway: Any, tokenizer: Any
+) -> None:
+    """The limit may fall after the call's JSON, inside the closing ``\\n</tool_call>``: the
+    arguments were all written, so every protocol says the call whole (the closing text is no
+    part of them), as when the limit falls just before the stop token."""
+    gpt, claude = clients
+    chat_nap = {"type": "function", "function": NAP_CALL}
+    opened = gateway.open_session()
+    with openai.OpenAI(base_url=gateway.v1, api_key=opened["api_key"], max_retries=0) as mine:
+        whole = chat_call(mine, 64, stream=False, choice=chat_nap)
+    name, arguments, finish = whole
+    assert finish == "tool_calls"
+    (recorded,) = gateway.state.sessions.get(opened["session_id"]).completions
+    ids = recorded.output_ids
+    call_json = tokenizer.decode(ids, skip_special_tokens=True).removesuffix("\n</tool_call>")
+    # the fewest tokens that hold the whole JSON, and at least its first character of closing
+    limit = next(k for k in range(len(ids)) if len(tokenizer.decode(ids[:k])) > len(call_json))
+    assert limit < len(ids) - 1  # the closing text is cut: neither it nor the stop token is whole
+    cut = chat_call(gpt, limit, stream=False, choice=chat_nap)
+    assert cut == chat_call(gpt, limit, True, chat_nap) == (name, arguments, "tool_calls")
+    for stream in (False, True):
+        body: Any = dict(
+            model="areal-tiny",
+            input=QUESTION,
+            tools=[responses_tool(NOTE), responses_tool(NAP)],
+            tool_choice={"type": "function", **NAP_CALL},
+            max_output_tokens=limit,
+            temperature=0,
+            stream=stream,
+        )
+        reply = gpt.responses.create(**body)
+        response = list(reply)[-1].response if stream else reply
+        (item,) = response.output
+        assert (item.name, item.arguments, item.status) == (name, arguments, "completed")
+        assert response.status == "incomplete"
+        anthropic_nap = {"type": "tool", **NAP_CALL}
+        assert anthropic_call(claude, limit, stream, anthropic_nap) == (
+            name,
+            arguments,
+            "max_tokens",
+        )

@@ -383,7 +383,12 @@ def test_any_tool_then_tool_result(client: anthropic.Anthropic, gateway: Any, co
                 {
                     "id": call.id,
                     "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.input)},
+                    # the gateway writes an input object's text as it is (an untrained
+                    # policy's strings may hold any character), not \u-escaped
+                    "function": {
+                        "name": call.name,
+                        "arguments": json.dumps(call.input, ensure_ascii=False),
+                    },
                 }
             ],
         },
@@ -473,9 +478,16 @@ def test_forced_call_has_the_openai_grammar_and_parse(
         )
     sent_claude, sent_openai = recorder.generate_bodies[start:]
     assert sent_claude["input_ids"] == sent_openai["input_ids"]
-    grammar = sent_claude["sampling_params"]["json_schema"]
-    assert grammar == sent_openai["sampling_params"]["json_schema"]
-    schema = json.loads(grammar)
+    grammar = sent_claude["sampling_params"]["structural_tag"]
+    assert grammar == sent_openai["sampling_params"]["structural_tag"]
+    assert "json_schema" not in sent_claude["sampling_params"]
+    # the call's JSON, then the parser's closing text: the call as the chat template writes it
+    tag = json.loads(grammar)
+    assert tag["type"] == "structural_tag" and tag["format"]["type"] == "sequence"
+    call_json, closing = tag["format"]["elements"]
+    assert closing == {"type": "const_string", "value": "\n</tool_call>"}
+    assert call_json["type"] == "json_schema"
+    schema = call_json["json_schema"]
     for call_schema in schema.get("anyOf", [schema]):  # an extra key beside name/arguments is
         assert call_schema["additionalProperties"] is False  # impossible under the grammar
         assert call_schema["required"] == ["name", "arguments"]

@@ -254,8 +254,16 @@ def test_a_grammar_on_sglang_is_counted_and_logged_as_masked_logprobs(
                     model=gateway.model, messages=CHAT, max_tokens=4, response_format=schema
                 )
             agent.chat.completions.create(model=gateway.model, messages=CHAT, max_tokens=4)
+            # a forced tool call is constrained too (its structural tag)
+            agent.chat.completions.create(
+                model=gateway.model,
+                messages=CHAT,
+                max_tokens=4,
+                tools=[{"type": "function", "function": {"name": "noop"}}],
+                tool_choice="required",
+            )
         listing = httpx.get(f"{gateway.url}/rl/sessions", headers=bearer(gateway.admin)).json()
-    assert listing["masked_logprobs"] == {"sglang": 2}
+    assert listing["masked_logprobs"] == {"sglang": 3}
     warned = [r.getMessage() for r in caplog.records if "after the grammar's mask" in r.message]
     assert len(warned) == 1 and warned[0].startswith("sglang reports"), warned
 

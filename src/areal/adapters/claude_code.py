@@ -225,12 +225,18 @@ def find_binary(binary: str | None) -> str:
     raise ClaudeCodeError(f"the Claude Code CLI `claude` is not on PATH: {INSTALL_HINT}")
 
 
-def task_prompt(task: Mapping[str, Any], key: str) -> str:
+def task_prompt(
+    task: Mapping[str, Any],
+    key: str,
+    harness: str = "Claude Code",
+    error: type[HarnessError] = ClaudeCodeError,
+) -> str:
+    """The task's prompt for a harness: ``task[key]``, else its ``prompt`` or ``question``."""
     for name in (key, "prompt", "question"):
         value = task.get(name)
         if isinstance(value, str) and value:
             return value
-    raise ClaudeCodeError(f"the task has no {key!r} text to give Claude Code: keys {sorted(task)}")
+    raise error(f"the task has no {key!r} text to give {harness}: keys {sorted(task)}")
 
 
 def prepare_workspace(work: Path, template: str | None, task: Mapping[str, Any]) -> None:

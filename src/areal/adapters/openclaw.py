@@ -134,7 +134,7 @@ class OpenClawAdapter(Adapter):
         opts = self.config
         binary = find_openclaw(opts.binary)
         node_dir = find_node_dir(opts.node, binary)
-        prompt = task_prompt(episode.task, opts.prompt_key)
+        prompt = task_prompt(episode.task, opts.prompt_key, "OpenClaw", OpenClawError)
         root = Path(tempfile.mkdtemp(prefix="areal-openclaw-", dir=opts.work_root))
         try:
             home, work = root / "home", root / "work"

@@ -57,3 +57,9 @@ class ToolCallParser(Protocol):
     def forced_prefix(self) -> str:
         """Text that opens a tool call, appended to the prompt when a call is forced."""
         ...
+
+    def forced_suffix(self) -> str:
+        """Text that closes a tool call, generated after a forced call's JSON (before the stop
+        token): prefix + JSON + suffix must be the chat template's rendering of that call, so the
+        next turn, which sends the call back, extends the forced one token for token."""
+        ...

@@ -123,12 +123,9 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     request[LOG_FIELDS].update(model=chat.model, route="local")
 
     prompt_ids = render_prompt(state, chat, episode.history(request))
-    extra: dict[str, Any] = {}
+    extra: dict[str, Any] = dict(chat.grammar)
     if "top_k" in options:
         extra["top_k"] = options["top_k"]
-    schema = chat.constraint
-    if schema is not None:
-        extra["json_schema"] = json.dumps(schema)
     sampling = state.policy.sampling(
         len(prompt_ids),
         max_tokens=options["max_tokens"],
@@ -347,7 +344,7 @@ async def _stream_blocks(
     :func:`cut_forced_call` reads it), as the non-streamed reply says it.
     """
     output = OutputStream(chat.plan, state.policy.tool_parser, stops)
-    forced = ForcedCallReader() if chat.plan.forced else None
+    forced = ForcedCallReader(chat.plan.suffix) if chat.plan.forced else None
     last: Generation | None = None
     async for gen in gens:
         last = gen

@@ -9,6 +9,7 @@ naming the field; fields the policy cannot use are ignored.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,7 @@ from areal.gateway.chat_messages import (
     ToolPlan,
     arguments_text,
     function_tool,
+    grammar_params,
     hosted_tool_kind,
     plan_tools,
     tool_names,
@@ -52,9 +54,10 @@ class ChatRequest:
     dropped_tools: list[str] = field(default_factory=list)  # server tools left out, by type
 
     @property
-    def constraint(self) -> dict[str, Any] | None:
-        """The engine's json_schema: a forced call's, else the output format's."""
-        return self.plan.json_schema if self.plan.forced else self.json_schema
+    def grammar(self) -> dict[str, str]:
+        """The engine's grammar: a forced call's, else the output format's."""
+        schema = None if self.json_schema is None else json.dumps(self.json_schema)
+        return grammar_params(self.plan, schema)
 
 
 def parse_request(body: dict[str, Any], policy_id: str, parser: ToolCallParser) -> ChatRequest:

@@ -6,7 +6,7 @@ a plain string, assistant ``tool_calls`` with JSON-text arguments, tool ``tool_c
 *function tools* ``{"type": "function", "function": {"name", "description", "parameters"}}``.
 Those are what :meth:`areal.gateway.policy.PolicyService.render` feeds the chat template, so the
 protocols differ only in parsing and answering, never in how a prompt becomes tokens. The way
-back is shared too: one grammar for a forced call (:func:`forced_call_schema`), one way to read
+back is shared too: one grammar for a forced call (:func:`forced_call_tag`), one way to read
 calls out of the output, whole (:func:`split_output`) or streamed (:class:`OutputStream`), both
 through the policy's registered tool-call parser; the protocols only dress the result.
 
@@ -312,13 +312,28 @@ def call_schema(tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def forced_call_schema(tools: Sequence[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
-    """The json_schema that makes the engine write a call of ``name`` (or of any of ``tools``)."""
+    """The json_schema of the JSON of a call of ``name`` (or of any of ``tools``)."""
     chosen = [t for t in tools if name is None or t["function"]["name"] == name]
     if not chosen:
         raise ValueError(f"no tool named {name!r}")
     if len(chosen) == 1:
         return call_schema(chosen[0])
     return {"anyOf": [call_schema(t) for t in chosen]}
+
+
+def forced_call_tag(schema: dict[str, Any], suffix: str) -> dict[str, Any]:
+    """The grammar of a forced call's output: its JSON (``schema``), then the parser's closing
+    ``suffix``, as an xgrammar structural tag, the ``structural_tag`` that vLLM, SGLang and the
+    embedded engine all take. The output is then the call exactly as the chat template renders it
+    when the next turn sends it back, so that turn extends this one token for token."""
+    json_part = {"type": "json_schema", "json_schema": schema}
+    if not suffix:
+        return {"type": "structural_tag", "format": json_part}
+    closing = {"type": "const_string", "value": suffix}
+    return {
+        "type": "structural_tag",
+        "format": {"type": "sequence", "elements": [json_part, closing]},
+    }
 
 
 @dataclass
@@ -328,12 +343,22 @@ class ToolPlan:
     tools: list[dict[str, Any]] = field(default_factory=list)  # offered in the prompt
     parse_calls: bool = False  # look for tool calls in the output
     prefix: str = ""  # appended to the prompt: opens the forced call
-    json_schema: dict[str, Any] | None = None  # constrains the forced call
+    json_schema: dict[str, Any] | None = None  # the forced call's JSON
+    suffix: str = ""  # generated after the forced call's JSON: closes it
     forced_names: tuple[str, ...] = ()  # the tools a forced call may call, in order
 
     @property
     def forced(self) -> bool:
         return self.json_schema is not None
+
+
+def grammar_params(plan: ToolPlan, json_schema: str | None = None) -> dict[str, str]:
+    """The engine's grammar, as SGLang sampling params (strings): a forced call's structural tag
+    (:func:`forced_call_tag`), else ``json_schema`` (a JSON response format), else none. One place
+    for every protocol, so the same request asks every engine for the same output."""
+    if plan.json_schema is not None:
+        return {"structural_tag": json.dumps(forced_call_tag(plan.json_schema, plan.suffix))}
+    return {"json_schema": json_schema} if json_schema is not None else {}
 
 
 def plan_tools(
@@ -346,7 +371,7 @@ def plan_tools(
 
     A forced call (``required`` or a named function) opens the call in the prompt with the
     parser's prefix and constrains the rest to the call's JSON, as vLLM and SGLang do, so the
-    arguments always parse and satisfy the tool's schema.
+    arguments always parse and satisfy the tool's schema, then to the parser's closing suffix.
     """
     if choice.mode == "none" or (not tools and choice.mode == "auto"):
         return ToolPlan()
@@ -371,8 +396,43 @@ def forced_plan(tools: list[dict[str, Any]], parser: ToolCallParser, names: list
         parse_calls=True,
         prefix=parser.forced_prefix(),
         json_schema=forced_call_schema(chosen),
+        suffix=parser.forced_suffix(),
         forced_names=tuple(tool_names(chosen)),
     )
+
+
+def allowed_tools_plan(
+    choice: dict[str, Any], tools: list[dict[str, Any]], parser: ToolCallParser, param: str
+) -> ToolPlan:
+    """``tool_choice: {"type": "allowed_tools", ...}``: Chat Completions nests ``mode`` and
+    ``tools`` under ``allowed_tools`` (tools as ``{"type": "function", "function": {"name"}}``),
+    Responses has them beside ``type`` (tools as ``{"type": "function", "name"}``). Every tool
+    stays in the prompt (the same prompt as the episode's other turns); "required" forces a call
+    of one of the listed tools, "auto" leaves the choice to the model."""
+    spec = choice.get("allowed_tools", choice)
+    where = f"{param}.allowed_tools" if "allowed_tools" in choice else param
+    if not isinstance(spec, dict):
+        raise bad(where, f"must be an object with mode and tools, got {type_name(spec)}")
+    listed = spec.get("tools")
+    if not isinstance(listed, list) or not listed:
+        raise bad(f"{where}.tools", "allowed_tools needs a non-empty list of tools")
+    names = [_listed_name(t) for t in listed]
+    unknown = [n for n in names if n not in tool_names(tools)]
+    if unknown:
+        raise bad(f"{where}.tools", f"names tools that are not among the tools: {unknown}")
+    mode = spec.get("mode", "auto")
+    if mode == "required":
+        return forced_plan(tools, parser, [n for n in names if isinstance(n, str)])
+    if mode != "auto":
+        raise bad(f"{where}.mode", f"must be 'auto' or 'required', got {json.dumps(mode)[:80]}")
+    return ToolPlan(tools=tools, parse_calls=True)
+
+
+def _listed_name(tool: Any) -> Any:
+    if not isinstance(tool, dict):
+        return None
+    fn = tool.get("function")
+    return fn.get("name") if isinstance(fn, dict) else tool.get("name")
 
 
 # --- reading calls out of the output --------------------------------------------------------
@@ -400,11 +460,30 @@ _CALL_NAME = re.compile(r'\s*\{\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)("?)')
 _CALL_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 
+def suffix_start(text: str, suffix: str) -> int:
+    """Where a forced call's closing ``suffix`` begins at the end of ``text``, whole or cut by the
+    token limit (``len(text)`` when it has not begun). The suffix follows the JSON's final ``}``,
+    and Hermes' ``\\n</tool_call>`` cannot end the JSON before it (a raw newline is no JSON string
+    character; between tokens it is whitespace, which a reader holds back anyway)."""
+    for n in range(min(len(suffix), len(text)), 0, -1):
+        if text.endswith(suffix[:n]):
+            return len(text) - n
+    return len(text)
+
+
 def cut_forced_call(plan: ToolPlan, text: str) -> ToolCall:
     """The call a forced generation was writing when the token limit cut it: its name, and its
     arguments exactly as far as they were written (unclosed JSON, or "" before they began), as
     the OpenAI and Anthropic APIs return a truncated call. A name cut mid-way is the first of the
-    forced tools it begins (the grammar allows only those)."""
+    forced tools it begins (the grammar allows only those). A call cut in its closing suffix is
+    whole: its JSON was complete."""
+    text = text[: suffix_start(text, plan.suffix)]
+    with contextlib.suppress(ValueError):
+        value = json.loads(text)
+        if isinstance(value, dict) and isinstance(value.get("name"), str):
+            arguments = value.get("arguments")
+            if isinstance(arguments, dict):
+                return ToolCall(value["name"], json.dumps(arguments, ensure_ascii=False))
     head = _CALL_HEAD.match(text)
     if head is not None:
         return ToolCall(json.loads(head.group(1)), text[head.end() :], truncated=True)
@@ -433,13 +512,15 @@ class ForcedCallReader:
 
     :func:`call_schema` makes the output ``{"name": "...", "arguments": {...}}`` with the name
     first, so the name is known early; the text after ``"arguments":`` goes out as it comes,
-    holding back what may be the outer ``}``. The finished text is still the parser's to read
-    (:class:`OutputStream`); this only says early what the grammar already fixes.
+    holding back what may be the outer ``}`` and the plan's closing ``suffix`` after it. The
+    finished text is still the parser's to read (:class:`OutputStream`); this only says early
+    what the grammar already fixes.
     """
 
     _TAIL = re.compile(r"\s*\}?\s*$")
 
-    def __init__(self) -> None:
+    def __init__(self, suffix: str = "") -> None:
+        self.suffix = suffix
         self.name: str | None = None
         self.start = 0
         self.sent = 0
@@ -447,10 +528,13 @@ class ForcedCallReader:
     def update(self, text: str, final: bool, cut: ToolCall | None = None) -> tuple[str | None, str]:
         """(the name, when it has just become known; the new part of the arguments), from the
         cumulative ``text`` (a trailing partial character is held back until it completes).
-        ``cut``: the final text is a call the token limit cut (:func:`cut_forced_call`), whose
-        arguments end as written, with no outer ``}`` to hold back."""
+        ``cut``: the final text is a call the token limit cut (:func:`cut_forced_call`); a
+        truncated one's arguments end as written, with no outer ``}`` to hold back."""
         if not final:
             text = text.rstrip("\ufffd")
+        text = text[: suffix_start(text, self.suffix)]
+        if cut is not None and not cut.truncated:
+            cut = None  # cut in its closing suffix: the JSON is whole, as in a finished call
         opened = None
         if self.name is None:
             match = _CALL_HEAD.match(text)

@@ -34,7 +34,9 @@ from areal.gateway.chat_messages import (
     JSON_OBJECT_SCHEMA,
     OutputStream,
     ToolPlan,
+    allowed_tools_plan,
     bad,
+    grammar_params,
     normalize_messages,
     normalize_tools,
     openai_tool_choice,
@@ -167,7 +169,11 @@ def parse_request(
     messages = normalize_messages(body.get("messages"))
     dropped: list[str] = []
     tools = normalize_tools(body.get("tools"), dropped=dropped)
-    plan = plan_tools(tools, openai_tool_choice(body.get("tool_choice")), parser)
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        plan = allowed_tools_plan(choice, tools, parser, "tool_choice")
+    else:
+        plan = plan_tools(tools, openai_tool_choice(choice), parser)
     schema = _response_format(body.get("response_format"))
     max_tokens = _integer(body, "max_completion_tokens", 1)
     if max_tokens is None:
@@ -177,11 +183,7 @@ def parse_request(
     if top_p == 0.0:  # "only the likeliest token": greedy
         temperature, top_p = 0.0, None
     stops = stop_strings(body.get("stop"))
-    extra = _extra_sampling(body)
-    if plan.forced:
-        extra["json_schema"] = json.dumps(plan.json_schema)
-    elif schema is not None:
-        extra["json_schema"] = schema
+    extra = {**_extra_sampling(body), **grammar_params(plan, schema)}
     stream_options = body.get("stream_options")
     if stream_options is not None and not isinstance(stream_options, dict):
         raise bad("stream_options", f"must be an object, got {type_name(stream_options)}")
@@ -345,7 +347,9 @@ class ChoiceStream:
         return {"index": self.index, "delta": delta, "logprobs": None, "finish_reason": finish}
 
     def role(self) -> dict[str, Any]:
-        return self.entry({"role": "assistant", "content": ""})
+        """The first chunk; a forced call's reply has no text, so its content is null (as
+        OpenAI's API streams a tool call: a client adds no empty text part)."""
+        return self.entry({"role": "assistant", "content": None if self.output.plan.forced else ""})
 
     def step(self, gen: Generation) -> list[dict[str, Any]]:
         out = [e for e in (self._event(ev) for ev in self.output.step(gen)) if e is not None]

@@ -30,11 +30,12 @@ from areal.gateway.chat_messages import (
     ROLE_ALIASES,
     OutputStream,
     ToolPlan,
+    allowed_tools_plan,
     arguments_text,
     bad,
     content_text,
-    forced_plan,
     function_tool,
+    grammar_params,
     hosted_tool_kind,
     openai_tool_choice,
     plan_tools,
@@ -73,11 +74,9 @@ class ResponsesRequest:
     dropped_tools: list[str] = field(default_factory=list)  # hosted tools left out, by type
 
     @property
-    def constraint(self) -> str | None:
-        """The engine's json_schema: a forced call's, else the text format's."""
-        if self.plan.json_schema is not None:
-            return json.dumps(self.plan.json_schema)
-        return self.text_schema
+    def grammar(self) -> dict[str, str]:
+        """The engine's grammar: a forced call's, else the text format's."""
+        return grammar_params(self.plan, self.text_schema)
 
     @property
     def parse_calls(self) -> bool:
@@ -283,16 +282,7 @@ def tool_plan(choice: Any, tools: list[dict[str, Any]], parser: ToolCallParser) 
     (the same prompt as the other turns) and, in "required" mode, forces a call of the listed ones.
     """
     if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
-        listed = choice.get("tools")
-        if not isinstance(listed, list) or not listed:
-            raise bad("tool_choice.tools", "allowed_tools needs a non-empty list of tools")
-        names = [t.get("name") if isinstance(t, dict) else None for t in listed]
-        unknown = [n for n in names if n not in tool_names(tools)]
-        if unknown:
-            raise bad("tool_choice.tools", f"names tools that are not among the tools: {unknown}")
-        if choice.get("mode") == "required":
-            return forced_plan(tools, parser, [n for n in names if isinstance(n, str)])
-        return ToolPlan(tools=tools, parse_calls=True)
+        return allowed_tools_plan(choice, tools, parser, "tool_choice")
     if isinstance(choice, dict) and choice.get("type", "function") != "function":
         raise bad(
             "tool_choice.type",
@@ -460,13 +450,12 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     episode = await Episode.of(request, state, body, bind_hints=False)
     history = episode.history(request)
     prompt_ids = state.policy.render(req.messages, req.plan.tools, req.plan.prefix, history=history)
-    constraint = req.constraint
     sampling = state.policy.sampling(
         len(prompt_ids),
         max_tokens=req.max_output_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
-        extra={"json_schema": constraint} if constraint else None,
+        extra=req.grammar or None,
     )
     sticky = episode.sticky or req.echo["prompt_cache_key"]
     head = ResponseHead(req, state.policy.model_id, sampling)

@@ -176,7 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("spec", help="the worker's JSON spec, written by the run supervisor")
     args = parser.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("httpx", "httpx2", "openai"):  # one line per request: the gateway logs those
+    for noisy in (
+        "httpx",
+        "httpx2",
+        "openai",
+        "LiteLLM",
+    ):  # one line per request: the gateway logs those
         logging.getLogger(noisy).setLevel(logging.WARNING)
     admin = os.environ.get("AREAL_ADMIN_TOKEN")
     if not admin:

@@ -42,6 +42,40 @@ num ::= [1-9] [0-9]? [0-9]?
 """
 
 
+CLOSING = "\n</tool_call>"
+# A tool call's JSON whose every value is fixed text or a number, so its exact text is json.dumps's.
+CALL = {
+    "type": "object",
+    "properties": {
+        "name": {"const": "paint"},
+        "arguments": {
+            "type": "object",
+            "properties": {
+                "color": {"enum": ["red", "green", "blue"]},
+                "age": {"type": "integer", "minimum": 0, "maximum": 150},
+                "tags": {"type": "array", "items": {"enum": ["add", "sub"]}, "maxItems": 3},
+            },
+            "required": ["color", "age", "tags"],
+            "additionalProperties": False,
+        },
+    },
+    "required": ["name", "arguments"],
+    "additionalProperties": False,
+}
+
+
+def _tag(schema: dict[str, object], closing: str = CLOSING) -> dict[str, object]:
+    """The gateway's structural tag for a forced call: the call's JSON, then its closing text."""
+    elements = [{"type": "json_schema", "json_schema": schema}]
+    return {
+        "type": "structural_tag",
+        "format": {
+            "type": "sequence",
+            "elements": [*elements, {"type": "const_string", "value": closing}],
+        },
+    }
+
+
 def _corpus() -> list[str]:
     rng = random.Random(7)
     words = ["alpha", "beta", "red", "green", "blue", "add", "sub", "name", "age", "tags"]
@@ -220,6 +254,9 @@ def test_rejected_token_leaves_matcher_usable(compiler, tokenizer, vocab_size) -
         ({"json_schema": '{"type": "nonsense"}'}, "json_schema"),
         ({"regex": "a(b"}, "regex"),
         ({"ebnf": "root ::= missing_rule"}, "ebnf"),
+        ({"structural_tag": '{"type": "structural_tag", "format": '}, "structural_tag"),
+        ({"structural_tag": '{"type": "structural_tag"}'}, "structural_tag"),
+        ({"structural_tag": json.dumps(_tag({"type": "nonsense"}))}, "structural_tag"),
     ],
 )
 def test_bad_grammar_raises_naming_the_param(compiler, params, param) -> None:
@@ -264,3 +301,36 @@ def test_bounded_json_string_takes_escapes_not_control_chars(compiler, tokenizer
     assert accepts('{"s": "\\u00e9\\"z"}')
     assert not accepts('{"s": "a\tb"}')  # a raw tab is not JSON
     assert not accepts('{"s": "abcde"}')
+
+
+def test_structural_tag_writes_json_as_the_compiler_does_then_the_closing_text(
+    tokenizer, vocab_size, closer_bias
+) -> None:
+    """A forced tool call's tag: the JSON takes the engine's whitespace (the standard ``", "`` and
+    ``": "`` with ``json_any_whitespace=False``, as a chat template writes it; xgrammar's own
+    structural-tag compiler would allow any), then the closing text, then only a stop token."""
+    compiler = GrammarCompiler(tokenizer, vocab_size, json_any_whitespace=False)
+    spec = grammar_spec_from_sampling_params({"structural_tag": json.dumps(_tag(CALL))})
+    assert spec == GrammarSpec("structural_tag", json.dumps(_tag(CALL)))
+    for text in _generate(compiler, tokenizer, closer_bias, spec, range(40, 46)):
+        assert text.endswith(CLOSING), text
+        call = text.removesuffix(CLOSING)
+        assert json.dumps(json.loads(call)) == call  # exactly json.dumps's separators
+        assert json.loads(call)["name"] == "paint"
+
+    def accepts(text: str) -> bool:
+        matcher = compiler.new_matcher(spec)
+        return all(matcher.accept_token(t) for t in tokenizer.encode(text)) and matcher.can_stop()
+
+    call = json.dumps({"name": "paint", "arguments": {"color": "red", "age": 3, "tags": []}})
+    assert accepts(call + CLOSING)
+    assert not accepts(call)  # the closing text is part of the grammar
+    assert not accepts(call.replace(", ", ",") + CLOSING)
+    assert not accepts(call.replace("{", "{ ", 1) + CLOSING)
+
+
+def test_structural_tag_shapes_of_xgrammar_alone_compile(compiler, tokenizer, closer_bias) -> None:
+    """A tag format with nothing of JSON in it is xgrammar's to compile."""
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "add 7"}}
+    spec = grammar_spec_from_sampling_params({"structural_tag": tag})
+    assert _generate(compiler, tokenizer, closer_bias, spec, range(50, 52)) == ["add 7"] * 2

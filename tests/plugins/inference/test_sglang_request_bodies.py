@@ -14,10 +14,12 @@ import pytest
 from aiohttp import web
 
 from areal.core.inference_records import SamplingParams
+from areal.gateway.chat_messages import forced_plan, grammar_params
 from areal.gateway.openai_chat import _extra_sampling
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import ModelRoute
 from areal.plugins.inference.sglang_client import InferenceClient
+from areal.plugins.tool_parsers.hermes import HermesParser
 
 CLASS_OF = {
     "/generate": "GenerateReqInput",
@@ -95,13 +97,25 @@ def _gateway_sampling() -> dict[str, Any]:
     return policy.sampling(3, max_tokens=16, stop=["\n"], seed=7, extra=extra)
 
 
+def _forced_call_sampling() -> dict[str, Any]:
+    """What a forced tool call asks of the engine: the call's structural tag, as a string."""
+    tool = {"type": "function", "function": {"name": "paint", "parameters": {"type": "object"}}}
+    plan = forced_plan([tool], HermesParser(), ["paint"])
+    return {"max_new_tokens": 16, **grammar_params(plan)}
+
+
 @pytest.fixture(scope="module")
 def checked(sglang_probe: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
     seen = asyncio.run(_record_every_call())
     assert {path for path, _ in seen} == set(CLASS_OF)
     requests = [[CLASS_OF[path], body] for path, body in seen]
     requests.append(["UpdateWeightVersionReqInput", {"new_verison": "2"}])  # misspelled
-    sampling = [_gateway_sampling(), SamplingParams(max_new_tokens=3).to_json(), {"top_kk": 3}]
+    sampling = [
+        _gateway_sampling(),
+        SamplingParams(max_new_tokens=3).to_json(),
+        _forced_call_sampling(),
+        {"top_kk": 3},
+    ]
     return {"seen": seen, **sglang_probe({"requests": requests, "sampling": sampling})}
 
 
@@ -121,3 +135,9 @@ def test_sglang_takes_the_gateways_sampling_params(checked: dict[str, Any]) -> N
     assert gateway["ok"], gateway["error"]
     assert plain["ok"], plain["error"]
     assert gateway["fields"]["top_k"] == 20 and gateway["fields"]["sampling_seed"] == 7
+
+
+def test_sglang_takes_a_forced_calls_structural_tag(checked: dict[str, Any]) -> None:
+    forced = checked["sampling"][2]
+    assert forced["ok"], forced["error"]
+    assert forced["fields"] == _forced_call_sampling()  # a string SGLang hands xgrammar as it is

@@ -23,11 +23,13 @@ from typing import Any
 import pytest
 
 from areal.core.engine_client import collective_backend, engine_client
+from areal.gateway.chat_messages import forced_call_tag
 from areal.host.process import start_on_free_port
 from areal.plugins.inference.vllm_backend import SERVER_ENV, default_python, engine_command
 from areal.plugins.inference.vllm_client import VLLMClient, vllm_sampling
 from areal.plugins.models.hf_io import load_model
 from areal.plugins.models.tiny import init_tiny
+from areal.plugins.tool_parsers.hermes import HermesParser
 from areal.plugins.trainer.collective_sync import CollectiveWeightSync, buckets, hf_tensors
 from support.engines import reference_logprobs
 from support.step_gate import StepGate
@@ -215,6 +217,8 @@ def test_sglang_sampling_params_become_vllms() -> None:
     }
     with pytest.raises(ValueError, match="'frobnicate' has no vLLM equivalent"):
         vllm_sampling({"frobnicate": 1})
+    tag = json.dumps(forced_call_tag({"type": "object"}, "\n</tool_call>"))
+    assert vllm_sampling({"structural_tag": tag}) == {"structured_outputs": {"structural_tag": tag}}
 
 
 def test_vllms_own_sampling_params_accept_what_we_send() -> None:
@@ -353,17 +357,37 @@ def test_greedy_rows_beside_tempered_ones_keep_the_plain_softmax(
     assert_greedy(checkpoints["a"], PROMPT, outs[1].output_ids)
 
 
+# A grammar and what it lets through: a regex, and a forced tool call's structural tag as the
+# gateway sends it (JSON, here a bare enum, then the parser's closing text, which the untrained
+# model may spell out a character a token).
+GRAMMARS = {
+    "regex": ({"max_new_tokens": 12, "regex": "(yes|no)[0-9]{3}"}, "(yes|no)[0-9]{3}"),
+    "structural_tag": (
+        {
+            "max_new_tokens": 32,
+            "structural_tag": json.dumps(
+                forced_call_tag({"enum": ["yes", "no"]}, HermesParser().forced_suffix())
+            ),
+        },
+        '"(yes|no)"\n</tool_call>',
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", list(GRAMMARS))
 def test_a_grammar_chooses_tokens_but_not_their_reported_logprob(
-    vllm_url: str, checkpoints: dict[str, str]
+    vllm_url: str, checkpoints: dict[str, str], kind: str
 ) -> None:
     """vLLM masks the logits with the request's grammar before its sampler takes log-probs; the
     tokens the grammar forces still report the unmasked log softmax(z / T), which the trainer,
     knowing nothing of the grammar, recomputes."""
-    params = {"temperature": 0.7, "max_new_tokens": 12, "regex": "(yes|no)[0-9]{3}"}
+    grammar, pattern = GRAMMARS[kind]
+    params = {"temperature": 0.7, **grammar}
     out = run(
         _with_client(vllm_url, lambda c: c.generate(input_ids=PROMPT, sampling_params=params))
     )
-    assert re.fullmatch("(yes|no)[0-9]{3}", out.text or ""), out.text  # the grammar chose them
+    assert re.fullmatch(pattern, out.text or ""), out.text  # the grammar chose them
+    assert out.finish_reason is not None and out.finish_reason.type == "stop"
     expected = tempered(checkpoints["a"], PROMPT, out.output_ids, 0.7)
     unmasked = [float(expected[i, t]) for i, t in enumerate(out.output_ids)]
     assert out.output_logprobs == pytest.approx(unmasked, abs=1e-3)

@@ -100,6 +100,26 @@ def test_forced_prefix_opens_a_call() -> None:
     assert summary(stream.finish()) == ("", [("get_weather", '{"city": "Zürich", "days": 2}')])
 
 
+def test_forced_suffix_closes_the_call() -> None:
+    """A forced call is generated as prefix (in the prompt) + JSON + suffix, the layout the chat
+    template renders a call in; the parser reads it whole, streamed or not."""
+    parser = HermesParser()
+    text = parser.forced_prefix() + CALL_A + parser.forced_suffix()
+    assert text == f"{OPEN}\n{CALL_A}\n{CLOSE}"
+    parsed = parser.parse(text)
+    assert (parsed.content, [(c.name, c.arguments) for c in parsed.tool_calls]) == (
+        "",
+        [("get_weather", '{"city": "Zürich", "days": 2}')],
+    )
+    stream = parser.new_stream()
+    assert stream.feed(parser.forced_prefix() + CALL_A) == []
+    assert summary(stream.feed(parser.forced_suffix())) == (
+        "",
+        [("get_weather", parsed.tool_calls[0].arguments)],
+    )
+    assert stream.finish() == []
+
+
 PIECES = st.sampled_from(
     [OPEN, CLOSE, CALL_A, CALL_B, "\n", " ", "<tool", "</tool_c", "{", "}", '"name"', "ok", "é"]
 )

@@ -78,7 +78,14 @@ _SAME = {
     "n",
     "logit_bias",
 }
-_STRUCTURED = {"json_schema": "json", "regex": "regex", "ebnf": "grammar"}
+# SGLang's grammar keys -> vLLM's ``structured_outputs`` (``StructuredOutputsParams``); a
+# structural tag is xgrammar's format on both, as a JSON string.
+_STRUCTURED = {
+    "json_schema": "json",
+    "regex": "regex",
+    "ebnf": "grammar",
+    "structural_tag": "structural_tag",
+}
 
 
 def vllm_sampling(params: SamplingParams | Mapping[str, Any] | None) -> dict[str, Any]:

@@ -39,6 +39,9 @@ class HermesParser:
     def forced_prefix(self) -> str:
         return OPEN + "\n"
 
+    def forced_suffix(self) -> str:
+        return "\n" + CLOSE  # the chat template closes a call with "}\n</tool_call>"
+
     def parse(self, text: str) -> ParsedOutput:
         # The whole text goes through the streaming parser, so both ways always agree.
         stream = HermesStream()

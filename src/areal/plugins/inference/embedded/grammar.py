@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding for the embedded engine: SGLang's json_schema, regex, ebnf.
+"""Grammar-constrained decoding for the embedded engine: SGLang's json_schema, regex, ebnf and
+structural_tag.
 
 A request's grammar is compiled once, when the request is admitted, so that a bad one becomes
 an HTTP 400 instead of a failure inside the decode loop; distinct grammars are cached because
@@ -23,8 +24,8 @@ import xgrammar as xgr
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-GrammarKind = Literal["json_schema", "regex", "ebnf"]
-GRAMMAR_PARAMS: tuple[GrammarKind, ...] = ("json_schema", "regex", "ebnf")
+GrammarKind = Literal["json_schema", "regex", "ebnf", "structural_tag"]
+GRAMMAR_PARAMS: tuple[GrammarKind, ...] = ("json_schema", "regex", "ebnf", "structural_tag")
 ANY_JSON = "$$ANY$$"
 """The json_schema value SGLang uses for `response_format: json_object`: any JSON object/array."""
 
@@ -64,14 +65,14 @@ def grammar_spec_from_sampling_params(params: Mapping[str, Any]) -> GrammarSpec 
     given = [key for key in GRAMMAR_PARAMS if params.get(key) is not None]
     if len(given) > 1:
         raise GrammarError(
-            f"only one of json_schema, regex, ebnf may be set; got {', '.join(given)}",
+            f"only one of {', '.join(GRAMMAR_PARAMS)} may be set; got {', '.join(given)}",
             param=",".join(given),
         )
     if not given:
         return None
     kind = given[0]
     value = params[kind]
-    if kind == "json_schema" and isinstance(value, Mapping):
+    if kind in ("json_schema", "structural_tag") and isinstance(value, Mapping):
         value = json.dumps(value)  # keeps key order: it fixes the order of generated properties
     if not isinstance(value, str):
         raise GrammarError(f"{kind} must be a string, got {type(value).__name__}", param=kind)
@@ -175,6 +176,9 @@ class GrammarCompiler:
                 return self._compiler.compile_regex(spec.source)
             if spec.kind == "ebnf":
                 return self._compiler.compile_grammar(spec.source)
+            if spec.kind == "structural_tag":
+                json.loads(spec.source)
+                return self._compiler.compile_grammar(self._structural_tag_grammar(spec.source))
         except (RuntimeError, ValueError, TypeError) as exc:
             raise GrammarError(f"invalid {spec.kind}: {_reason(exc)}", param=spec.kind) from exc
         raise GrammarError(f"unknown grammar kind {spec.kind!r}", param=str(spec.kind))
@@ -185,6 +189,33 @@ class GrammarCompiler:
         if _BOUNDED_STRING_CHAR not in text or "basic_escape ::=" not in text:
             return grammar
         return xgr.Grammar.from_ebnf(text.replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR))
+
+    def _structural_tag_grammar(self, source: str) -> xgr.Grammar:
+        """xgrammar's structural tag, its JSON parts written with this engine's JSON whitespace.
+
+        xgrammar compiles a tag's ``json_schema`` with free whitespace between tokens, which is
+        not how a chat template writes JSON: a forced tool call (the gateway's tag: the call's
+        JSON, then the parser's closing text) must come out exactly as the template renders it,
+        so the next turn extends it token for token. Sequences, alternatives and plain JSON parts
+        are therefore built here, the JSON as ``json_schema`` is; every other part is xgrammar's.
+        """
+        tag = xgr.Grammar.from_structural_tag(source)  # validates the whole tag, as vLLM does
+        fmt = json.loads(source).get("format")
+        return self._format_grammar(fmt) if _own_format(fmt) else tag
+
+    def _format_grammar(self, fmt: dict[str, Any]) -> xgr.Grammar:
+        if _plain_json(fmt):
+            return self._json_schema_grammar(json.dumps(fmt["json_schema"]))
+        if fmt["type"] in ("sequence", "or"):
+            parts = [self._format_grammar(e) for e in fmt["elements"]]
+            return (
+                xgr.Grammar.concat(*parts)
+                if fmt["type"] == "sequence"
+                else xgr.Grammar.union(*parts)
+            )
+        return xgr.Grammar.from_structural_tag(
+            json.dumps({"type": "structural_tag", "format": fmt})
+        )
 
 
 class TokenMasker:
@@ -249,6 +280,28 @@ def _bitmask_row(token_ids: Sequence[int], words: int) -> torch.Tensor:
     # int32 is xgrammar's storage type: reinterpret the unsigned words as two's complement.
     return torch.tensor(
         [w - (1 << 32) if w >= 1 << 31 else w for w in words_u32], dtype=torch.int32
+    )
+
+
+_JSON_KEYS = {"type", "json_schema", "style"}
+
+
+def _own_format(fmt: Any) -> bool:
+    """A tag format :meth:`GrammarCompiler._format_grammar` builds: plain JSON parts (no other
+    option than the default ``json`` style) in sequences and alternatives, beside anything."""
+    if not isinstance(fmt, dict):
+        return False
+    if fmt.get("type") in ("sequence", "or"):
+        elements = fmt.get("elements")
+        return isinstance(elements, list) and any(_own_format(e) for e in elements)
+    return _plain_json(fmt)
+
+
+def _plain_json(fmt: dict[str, Any]) -> bool:
+    return (
+        fmt.get("type") == "json_schema"
+        and set(fmt) <= _JSON_KEYS
+        and fmt.get("style", "json") == "json"
     )
 
 

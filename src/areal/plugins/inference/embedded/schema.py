@@ -78,8 +78,6 @@ class SamplingParams(BaseModel):
             bad.append("repetition_penalty")
         if self.logit_bias:
             bad.append("logit_bias")
-        if self.structural_tag is not None:
-            bad.append("structural_tag")
         if self.custom_params is not None:
             bad.append("custom_params")
         if not self.spaces_between_special_tokens:

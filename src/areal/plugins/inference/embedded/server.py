@@ -25,7 +25,7 @@ from areal.core.serve_hooks import ServeHooks
 from areal.host.heap import keep_freed_memory
 from areal.host.http_server import ServerThread
 from areal.plugins.inference.embedded.engine import Engine, EngineConfig
-from areal.plugins.inference.embedded.grammar import GrammarCompiler, GrammarError
+from areal.plugins.inference.embedded.grammar import GRAMMAR_PARAMS, GrammarCompiler, GrammarError
 from areal.plugins.inference.embedded.kv_pool import bytes_per_token
 from areal.plugins.inference.embedded.requests import (
     RequestError,
@@ -79,6 +79,10 @@ async def _json_body(request: Request) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise RequestError("the body must be a JSON object")
     return body
+
+
+def _has_grammar(params: Any) -> bool:
+    return any(getattr(params, key) is not None for key in GRAMMAR_PARAMS)
 
 
 def _validate(model: type[Any], body: dict[str, Any]) -> Any:
@@ -154,7 +158,7 @@ class InferenceServer:
     async def generate(self, request: Request) -> web.StreamResponse:
         req = _validate(GenerateRequest, await _json_body(request))
         seqs, as_list = expand_generate(req, self.encode, self.vocab_size)
-        if any(seq.params.json_schema or seq.params.regex or seq.params.ebnf for seq in seqs):
+        if any(_has_grammar(seq.params) for seq in seqs):
             # compiling a new grammar can take a while: keep it off the event loop
             await asyncio.to_thread(self._validate_all, seqs)
         else:
