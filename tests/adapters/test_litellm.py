@@ -24,6 +24,7 @@ from pydantic import BaseModel, Field
 
 from areal.adapters.litellm import STAY_LOCAL, LiteLLMAdapter, LiteLLMClient, stay_local
 from support.sockets import outside, watch_sockets
+from support.tool_schemas import ARGS, FLIP
 
 stay_local()  # before LiteLLM's import, which would otherwise download its model-price map
 import litellm  # noqa: E402
@@ -33,23 +34,6 @@ pytestmark = pytest.mark.filterwarnings("ignore:Items? .* `ReadOnly` qualifier:U
 
 PROTOCOLS = ["openai", "anthropic"]
 MESSAGES = [{"role": "user", "content": "What is 2 plus 3?"}]
-# Small arguments (a bounded integer, an enum, a boolean): a forced call closes within a few tokens.
-ARGS = {
-    "type": "object",
-    "properties": {
-        "n": {"type": "integer", "minimum": 0, "maximum": 9},
-        "op": {"type": "string", "enum": ["add", "sub"]},
-        "go": {"type": "boolean"},
-    },
-    "required": ["n", "op", "go"],
-    "additionalProperties": False,
-}
-FLIP = {
-    "type": "object",
-    "properties": {"heads": {"type": "boolean"}},
-    "required": ["heads"],
-    "additionalProperties": False,
-}
 CALC_TOOL = {
     "type": "function",
     "function": {"name": "calc", "description": "Calculate.", "parameters": ARGS},

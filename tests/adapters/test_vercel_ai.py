@@ -23,28 +23,13 @@ import pytest
 from areal.adapters.vercel_ai import VercelAIAdapter, VercelAIError, parse_output
 from support.cli import NODE24, vercel_ai_sdk
 from support.sockets import is_loopback
+from support.tool_schemas import ARGS, FLIP
 
 pytestmark = pytest.mark.serial  # each episode starts a Node process
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPTS = Path(__file__).with_name("vercel_ai")
-# The schemas of run.mjs's zod objects, as the SDK sends them.
-ARGS = {
-    "type": "object",
-    "properties": {
-        "n": {"type": "integer", "minimum": 0, "maximum": 9},
-        "op": {"type": "string", "enum": ["add", "sub"]},
-        "go": {"type": "boolean"},
-    },
-    "required": ["n", "op", "go"],
-    "additionalProperties": False,
-}
-FLIP = {
-    "type": "object",
-    "properties": {"heads": {"type": "boolean"}},
-    "required": ["heads"],
-    "additionalProperties": False,
-}
+# The schemas of run.mjs's zod objects, as the SDK sends them (ARGS and FLIP: support.tool_schemas).
 ANSWER = {
     "type": "object",
     "properties": {

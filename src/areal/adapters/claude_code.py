@@ -31,11 +31,11 @@ import signal
 import tempfile
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
-from areal.adapters.base import Adapter
+from areal.adapters.harness import HarnessAdapter, HarnessOptions
 from areal.core.episode import Episode, gateway_root
 
 INSTALL_HINT = (
@@ -76,7 +76,7 @@ class ClaudeCodeTimeout(ClaudeCodeError, HarnessTimeout):
 
 
 @dataclass(frozen=True)
-class ClaudeCodeOptions:
+class ClaudeCodeOptions(HarnessOptions):
     """How each episode's ``claude`` runs. ``tools=()`` passes ``--tools ""`` (no tools: the
     smallest prompt); ``tools=None`` keeps Claude Code's default tool set."""
 
@@ -87,31 +87,12 @@ class ClaudeCodeOptions:
     permission_mode: str | None = None  # e.g. "bypassPermissions" (sets IS_SANDBOX=1 as root)
     max_output_tokens: int | None = None  # CLAUDE_CODE_MAX_OUTPUT_TOKENS
     disable_thinking: bool = True
-    timeout_s: float = 600.0  # per episode; then the process group is killed
     extra_args: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)  # added last, overrides the above
-    prompt_key: str = "prompt"  # the task's field holding the prompt
-    workspace: str | None = None  # a template directory copied into each episode's workspace
-    reward_command: str | Sequence[str] | None = None  # run in the workspace; exit 0 → 1.0
-    reward: str | None = None  # a registered reward plugin scoring the final text
-    reward_options: Mapping[str, Any] = field(default_factory=dict)
-    reward_timeout_s: float = 300.0
-    answer: bool = True  # without a reward: return the final text (False: None)
-    work_root: str | None = None  # where episode directories are made (default: the temp dir)
-    keep_workdir: bool = False  # leave each episode's directory behind (debugging)
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> ClaudeCodeOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown claude_code option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
+    name: ClassVar[str] = "claude_code"
 
 
-class ClaudeCodeAdapter(Adapter):
+class ClaudeCodeAdapter(HarnessAdapter):
     """An :data:`~areal.run.rollout.AgentFn` running Claude Code once per episode.
 
     ``ClaudeCodeAdapter(options)``, ``ClaudeCodeAdapter(**options)`` or, as ``areal.wrap`` calls a
@@ -119,26 +100,8 @@ class ClaudeCodeAdapter(Adapter):
     """
 
     framework = "claude_code"
-    harness = True  # the agent itself: a run needs no entrypoint for it
-
-    def __init__(
-        self,
-        agent: str | ClaudeCodeOptions | Mapping[str, Any] | None = "claude_code",
-        options: ClaudeCodeOptions | Mapping[str, Any] | None = None,
-        **overrides: Any,
-    ) -> None:
-        if not isinstance(agent, str | None):  # ClaudeCodeAdapter(options)
-            options, agent = agent, None
-        super().__init__(agent or "claude_code", **overrides)
-        if options is None or isinstance(options, Mapping):
-            config = ClaudeCodeOptions.from_mapping({**(options or {}), **overrides})
-        else:
-            config = ClaudeCodeOptions.from_mapping(
-                {f.name: getattr(options, f.name) for f in fields(options)} | overrides
-            )
-        if config.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
-        self.config = config
+    options_class = ClaudeCodeOptions
+    config: ClaudeCodeOptions
 
     async def agent_fn(self, episode: Episode) -> float | str | None:
         """Run one episode: prepare its directory, run the CLI, score, clean up."""

@@ -30,11 +30,10 @@ import re
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from areal.adapters.base import Adapter
 from areal.adapters.claude_code import (
     INHERITED_ENV,
     HarnessError,
@@ -45,6 +44,7 @@ from areal.adapters.claude_code import (
     score,
     task_prompt,
 )
+from areal.adapters.harness import HarnessAdapter, HarnessOptions
 from areal.adapters.openclaw import deep_merge
 from areal.core.episode import Episode
 
@@ -79,7 +79,7 @@ class CodexTimeout(CodexError, HarnessTimeout):
 
 
 @dataclass(frozen=True)
-class CodexOptions:
+class CodexOptions(HarnessOptions):
     """How each episode's ``codex exec`` runs. ``config`` is deep-merged into the generated
     ``config.toml`` (e.g. ``{"features": {"goals": False}}``); ``instructions`` replaces Codex's
     base instructions (``model_instructions_file``), the largest part of its prompt."""
@@ -89,37 +89,19 @@ class CodexOptions:
     provider: str = "areal"
     instructions: str | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
-    timeout_s: float = 600.0  # per episode; then the process group is killed
     extra_args: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)  # added last, overrides the above
-    prompt_key: str = "prompt"
-    workspace: str | None = None  # a template directory copied into each episode's workspace
-    reward_command: str | Sequence[str] | None = None  # run in the workspace; exit 0 → 1.0
-    reward: str | None = None  # a registered reward plugin scoring the final text
-    reward_options: Mapping[str, Any] = field(default_factory=dict)
-    reward_timeout_s: float = 300.0
-    answer: bool = True  # without a reward: return the final text (False: None)
-    work_root: str | None = None  # where episode directories are made (default: the temp dir)
-    keep_workdir: bool = False  # leave each episode's directory behind (debugging)
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> CodexOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown codex option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
+    name: ClassVar[str] = "codex"
 
 
-class CodexAdapter(Adapter):
+class CodexAdapter(HarnessAdapter):
     """An :data:`~areal.run.rollout.AgentFn` running ``codex exec`` once per episode:
     ``CodexAdapter(options)``, ``CodexAdapter(**options)`` or ``CodexAdapter("codex", **options)``
     (as ``areal.wrap`` calls a registered factory)."""
 
     framework = "codex"
-    harness = True  # the agent itself: a run needs no entrypoint for it
+    options_class = CodexOptions
+    config: CodexOptions
 
     def __init__(
         self,
@@ -127,22 +109,12 @@ class CodexAdapter(Adapter):
         options: CodexOptions | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
-        if not isinstance(agent, str | None):  # CodexAdapter(options)
-            options, agent = agent, None
-        super().__init__(agent or "codex", **overrides)
-        if options is None or isinstance(options, Mapping):
-            config = CodexOptions.from_mapping({**(options or {}), **overrides})
-        else:
-            config = CodexOptions.from_mapping(
-                {f.name: getattr(options, f.name) for f in fields(options)} | overrides
-            )
+        super().__init__(agent, options, **overrides)
+        config = self.config
         if config.sandbox not in SANDBOXES:
             raise ValueError(
                 f"sandbox must be one of {', '.join(SANDBOXES)}, got {config.sandbox!r}"
             )
-        if config.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
-        self.config = config
 
     async def agent_fn(self, episode: Episode) -> float | str | None:
         """Run one episode: prepare its directory, run the CLI, score, clean up."""

