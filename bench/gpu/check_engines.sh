@@ -73,7 +73,8 @@ step vllm-engine 240 "$PYTHON" bench/gpu/engines_check.py --backend vllm --pytho
 step vllm-nccl-update 240 "$PYTHON" bench/gpu/check_nccl_sync.py --backend vllm --python "$VLLM_PYTHON" --workdir "$WORK/nccl-vllm"
 
 # The behaviour log-prob rule (docs/inference.md, "Log-probs"): each engine's reported log-probs
-# at T = 0.7 and top-p 0.9, on a tool call forced by a JSON-schema grammar, against the trainer's
+# at T = 0.7 and top-p 0.9, on a tool call forced by the gateway's grammar (a structural tag: the
+# call's JSON, then its closing tag), against the trainer's
 # value, log softmax(z / T) over the whole vocabulary from a teacher-forced transformers forward.
 # PASS when the largest gap over all tokens is below 0.02 (bf16 engines against an fp32 forward);
 # the grammar-forced tokens are reported apart, as SGLang's are known to come back masked.
@@ -87,6 +88,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from areal.core.engine_client import engine_client
 from areal.core.plugins import registry
+from areal.gateway.chat_messages import forced_call_tag
 from areal.host.process import ServerProcess, pick_free_port
 from areal.run.processes import server_env
 backend, python, model_dir, work = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
@@ -106,8 +108,9 @@ try:
         "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
         "required": ["city"]}}, "required": ["name", "arguments"]}
     prompt = list(range(10, 40))
+    # The grammar the gateway sends for a forced call: its JSON, then the closing tag.
     sampling = {"max_new_tokens": 48, "temperature": T, "top_p": TOP_P,
-                "json_schema": json.dumps(call)}
+                "structural_tag": json.dumps(forced_call_tag(call, "\n</tool_call>"))}
     async def go():
         client = engine_client(backend, url, timeout=120)
         try:
