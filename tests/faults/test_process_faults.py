@@ -100,13 +100,24 @@ def test_an_engine_a_rollout_worker_and_a_stalled_weight_sync(tmp_path: Path) ->
     assert stalled.pid == killed.back_pid, why  # the stall hit the restarted engine
 
     # Each fault on its own: the supervisor brought the process back, the run trained on after
-    # it, and the episodes it cut short were discarded (not trained) before the next fault.
-    for hit, until in ((killed, worker.step), (worker, stalled.step), (stalled, steps)):
+    # it, and the episodes it cut short were discarded (not trained) before the next fault struck
+    # (the run's journal read at each strike: an accounting line of the step before a strike may
+    # have been written before the discard), the last one's by the end of the run.
+    final = done.last("accounting")["episodes_discarded"]
+    for hit, until, after in (
+        (killed, worker.step, worker.discarded_before),
+        (worker, stalled.step, stalled.discarded_before),
+        (stalled, steps, final),
+    ):
         assert hit.back_pid is not None and hit.back_pid != hit.pid, (hit, why)
         assert hit.step < until, (hit, why)
-        before = done.accounting_at(hit.step)["episodes_discarded"]
-        after = done.accounting_at(until)["episodes_discarded"]
-        assert after > before, (hit.fault, before, after, why)
+        before = hit.discarded_before
+        assert before is not None and after is not None and after > before, (
+            hit.fault,
+            before,
+            after,
+            why,
+        )
     restarts = done.last("accounting")["restarts"]
     assert restarts >= 3, why
 

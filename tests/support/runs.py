@@ -40,9 +40,11 @@ from typing import Any
 
 import psutil
 
+from areal.core.episode_journal import EpisodeBooks, read_journal
 from areal.core.run_config import RunConfig, run_config_from_dict
 from areal.host.faults import STOP_ENV
 from areal.host.process import KILLED_EXIT_S
+from areal.run.accounting import JOURNAL_NAME
 from support.wait import NeverHappened, eventually
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -160,6 +162,9 @@ class Injected:
     back_pid: int | None = None  # the target's new pid once the supervisor restarted it
     back_after: float | None = None  # seconds from the fault to the new pid
     released: bool = False  # a stopped target the run never killed: SIGCONT by the harness
+    # Episodes the run's journal had ended without a trajectory when this fault struck (the
+    # gateway writes each ``r`` line before it answers, so it is exact at that moment).
+    discarded_before: int | None = None
     # TRAINER: every process areal train had started, and whether all were gone in time.
     children: dict[int, str] = field(default_factory=dict)
     ports: list[int] = field(default_factory=list)
@@ -187,9 +192,6 @@ class FaultRun:
         """Samples dropped as stale by the end of ``step`` (0 before the first)."""
         trains = [e for e in self.all("train") if e["step"] <= step]
         return int(trains[-1]["dropped_stale"]) if trains else 0
-
-    def accounting_at(self, step: int) -> dict[str, Any]:
-        return [e for e in self.all("accounting") if e["step"] <= step][-1]
 
 
 def command(out: Path, steps: int, overrides: tuple[str, ...], *, resume: bool) -> list[str]:
@@ -348,11 +350,19 @@ def _inject(
         # next sync starts: the one held now is the version after the last logged.
         hit.sync_version = _last_synced(out) + 1
         hit.step = hit.sync_version - 1
+    hit.discarded_before = journal_discards(out)
     os.kill(target.pid, fault.sig)
     if _at_episode(fault) and fault.sig not in (signal.SIGKILL, signal.SIGSTOP):
         os.kill(target.pid, signal.SIGCONT)  # held at the point: let it take the signal
     hit.at = time.monotonic() - started
     return hit
+
+
+def journal_discards(out: Path) -> int:
+    """The episodes the run's journal says ended without a trajectory, now."""
+    books = EpisodeBooks()
+    read_journal(out / "run" / JOURNAL_NAME, books)
+    return books.discarded
 
 
 def _at_episode(fault: Fault) -> bool:
