@@ -357,7 +357,7 @@ def test_failures_are_clear_errors(tmp_path: Path) -> None:
     missing = CodexAdapter(binary=str(tmp_path / "no-such-codex"))
     with pytest.raises(CodexError, match=r"was not found: install it with `make setup`"):
         asyncio.run(missing.agent_fn(episode({"prompt": "p"})))
-    hang = stand_in(tmp_path, "import time; time.sleep(60)\n")
+    hang = stand_in(tmp_path, "import threading; threading.Event().wait()\n")  # never ends
     stuck = CodexAdapter(binary=hang, env={"DUMP": str(tmp_path / "d")}, timeout_s=0.5)
     with pytest.raises(CodexTimeout, match="process group was killed"):
         asyncio.run(stuck.agent_fn(episode({"prompt": "p"})))

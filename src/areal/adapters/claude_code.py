@@ -30,10 +30,10 @@ import shutil
 import signal
 import tempfile
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 from areal.adapters.harness import HarnessAdapter, HarnessOptions
 from areal.core.episode import Episode, gateway_root
@@ -108,11 +108,7 @@ class ClaudeCodeAdapter(HarnessAdapter):
         opts = self.config
         binary = find_binary(opts.binary)
         prompt = task_prompt(episode.task, opts.prompt_key)
-        root = Path(tempfile.mkdtemp(prefix="areal-claude-", dir=opts.work_root))
-        try:
-            home, work = root / "home", root / "work"
-            home.mkdir()
-            prepare_workspace(work, opts.workspace, episode.task)
+        with episode_dirs(opts, episode.task, "areal-claude-") as (root, home, work):
             argv = [binary, "-p", prompt, *self.args(episode)]
             env = self.env(episode, home, root)
             errors = (ClaudeCodeError, ClaudeCodeTimeout)
@@ -121,9 +117,6 @@ class ClaudeCodeAdapter(HarnessAdapter):
             )
             text = parse_result(out, err, code, secret=episode.api_key)
             return await score(episode, text, work, env, opts)
-        finally:
-            if not opts.keep_workdir:
-                shutil.rmtree(root, ignore_errors=True)
 
     def args(self, episode: Episode) -> list[str]:
         """The CLI flags after ``-p <prompt>``."""
@@ -200,6 +193,23 @@ def task_prompt(
         if isinstance(value, str) and value:
             return value
     raise error(f"the task has no {key!r} text to give {harness}: keys {sorted(task)}")
+
+
+@contextlib.contextmanager
+def episode_dirs(
+    opts: HarnessOptions, task: Mapping[str, Any], prefix: str
+) -> Iterator[tuple[Path, Path, Path]]:
+    """One episode's fresh directory ``(root, home, work)``: an empty ``home`` and the workspace
+    (:func:`prepare_workspace`), removed afterwards unless ``keep_workdir``."""
+    root = Path(tempfile.mkdtemp(prefix=prefix, dir=opts.work_root))
+    try:
+        home, work = root / "home", root / "work"
+        home.mkdir()
+        prepare_workspace(work, opts.workspace, task)
+        yield root, home, work
+    finally:
+        if not opts.keep_workdir:
+            shutil.rmtree(root, ignore_errors=True)
 
 
 def prepare_workspace(work: Path, template: str | None, task: Mapping[str, Any]) -> None:
@@ -323,23 +333,8 @@ def redacted_tail(text: str, secret: str, chars: int = STDERR_TAIL_CHARS) -> str
     return text[-chars:].strip()
 
 
-class ScoringOptions(Protocol):
-    """The options of a harness adapter that say how an episode is scored."""
-
-    @property
-    def reward_command(self) -> str | Sequence[str] | None: ...
-    @property
-    def reward(self) -> str | None: ...
-    @property
-    def reward_options(self) -> Mapping[str, Any]: ...
-    @property
-    def reward_timeout_s(self) -> float: ...
-    @property
-    def answer(self) -> bool: ...
-
-
 async def score(
-    episode: Episode, text: str, work: Path, env: Mapping[str, str], opts: ScoringOptions
+    episode: Episode, text: str, work: Path, env: Mapping[str, str], opts: HarnessOptions
 ) -> float | str | None:
     """The episode's result: the task's or the adapter's ``reward_command`` run in the final
     workspace, else the ``reward`` plugin on the text, else the text (or None)."""

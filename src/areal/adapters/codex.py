@@ -28,7 +28,6 @@ import math
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,7 +37,7 @@ from areal.adapters.claude_code import (
     INHERITED_ENV,
     HarnessError,
     HarnessTimeout,
-    prepare_workspace,
+    episode_dirs,
     redacted_tail,
     run_group,
     score,
@@ -121,12 +120,9 @@ class CodexAdapter(HarnessAdapter):
         opts = self.config
         binary = find_codex(opts.binary)
         prompt = task_prompt(episode.task, opts.prompt_key, "Codex", CodexError)
-        root = Path(tempfile.mkdtemp(prefix="areal-codex-", dir=opts.work_root))
-        try:
-            home, work = root / "home", root / "work"
+        with episode_dirs(opts, episode.task, "areal-codex-") as (root, home, work):
             codex_home = home / ".codex"
-            codex_home.mkdir(parents=True)
-            prepare_workspace(work, opts.workspace, episode.task)
+            codex_home.mkdir()
             config = self.codex_config(episode)
             if opts.instructions is not None:
                 instructions = codex_home / "instructions.md"
@@ -141,9 +137,6 @@ class CodexAdapter(HarnessAdapter):
             text = parse_events(out, err, code, secret=episode.api_key)
             keyless = {k: v for k, v in env.items() if k != KEY_ENV}
             return await score(episode, text, work, keyless, opts)
-        finally:
-            if not opts.keep_workdir:
-                shutil.rmtree(root, ignore_errors=True)
 
     def args(self) -> list[str]:
         """The ``codex exec`` flags before the prompt."""

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import Any, ClassVar
 from areal.adapters.claude_code import (
     HarnessError,
     HarnessTimeout,
-    prepare_workspace,
+    episode_dirs,
     redacted_tail,
     run_group,
     score,
@@ -107,11 +106,7 @@ class OpenClawAdapter(HarnessAdapter):
         binary = find_openclaw(opts.binary)
         node_dir = find_node_dir(opts.node, binary)
         prompt = task_prompt(episode.task, opts.prompt_key, "OpenClaw", OpenClawError)
-        root = Path(tempfile.mkdtemp(prefix="areal-openclaw-", dir=opts.work_root))
-        try:
-            home, work = root / "home", root / "work"
-            home.mkdir()
-            prepare_workspace(work, opts.workspace, episode.task)
+        with episode_dirs(opts, episode.task, "areal-openclaw-") as (root, home, work):
             config_path = root / "openclaw.json"
             config_path.touch(mode=0o600)  # it holds the session key
             config_path.write_text(json.dumps(self.openclaw_config(episode), indent=2))
@@ -128,9 +123,6 @@ class OpenClawAdapter(HarnessAdapter):
             )
             text = parse_envelope(out, err, code, secret=episode.api_key)
             return await score(episode, text, work, env, opts)
-        finally:
-            if not opts.keep_workdir:
-                shutil.rmtree(root, ignore_errors=True)
 
     def model_ref(self, episode: Episode) -> str:
         return f"{self.config.provider}/{episode.model}"

@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from areal.adapters.base import Adapter, AdapterError
 from areal.adapters.claude_code import (
     HarnessError,
     HarnessTimeout,
-    prepare_workspace,
+    episode_dirs,
     redacted_tail,
     run_group,
     score,
@@ -133,11 +132,7 @@ class VercelAIAdapter(Adapter):
     async def agent_fn(self, episode: Episode) -> float | str | None:
         opts = self.config
         argv = node_command(self.script, opts.node, opts.node_modules, opts.node_args)
-        root = Path(tempfile.mkdtemp(prefix="areal-vercel-ai-", dir=opts.work_root))
-        try:
-            home, work = root / "home", root / "work"
-            home.mkdir()
-            prepare_workspace(work, opts.workspace, episode.task)
+        with episode_dirs(opts, episode.task, "areal-vercel-ai-") as (root, home, work):
             task_file = root / "task.json"
             task_file.write_text(json.dumps(dict(episode.task)))
             env = self.env(episode, home, root, task_file)
@@ -153,9 +148,6 @@ class VercelAIAdapter(Adapter):
                 return reward
             clean = {k: v for k, v in env.items() if k not in SECRET_ENV}
             return await score(episode, text, work, clean, opts)
-        finally:
-            if not opts.keep_workdir:
-                shutil.rmtree(root, ignore_errors=True)
 
     def env(self, episode: Episode, home: Path, root: Path, task_file: Path) -> dict[str, str]:
         """The script's whole environment: nothing of the parent's but ``INHERITED_ENV``."""
