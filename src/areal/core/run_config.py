@@ -291,9 +291,23 @@ class WarmStartConfig(_Section):
 class DatasetConfig(_Section):
     """The tasks episodes start from: a file (``path``) or a built-in task set (``name``)."""
 
-    path: str | None = Field(default=None, description="A JSONL file of tasks, one per line.")
+    path: str | None = Field(
+        default=None,
+        description="A task file: JSONL (one task per line), Parquet, or a directory a "
+        "`datasets` dataset was saved to.",
+    )
     name: str | None = Field(
         default=None, description=_registered("A task set, instead of path", "task_sets")
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="The task set's options (e.g. reasoning_gym: tasks, size, seed); "
+        "`areal plug list` names each set's.",
+    )
+    columns: dict[str, str] = Field(
+        default_factory=dict,
+        description="A task file's columns by the field they fill, e.g. {question: problem, "
+        "answer: solution}.",
     )
     split: str = Field(default="train", description="Split of the dataset to read.")
     shuffle: bool = Field(default=True, description="Shuffle tasks each pass.")

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from areal.core.config import ConfigError
 from areal.core.run_config import RunConfig
@@ -78,11 +79,13 @@ def check_machine(config: RunConfig, *, gpus: int | None = None) -> list[str]:
         found.extend(_missing_model(config.model.path, "model.path"))
     if config.model.tokenizer:
         found.extend(_missing_model(config.model.tokenizer, "model.tokenizer"))
-    if config.dataset.path and not Path(config.dataset.path).is_file():
+    if config.dataset.path and not Path(config.dataset.path).exists():
         found.append(
-            f"dataset.path: {config.dataset.path} is not a file; write the tasks there (JSONL) "
-            "or use a built-in task set with dataset.name"
+            f"dataset.path: {config.dataset.path} does not exist; write the tasks there (JSONL or "
+            "Parquet) or use a built-in task set with dataset.name"
         )
+    if config.dataset.name and config.dataset.options:
+        found.extend(_task_set_options(config.dataset.name, config.dataset.options))
     if config.agent.gateway_config:
         path = config.agent.gateway_config
         try:
@@ -156,3 +159,15 @@ def backend_needs_gpu(name: str) -> bool:
 
     backends = registry("inference_backends")
     return name in backends and bool(getattr(backends.get(name), "needs_gpu", False))
+
+
+def _task_set_options(name: str, options: dict[str, Any]) -> list[str]:
+    """``dataset.options`` as the task set reads them: a wrong option is found before any
+    process starts, not by a rollout worker minutes later."""
+    from areal.core.tasks import configured, task_set
+
+    try:
+        configured(task_set(name), options)
+    except ConfigError as err:
+        return [str(err)]
+    return []

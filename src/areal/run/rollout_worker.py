@@ -32,7 +32,7 @@ from typing import Any
 from areal.core.agent_choice import agent_fn_of, choose_adapter, is_harness
 from areal.core.episode import session_fields
 from areal.core.rewards import build_reward
-from areal.core.tasks import TaskStream, load_object, task_set
+from areal.core.tasks import TaskStream, configured, load_object, task_set
 from areal.host import event_loop
 from areal.run.rollout import RolloutError, RolloutStats, RolloutWorker
 
@@ -45,7 +45,7 @@ class WorkerSpec:
 
     gateway_url: str
     agent: str | None  # "module:attr"; None: the task set's own agent
-    dataset: dict[str, Any]  # path, name, shuffle, seed (the run config's dataset section)
+    dataset: dict[str, Any]  # the run config's dataset section (path or name, options...)
     worker: int
     workers: int
     group_size: int
@@ -118,7 +118,7 @@ def _task_set_agent(spec: WorkerSpec) -> Any:
             "agent.entrypoint: a run on a tasks file needs its agent as module:attr "
             "(agent.entrypoint or --agent-config)"
         )
-    return load_object(task_set(name).agent)
+    return load_object(configured(task_set(name), spec.dataset.get("options")).agent)
 
 
 async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:
@@ -128,6 +128,8 @@ async def run_worker(spec: WorkerSpec, admin_token: str) -> RolloutStats:
         name=spec.dataset.get("name"),
         shuffle=bool(spec.dataset.get("shuffle", True)),
         seed=int(spec.dataset.get("seed", 0)),
+        options=spec.dataset.get("options") or None,
+        columns=spec.dataset.get("columns") or None,
     )
     reward_fn = None
     if spec.reward:
