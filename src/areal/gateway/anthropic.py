@@ -44,12 +44,18 @@ from areal.gateway.sse import EventStreamResponse, sse_event
 
 
 def render_prompt(
-    state: GatewayState, chat: ChatRequest, history: list[int] | None = None
+    state: GatewayState,
+    chat: ChatRequest,
+    history: list[int] | None = None,
+    log_fields: dict[str, Any] | None = None,
 ) -> list[int]:
     """The prompt ids: the chat, the prefill, and for a forced call the parser's opening tag
-    (``history``: the episode's tokens so far, see :meth:`PolicyService.render`)."""
+    (``history``: the episode's tokens so far; ``log_fields``: the request's log line; see
+    :meth:`PolicyService.render`)."""
     prefix = chat.prefill + chat.plan.prefix
-    return state.policy.render(chat.messages, chat.plan.tools, prefix, history=history)
+    return state.policy.render(
+        chat.messages, chat.plan.tools, prefix, history=history, log_fields=log_fields
+    )
 
 
 # --- the reply -------------------------------------------------------------------------------
@@ -122,7 +128,7 @@ async def create_message(request: web.Request) -> web.StreamResponse:
     episode = await Episode.of(request, state, body)
     request[LOG_FIELDS].update(model=chat.model, route="local")
 
-    prompt_ids = render_prompt(state, chat, episode.history(request))
+    prompt_ids = render_prompt(state, chat, episode.history(request), request[LOG_FIELDS])
     extra: dict[str, Any] = dict(chat.grammar)
     if "top_k" in options:
         extra["top_k"] = options["top_k"]
@@ -168,7 +174,8 @@ async def count_tokens(request: web.Request) -> web.StreamResponse:
     chat = parse_request(body, state.policy.model_id, state.policy.tool_parser)
     request[LOG_FIELDS].update(model=chat.model, route="local")
     await Episode.of(request, state, body, admit=False)  # for the log line
-    return web.json_response({"input_tokens": len(render_prompt(state, chat))})
+    prompt_ids = render_prompt(state, chat, log_fields=request[LOG_FIELDS])
+    return web.json_response({"input_tokens": len(prompt_ids)})
 
 
 def _model_field(body: dict[str, Any]) -> str | None:

@@ -31,6 +31,8 @@ log = logging.getLogger("areal.gateway")
 
 RL_PREFIXES: tuple[str, ...] = ("/rl", "/gateway/rl")  # their routes check their own keys
 MAX_BODY_BYTES = 32 * 1024**2
+# The request's own fields a gateway.log line adds when it has them, in this order.
+LOGGED_FIELDS = ("upstream", "error", "dropped_tools", "tools_fallback")
 
 
 @dataclass(frozen=True)
@@ -176,11 +178,10 @@ async def gateway_middleware(request: web.Request, handler: Handler) -> web.Stre
         if traced is not None and not is_rl_path(request.path):
             traced.note_call(path=request.path, model=info.get("model"), status=status)
         # ``upstream``: what each attempt at the upstream channel came to (``429,200``);
-        # ``error``: the error's code; ``dropped_tools``: hosted tools left out of the prompt.
-        # Each only on the lines that have it.
-        extra = {
-            k: info[k] for k in ("upstream", "error", "dropped_tools") if info.get(k) is not None
-        }
+        # ``error``: the error's code; ``dropped_tools``: hosted tools left out of the prompt;
+        # ``tools_fallback``: tools said in the system turn (a template without tools). Each
+        # only on the lines that have it.
+        extra = {k: info[k] for k in LOGGED_FIELDS if info.get(k) is not None}
         state.access_log.write(
             session=caller.session.session_id if caller.session else info.get("session"),
             model=info.get("model"),

@@ -555,7 +555,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     chat.episode = episode = await Episode.of(request, state, body)  # after the 400s: admits
     check_replayable(request, chat.sampling["extra"])  # a recorded call: what the trainer replays
     prompt_ids = state.policy.render(
-        chat.messages, chat.plan.tools, chat.plan.prefix, history=episode.history(request)
+        chat.messages,
+        chat.plan.tools,
+        chat.plan.prefix,
+        history=episode.history(request),
+        log_fields=request[LOG_FIELDS],
     )
     if chat.stream:
         return await stream_completion(request, state, chat, prompt_ids)

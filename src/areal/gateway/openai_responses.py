@@ -449,7 +449,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     # Responses call.
     episode = await Episode.of(request, state, body, bind_hints=False)
     history = episode.history(request)
-    prompt_ids = state.policy.render(req.messages, req.plan.tools, req.plan.prefix, history=history)
+    prompt_ids = state.policy.render(
+        req.messages,
+        req.plan.tools,
+        req.plan.prefix,
+        history=history,
+        log_fields=request[LOG_FIELDS],
+    )
     sampling = state.policy.sampling(
         len(prompt_ids),
         max_tokens=req.max_output_tokens,

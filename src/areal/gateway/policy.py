@@ -22,6 +22,15 @@ from areal.core.types import sampling_record, version_number
 from areal.gateway.engine_pool import Engine, EngineLost, EnginePool, normalize_url, note_lost
 from areal.gateway.errors import GatewayError
 from areal.gateway.router_config import ModelRoute
+from areal.gateway.tools_fallback import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    call_text,
+    renders_tools,
+    system_prompt_tools,
+    uses_tools,
+)
+from areal.gateway.tools_fallback import MODE as TOOLS_FALLBACK_MODE
 
 DEFAULT_ALIASES = ("default",)
 
@@ -186,6 +195,10 @@ class PolicyService:
         # Tools left out of prompts because the policy cannot call them (hosted web search,
         # namespaces...: chat_messages.hosted_tool_kind), by type: GET /rl/sessions.
         self.dropped_tools: dict[str, int] = {}
+        # Requests whose tools the chat template cannot render, said in the system turn instead
+        # (tools_fallback.system_prompt_tools), by fallback: GET /rl/sessions.
+        self.tools_fallback: dict[str, int] = {}
+        self._renders_tools: tuple[Any, bool] | None = None  # (tokenizer, does its template)
         parser = tool_parser or route.tool_parser or DEFAULT_TOOL_PARSER
         self.tool_parser: ToolCallParser = registry("tool_parsers").get(
             parser, key="model_routing.policy_model.tool_parser"
@@ -275,8 +288,13 @@ class PolicyService:
         prefix: str = "",
         *,
         history: Sequence[int] | None = None,
+        log_fields: dict[str, Any] | None = None,
     ) -> list[int]:
         """Prompt token ids for an OpenAI-shaped chat (plus a forced ``prefix`` of the reply).
+
+        Tools (offered, or calls and results in the history) on a template that cannot render
+        them are said in the system turn instead (:mod:`.tools_fallback`); ``log_fields``: the
+        request's ``gateway.log`` fields, which then name the fallback.
 
         ``history``: the tokens of the episode so far (its last call's prompt and output). When
         the rendered chat's text starts with exactly their text, the prompt reuses those tokens
@@ -289,6 +307,9 @@ class PolicyService:
         """
         if self.tokenizer is None:  # no engine has been attached yet
             raise self.pool.unavailable()
+        if uses_tools(messages, tools) and not self.template_renders_tools():
+            messages, tools = system_prompt_tools(messages, tools), None
+            self.note_tools_fallback(log_fields)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools or None, tokenize=False, add_generation_prompt=True
@@ -304,6 +325,45 @@ class PolicyService:
             if head and text.startswith(head):
                 return list(history) + encode(text[len(head) :])
         return encode(text)
+
+    def template_renders_tools(self) -> bool:
+        """Does the policy's chat template render tools? (:func:`.renders_tools`, once per
+        tokenizer.)"""
+        if self._renders_tools is None or self._renders_tools[0] is not self.tokenizer:
+            self._renders_tools = (self.tokenizer, renders_tools(self.tokenizer))
+        return self._renders_tools[1]
+
+    def note_tools_fallback(self, log_fields: dict[str, Any] | None) -> None:
+        """Name the fallback on the request's ``gateway.log`` line (``tools_fallback=
+        system_prompt``), count it, and say why once (a WARNING, the first time)."""
+        if log_fields is not None:
+            log_fields["tools_fallback"] = TOOLS_FALLBACK_MODE
+        if not self.tools_fallback:
+            log.warning(
+                "the policy's chat template (%s) does not render tools: a probe tool given to it "
+                "does not appear in the prompt. Requests with tools get them in "
+                "the system turn instead, in the Hermes format (<tools> signatures, "
+                "<tool_call> calls, <tool_response> results as user turns; docs/gateway.md, "
+                "'Tools on a template without tool support')%s",
+                self.tokenizer_path or "the engine's tokenizer",
+                self._parser_mismatch(),
+            )
+        self.tools_fallback[TOOLS_FALLBACK_MODE] = (
+            self.tools_fallback.get(TOOLS_FALLBACK_MODE, 0) + 1
+        )
+
+    def _parser_mismatch(self) -> str:
+        """A warning's tail when the policy's tool parser does not read the fallback's calls."""
+        text = call_text("f", '{"x": 1}')
+        calls = [(c.name, c.arguments) for c in self.tool_parser.parse(text).tool_calls]
+        forced = (self.tool_parser.forced_prefix(), self.tool_parser.forced_suffix())
+        if calls == [("f", '{"x": 1}')] and forced == (CALL_OPEN, CALL_CLOSE):
+            return ""
+        return (
+            f"; the policy's tool parser {type(self.tool_parser).__name__} does not read or "
+            "force that format (model_routing.policy_model.tool_parser: use hermes), so calls "
+            "will come back as text"
+        )
 
     def _encoder(self) -> Callable[[str], list[int]]:
         """:func:`text_encoder` of the current tokenizer (made again if it was replaced)."""

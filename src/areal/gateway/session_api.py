@@ -80,6 +80,8 @@ def add_routes(app: web.Application, prefixes: tuple[str, ...], sessions: Sessio
                 "masked_logprobs": dict(state_of(request).policy.masked_logprobs),
                 # hosted tools (web search, namespaces...) left out of prompts, by type
                 "dropped_tools": dict(state_of(request).policy.dropped_tools),
+                # requests whose tools the chat template cannot render, said in the system turn
+                "tools_fallback": dict(state_of(request).policy.tools_fallback),
             }
         )
 
