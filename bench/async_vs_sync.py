@@ -200,7 +200,7 @@ def generation_only(root: Path, s: Settings) -> Generation:
 
 
 async def _generate(config: RunConfig, out: Path, s: Settings) -> Generation:
-    log_dir, run_dir = Path(config.logging.log_dir), out / "run"
+    log_dir, run_dir = config.logging.directory(out), out / "run"
     for d in (log_dir, run_dir):
         d.mkdir(parents=True, exist_ok=True)
     source = make_source("zmq", {"address": "tcp://127.0.0.1:*", "queue_max_size": 4096})
@@ -368,7 +368,7 @@ def real_run(
     # covers the threads this process started before the run (the monitor's, the earlier phases').
     with pinned(TRAINER_CORE):
         summary = train(config, root / name / "out")
-    log_dir = Path(config.logging.log_dir)
+    log_dir = config.logging.directory(root / name / "out")
     events = read_events(log_dir / "metrics.jsonl", "train")
     steady = events[s.skip :]
     admitted = None if enabled else admission_delays(events, log_dir / "gateway.log", s.batch)

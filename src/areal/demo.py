@@ -39,7 +39,7 @@ def fresh_run(config: RunConfig, out: Path) -> None:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    shutil.rmtree(config.logging.log_dir, ignore_errors=True)
+    shutil.rmtree(config.logging.directory(out), ignore_errors=True)
 
 
 def demo_config(path: str, out: Path, overrides: list[str]) -> RunConfig:
@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     rewards = first_and_last([h["reward"] for h in summary.history])
     success = first_and_last([h.get("success", 0.0) for h in summary.history])
     figure = plot(
-        [config.logging.log_dir],
+        [config.logging.directory(out)],
         ["reward", "success", "loss"],
         out / "reward_loss.png",
         title="areal demo: calculator task, async GRPO",
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     facts.add_row("wall time", f"{summary.seconds:.0f} s")
     facts.add_row("samples trained", str(summary.counters["trained"]))
     facts.add_row("samples dropped as stale", str(summary.counters["dropped_stale"]))
-    facts.add_row("train.log", f"{config.logging.log_dir}/train.log")
+    facts.add_row("train.log", str(config.logging.directory(out) / "train.log"))
     facts.add_row("plot", str(figure))
     facts.add_row("checkpoint", str(summary.checkpoint))
     console.print(facts)

@@ -1,8 +1,9 @@
 """``areal config``: check a run config before a run spends time starting processes.
 
 ``validate`` separates what is wrong with the file (errors, exit 1) from what this machine cannot
-provide (warnings, exit 0 unless ``--strict``): a config written for an 8-GPU node is still a
-correct config on a laptop. It takes router files too (only ``api_gateway`` / ``model_routing``
+provide and settings that do not fit the model (warnings, exit 0 unless ``--strict``): a config
+written for an 8-GPU node is still a correct config on a laptop, and a learning rate of areal's
+tiny model is a valid value that wrecks a pretrained checkpoint. It takes router files too (only ``api_gateway`` / ``model_routing``
 at the top), checked as the gateway loads them. torch is never imported here.
 """
 
@@ -18,6 +19,7 @@ from areal.cli.router_validate import check_router, is_router_file
 from areal.core.config import ConfigError
 from areal.core.run_config import RunConfig, RunConfigError, load_run_config
 from areal.run.machine import check_machine
+from areal.run.model_scale import scale_warnings
 
 app = typer.Typer(
     help="Validate, show and describe run configs.\n\n"
@@ -40,11 +42,15 @@ def validate_command(
     config: Path = VALIDATE_ARG,
     overrides: list[str] = SET_OPTION,
     strict: bool = typer.Option(
-        False, "--strict", help="Exit 1 also when this machine cannot run the config."
+        False,
+        "--strict",
+        help="Exit 1 also on a warning: this machine cannot run the config, or a setting does "
+        "not fit the model (a tiny-model learning rate on a real checkpoint).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
 ) -> None:
-    """Check a run config: keys, types, consistency, names; then warn about this machine.
+    """Check a run config: keys, types, consistency, names; then warn about this machine and
+    about settings that do not fit the model (a tiny-model learning rate on a real checkpoint).
 
     A router file (api_gateway, model_routing) is checked as the gateway loads it.
 
@@ -54,14 +60,17 @@ def validate_command(
         _validate_router(config, overrides, strict, as_json)
         return
     errors: list[str] = []
-    warnings: list[str] = []
+    machine: list[str] = []  # what this machine cannot provide
+    settings: list[str] = []  # settings that do not fit the model (tiny-model learning rates)
     message = ""  # the errors as one line, with the file name
     try:
-        warnings = check_machine(load_run_config(config, overrides))
+        run = load_run_config(config, overrides)
+        machine, settings = check_machine(run), scale_warnings(run)
     except RunConfigError as err:
         errors, message = err.errors, str(err)
     except ConfigError as err:
         errors, message = [str(err)], str(err)
+    warnings = machine + settings
     failed = bool(errors) or (strict and bool(warnings))
     if as_json:
         report = {"config": str(config), "kind": "run", "valid": not errors, "errors": errors}
@@ -73,10 +82,27 @@ def validate_command(
         raise CLIError(message)
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
-    note = f" ({len(warnings)} warning{'s' if len(warnings) != 1 else ''} about this machine)"
-    typer.echo(f"{config}: valid{note if warnings else ''}")
+    typer.echo(f"{config}: valid{_warnings_note(machine, settings)}")
     if failed:
-        raise CLIError(f"{config}: this machine cannot run it (--strict)")
+        why = "this machine cannot run it" if not settings else "the warnings above"
+        raise CLIError(f"{config}: {why} (--strict)")
+
+
+def _warnings_note(machine: list[str], settings: list[str]) -> str:
+    """`` (1 warning about this machine)``, `` (2 warnings: 1 about this machine, 1 about the
+    settings for this model)``; empty without warnings."""
+    parts = [
+        (len(found), what)
+        for found, what in ((machine, "this machine"), (settings, "the settings for this model"))
+        if found
+    ]
+    total = sum(n for n, _ in parts)
+    plural = "s" if total != 1 else ""
+    if len(parts) == 1:
+        return f" ({total} warning{plural} about {parts[0][1]})"
+    if parts:
+        return f" ({total} warnings: " + ", ".join(f"{n} about {w}" for n, w in parts) + ")"
+    return ""
 
 
 def _validate_router(config: Path, overrides: list[str], strict: bool, as_json: bool) -> None:

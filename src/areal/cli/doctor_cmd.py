@@ -31,6 +31,7 @@ from areal.cli.doctor_checks import (
 from areal.core.config import ConfigError, load_yaml
 from areal.core.run_config import RunConfigError, apply_overrides, run_config_from_dict
 from areal.run.machine import check_machine
+from areal.run.model_scale import scale_warnings
 
 _COLORS = {"ok": "green", "warn": "yellow", "fail": "red", "skip": "bright_black"}
 
@@ -96,9 +97,12 @@ def _load(config: Path | None, overrides: list[str]) -> tuple[dict[str, Any] | N
     except RunConfigError as err:
         return data, [_keyed(line, "fail") for line in err.errors]
     warnings = check_machine(run)
-    if warnings:
-        return data, [_keyed(line, "warn") for line in warnings]
-    return data, [Check(name, "ok", "valid, and this machine can run it")]
+    checks = [_keyed(line, "warn") for line in warnings]
+    if not warnings:
+        checks.append(Check(name, "ok", "valid, and this machine can run it"))
+    # Tiny-model learning rates on a real checkpoint: the run works and learns from noise.
+    checks += [_keyed(line, "warn") for line in scale_warnings(run)]
+    return data, checks
 
 
 def _keyed(line: str, status: Status) -> Check:

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from areal.core.launcher import Placement
 from areal.core.run_config import RunConfig
+from areal.host.footprint import human_bytes
 from areal.run.machine import backend_uses_gpu, gpu_count
+from areal.run.model_scale import DTYPE_BYTES, model_scale
 from areal.run.processes import agent_cpus
 
 LOOPBACK_PORT = "127.0.0.1:<free port at start>"
@@ -65,7 +67,8 @@ def plan_lines(config: RunConfig, output_dir: Path) -> list[str]:
     logging = config.logging
     lines.append(
         f"output     {output_dir} (checkpoint every {logging.save_interval} steps, keep "
-        f"{logging.keep_checkpoints}); logs {logging.log_dir}"
+        f"{logging.keep_checkpoints}{_checkpoint_estimate(config)}); logs "
+        f"{logging.directory(output_dir)}"
     )
     lines += placement_lines(config)
     return ["# plan (nothing is started):", *[f"#   {line}" for line in lines]]
@@ -95,6 +98,20 @@ def placement_lines(config: RunConfig) -> list[str]:
         *[f"  {p.name:<9}-> {launcher.describe(p)}" for p in placements],
         f"  {listen}",
     ]
+
+
+def _checkpoint_estimate(config: RunConfig) -> str:
+    """``; each ≈ 1.5 GiB (...)``: the policy's weights and AdamW's two moments, all in
+    ``model.dtype`` (what the ``fsdp`` engine saves); empty when the size is unknown (a model
+    ``init_tiny`` has yet to make, a Hub id not in the cache)."""
+    scale = model_scale(config)
+    if scale is None:
+        return ""
+    each = scale.params * DTYPE_BYTES[config.model.dtype] * 3
+    return (
+        f"; each ≈ {human_bytes(each)}: {scale.params / 1e6:.1f}M parameters and AdamW's 2 "
+        f"moments in {config.model.dtype}"
+    )
 
 
 def _engine(name: str) -> str:

@@ -56,6 +56,7 @@ def train_command(
     Example: [bold]areal train configs/quickstart.yaml --set train.max_steps=5[/bold]
     """
     from areal.run import train as entry
+    from areal.run.model_scale import scale_warnings
 
     if launcher is not None:
         overrides = [*overrides, f"launcher.name={launcher}"]
@@ -64,6 +65,9 @@ def train_command(
     except ConfigError as err:
         raise CLIError(str(err)) from None
     out = output_dir or entry.default_output_dir(str(config))
+    run_config = entry.with_log_dir(run_config, out)  # logging.log_dir unset: <out>/logs
+    for warning in scale_warnings(run_config):
+        typer.echo(f"warning: {warning}", err=True)
     if dry_run:
         from areal.cli.dry_run import launch_script, plan_lines
 
@@ -105,7 +109,7 @@ def _run_with_monitor(run_config: RunConfig, out: Path, resume: bool, torchrun: 
     console = Console()
     handler = RichHandler(console=console, show_path=False, log_time_format="%H:%M:%S")
     logging.basicConfig(level="INFO", format="%(name)s: %(message)s", handlers=[handler])
-    log_dir = Path(run_config.logging.log_dir)
+    log_dir = run_config.logging.directory(out)
     previous = (source.read_events_file(log_dir) or {}).get("run")
     stop = threading.Event()
 

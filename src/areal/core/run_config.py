@@ -248,10 +248,12 @@ def gateway_root(url: str) -> str:
 
 
 class LoggingConfig(_Section):
-    """Where train.log, metrics.jsonl and TensorBoard events go, and how often."""
+    """Where train.log, metrics.jsonl and TensorBoard events go, and how often. ``log_dir``
+    unset: ``<output dir>/logs``, so ``-o DIR`` moves the logs too (:meth:`directory`)."""
 
-    log_dir: str = Field(
-        default="./logs", description="Directory of train.log, metrics.jsonl, events."
+    log_dir: str | None = Field(
+        default=None,
+        description="Directory of train.log, metrics.jsonl, events; default: <output dir>/logs.",
     )
     log_interval: int = Field(default=1, ge=1, description="Steps between [train] log lines.")
     save_interval: int = Field(default=50, ge=1, description="Steps between checkpoints.")
@@ -261,6 +263,10 @@ class LoggingConfig(_Section):
         description=_registered("Metric sinks, each", "metric_sinks")
         + " Default: the run's logs, the live monitor's events, and TensorBoard when installed.",
     )
+
+    def directory(self, output_dir: str | Path) -> Path:
+        """Where this run's logs go: ``log_dir`` as given, else ``<output_dir>/logs``."""
+        return Path(self.log_dir) if self.log_dir else Path(output_dir) / "logs"
 
 
 # --- what a real run needs ---------------------------------------------------------------------

@@ -64,6 +64,7 @@ from areal.core.train_engine import (
 from areal.core.types import Trajectory
 from areal.gateway.router_config import RouterConfig
 from areal.host.event_loop import EventLoopChoiceError, loop_choice
+from areal.host.footprint import disk_bytes, human_bytes, merged, tree_peaks
 from areal.run.accounting import JOURNAL_NAME, EpisodeLedger, consumed
 from areal.run.attached_gateway import AttachedGateway, AttachError
 from areal.run.checkpoint import (
@@ -112,6 +113,31 @@ class RunSummary:
     seconds: float
     stopped_by: str  # "max_steps", "signal" or "requested" (the caller's ``stop`` event)
     restarts: dict[str, int] = field(default_factory=dict)
+    # The run's footprint, for sizing the next one: the peak RSS of the trainer process and of
+    # every process it started (each one's peak, summed; taken before they stop), and the bytes
+    # of one checkpoint on disk, of which ``logging.keep_checkpoints`` are kept.
+    peak_rss_bytes: int | None = None
+    processes: int | None = None
+    checkpoint_bytes: int | None = None
+    keep_checkpoints: int | None = None
+
+    def footprint(self) -> str:
+        """``peak RSS 1.9 GiB (5 processes, ...); one checkpoint 12.3 MiB; ...`` (empty when
+        nothing was measured: a run that never got to its end)."""
+        parts = []
+        if self.peak_rss_bytes is not None:
+            parts.append(
+                f"peak RSS {human_bytes(self.peak_rss_bytes)} ({self.processes} processes, "
+                "each one's peak summed)"
+            )
+        if self.checkpoint_bytes is not None and self.keep_checkpoints is not None:
+            each, keep = self.checkpoint_bytes, self.keep_checkpoints
+            parts.append(
+                f"one checkpoint {human_bytes(each)}; logging.keep_checkpoints {keep} keeps "
+                f"≤ {human_bytes(each * keep)} ({human_bytes(each * (keep + 1))} while a save "
+                "commits)"
+            )
+        return "; ".join(parts)
 
 
 def train(
@@ -163,7 +189,7 @@ class _Run:
     ) -> None:
         self.config = config
         self.out = output_dir
-        self.log_dir = Path(config.logging.log_dir)
+        self.log_dir = config.logging.directory(output_dir)
         self.run_dir = output_dir / "run"
         self.resume = resume
         self.version = 0
@@ -209,10 +235,13 @@ class _Run:
         self.install_signal_handlers()
         history: list[dict[str, float]] = []
         checkpoint_path, failure = None, ""
+        peaks: dict[int, int] = {}
         try:
             await self.start(run)
             history = await self.loop(run)
+            peaks = tree_peaks()  # while every process of the run still runs
             checkpoint_path = await self.drain_and_save(run)
+            peaks = merged(peaks, tree_peaks())  # the final save's peak in this process
         except (EngineError, WeightSyncError) as exc:  # a trainer rank, or a sync no restart mends
             failure = str(exc)
             raise RunError(failure) from exc
@@ -231,6 +260,10 @@ class _Run:
             seconds=time.perf_counter() - started,
             stopped_by=self.stopped_by,
             restarts={c.name: c.restarts for c in run.supervisor.children if c.restarts},
+            peak_rss_bytes=sum(peaks.values()) if peaks else None,
+            processes=len(peaks) if peaks else None,
+            checkpoint_bytes=disk_bytes(checkpoint_path) if checkpoint_path else None,
+            keep_checkpoints=self.config.logging.keep_checkpoints,
         )
         _write_summary(self.out / "summary.json", summary)
         return summary

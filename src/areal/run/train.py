@@ -54,6 +54,23 @@ def default_output_dir(config_path: str) -> Path:
     return Path("runs") / Path(config_path).stem
 
 
+def with_log_dir(config: RunConfig, output_dir: str | Path) -> RunConfig:
+    """``config`` with ``logging.log_dir`` written out: as the file or a ``--set`` gave it, else
+    ``<output_dir>/logs``.
+
+    Why the logs follow the output directory: the shipped configs used to name
+    ``runs/<config>/logs``, so ``-o DIR`` moved the checkpoints but not the logs, and a second
+    run of one config wrote into the first one's train.log. Written out here, once per run, so
+    the resolved YAML (``--dry-run``, ``run/resolved.yaml`` that torchrun's ranks and Slurm's job
+    read) says where they go; ``areal monitor DIR`` and ``--resume`` (same ``-o``) find them.
+    """
+    logs = config.logging
+    if logs.log_dir:
+        return config
+    placed = logs.model_copy(update={"log_dir": str(logs.directory(output_dir))})
+    return config.model_copy(update={"logging": placed})
+
+
 def run(
     config: RunConfig, output_dir: Path, *, resume: bool = False, torchrun: Sequence[str] = ()
 ) -> int:
@@ -66,6 +83,7 @@ def run(
     """
     from areal.core.model_source import ModelSourceError, resolve_models
 
+    config = with_log_dir(config, output_dir)  # every part (and resolved.yaml) sees one log dir
     try:
         config = resolve_models(config)
     except ModelSourceError as err:
@@ -99,6 +117,9 @@ def run(
         f"{summary.seconds:.0f}s; checkpoint {summary.checkpoint}",
         file=sys.stderr,
     )
+    footprint = summary.footprint()
+    if footprint:
+        print(f"footprint: {footprint}", file=sys.stderr)
     return 0
 
 
@@ -154,6 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = Path(args.output_dir) if args.output_dir else default_output_dir(args.config)
+    from areal.run.model_scale import scale_warnings
+
+    for warning in scale_warnings(config):
+        print(f"warning: {warning}", file=sys.stderr)
     return run(config, out, resume=args.resume, torchrun=shlex.split(args.torchrun))
 
 

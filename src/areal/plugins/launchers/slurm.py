@@ -95,9 +95,9 @@ def options_of(config: RunConfig) -> SlurmOptions:
     return parse_options(getattr(launcher, "options", None))
 
 
-def log_path(config: RunConfig) -> Path:
+def log_path(config: RunConfig, output_dir: Path) -> Path:
     """The batch job's log (``%j``: the job id), in the run's log dir."""
-    return Path(config.logging.log_dir).resolve() / "slurm-%j.out"
+    return config.logging.directory(output_dir).resolve() / "slurm-%j.out"
 
 
 def sbatch_script(
@@ -117,7 +117,7 @@ def sbatch_script(
         "--ntasks-per-node=1",
         f"--cpus-per-task={options.cpus_per_task}" if options.cpus_per_task else "--exclusive",
         f"--time={options.time}",
-        f"--output={log_path(config)}",
+        f"--output={log_path(config, output_dir)}",
         f"--chdir={Path.cwd()}",
     ]
     flags += [f"--partition={options.partition}"] if options.partition else []
@@ -201,7 +201,7 @@ def submit_with(
         return 2
     script = output_dir / "run" / "areal.sbatch"
     script.parent.mkdir(parents=True, exist_ok=True)
-    log_path(config).parent.mkdir(parents=True, exist_ok=True)
+    log_path(config, output_dir).parent.mkdir(parents=True, exist_ok=True)
     script.write_text(sbatch_script(config, output_dir, resolved_config, options, resume=resume))
     proc = subprocess.Popen(
         [sbatch, "--parsable", "--wait", str(script)], stdout=subprocess.PIPE, text=True
@@ -209,7 +209,7 @@ def submit_with(
     assert proc.stdout is not None
     job = proc.stdout.readline().strip().split(";")[0]  # "ID" or "ID;CLUSTER"
     if job:
-        log = str(log_path(config)).replace("%j", job)
+        log = str(log_path(config, output_dir)).replace("%j", job)
         print(f"slurm: job {job} submitted ({script}); its log: {log}", file=sys.stderr)
     try:
         proc.stdout.read()
