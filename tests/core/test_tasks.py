@@ -163,3 +163,50 @@ def test_load_object_says_what_is_missing(tmp_path: Path, monkeypatch: pytest.Mo
     monkeypatch.delitem(sys.modules, "areal_broken_agent", raising=False)
     with pytest.raises(ConfigError, match="importing areal_broken_agent failed"):
         load_object("areal_broken_agent:agent")
+
+
+# --- task files: Parquet and saved `datasets` datasets, through a column mapping ------------------
+
+ROWS = [{"problem": "1 + 1?", "solution": "2"}, {"problem": "2 + 2?", "solution": "4"}]
+COLUMNS = {"question": "problem", "answer": "solution"}
+
+
+def test_a_parquet_file_is_read_through_its_column_mapping(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist(ROWS), tmp_path / "tasks.parquet")
+    stream = TaskStream(
+        path=str(tmp_path / "tasks.parquet"), name=None, shuffle=False, columns=COLUMNS
+    )
+    assert stream[1] == {
+        **ROWS[1],
+        "task_id": 2,
+        "question": "2 + 2?",
+        "answer": "4",
+        "task_index": 1,
+    }
+
+
+@pytest.mark.parametrize("as_dict", [False, True], ids=["dataset", "dataset-dict"])
+def test_a_saved_datasets_dataset_is_read(tmp_path: Path, as_dict: bool) -> None:
+    import datasets
+
+    saved = datasets.Dataset.from_list(ROWS)
+    (datasets.DatasetDict({"train": saved}) if as_dict else saved).save_to_disk(tmp_path / "d")
+    stream = TaskStream(path=str(tmp_path / "d"), name=None, shuffle=False, columns=COLUMNS)
+    assert [stream[i]["question"] for i in range(3)] == ["1 + 1?", "2 + 2?", "1 + 1?"]
+
+
+def test_a_mapped_column_the_file_lacks_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in ROWS))
+    with pytest.raises(
+        ConfigError, match=r"dataset.columns.answer: .* has no column 'answer_text'"
+    ):
+        TaskStream(path=str(path), name=None, columns={"answer": "answer_text"})
+
+
+def test_a_directory_that_is_no_saved_dataset_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no saved `datasets` dataset"):
+        TaskStream(path=str(tmp_path), name=None)

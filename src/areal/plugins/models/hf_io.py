@@ -264,7 +264,18 @@ def describe(model_dir: str | Path) -> dict[str, Any]:
         "experts": config.num_experts,
         "dtype": config.torch_dtype,
         "shards": len(safetensors_files(model_dir)),
+        **_import_record(model_dir),
     }
+
+
+def _import_record(model_dir: str | Path) -> dict[str, Any]:
+    """Where an imported checkpoint came from, and that its weights were dequantised."""
+    record = Path(model_dir) / "areal_import.json"
+    if not record.is_file():
+        return {}
+    found = json.loads(record.read_text())
+    keep = ("source", "package", "quantisation", "note")
+    return {f"imported_{key}": found[key] for key in keep if found.get(key)}
 
 
 def _numel(shape: list[int]) -> int:
