@@ -19,9 +19,9 @@ from areal.gateway.app import build_app
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.server import build_state
 from areal.host.http_server import ServerThread
-from areal.plugins.inference.embedded.server import InferenceServer, build_server
-from areal.plugins.models.tiny import init_tiny
+from areal.plugins.inference.embedded.server import InferenceServer
 from areal.run.rollout import RolloutStats, RolloutWorker
+from support.engines import nano_engine
 
 ADMIN_TOKEN = "adapters-admin-token-0123456789"
 GATEWAY_KEY = "adapters-gateway-key-0123456789"
@@ -59,15 +59,8 @@ class Gateway:
 
 @pytest.fixture(scope="session")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer]]:
-    path = tmp_path_factory.mktemp("adapters-model") / "nano"
-    init_tiny(path, size="nano", seed=0)
-    server = build_server(str(path), max_total_tokens=16384)
-    http = ServerThread(server.app(), "127.0.0.1", 0).start()
-    try:
-        yield http.url, server
-    finally:
-        server.engine.stop()
-        http.stop()
+    with nano_engine(tmp_path_factory.mktemp("adapters-model") / "nano") as served:
+        yield served
 
 
 @pytest.fixture

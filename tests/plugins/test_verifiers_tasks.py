@@ -15,10 +15,10 @@ import pytest
 from areal.core.config import ConfigError
 from areal.core.tasks import configured, load_object
 from areal.core.types import Trajectory
-from areal.plugins.inference.embedded.server import InferenceServer, build_server
-from areal.plugins.models.tiny import init_tiny
+from areal.plugins.inference.embedded.server import InferenceServer
 from areal.plugins.tasks import verifiers_env
 from areal.run.rollout import RolloutWorker
+from support.engines import nano_engine
 from support.gateway import RunningGateway, running_gateway, trajectories
 from support.runs import make_config
 
@@ -36,15 +36,8 @@ def tests_on_pythonpath(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, InferenceServer]]:
-    path = tmp_path_factory.mktemp("verifiers-model") / "nano"
-    init_tiny(path, size="nano", seed=0)
-    server = build_server(str(path), max_total_tokens=16384)
-    http = server.http().start()
-    try:
-        yield http.url, server
-    finally:
-        server.engine.stop()
-        http.stop()
+    with nano_engine(tmp_path_factory.mktemp("verifiers-model") / "nano") as served:
+        yield served
 
 
 @pytest.fixture

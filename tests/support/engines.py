@@ -62,6 +62,23 @@ def running_server(model_dir: str, **options: Any) -> Iterator[RunningServer]:
         http_server.stop()
 
 
+@contextmanager
+def nano_engine(directory: Path) -> Iterator[tuple[str, Any]]:
+    """areal's nano model (seed 0), made in ``directory``, served by the embedded engine on
+    127.0.0.1: ``(url, server)``. The engine the gateway and adapter tests share."""
+    from areal.plugins.inference.embedded.server import build_server
+    from areal.plugins.models.tiny import init_tiny
+
+    init_tiny(directory, size="nano", seed=0)
+    server = build_server(str(directory), max_total_tokens=16384)
+    http = server.http().start()
+    try:
+        yield http.url, server
+    finally:
+        server.engine.stop()
+        http.stop()
+
+
 def perturbed_model(
     model_dir: str, out: Path | None = None, scale: float = 0.05, seed: int | None = None
 ) -> Any:

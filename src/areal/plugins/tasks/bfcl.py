@@ -45,6 +45,7 @@ from areal.plugins.tasks.bfcl_data import (
     openai_tools,
 )
 from areal.plugins.tasks.bfcl_sandbox import Sandbox, Verdict
+from areal.plugins.tasks.tool_then_answer import assistant_message
 
 if TYPE_CHECKING:
     from areal.core.episode import Episode
@@ -242,7 +243,7 @@ async def _play_turn(
                 raise
             outcome.stopped = "context_length"
             return steps
-        outcome.transcript.append(_assistant_message(reply))
+        outcome.transcript.append(assistant_message(reply))
         if not reply.tool_calls:
             return steps
         stepped += 1
@@ -283,21 +284,6 @@ async def _complete(
         outcome.prompt_tokens.append(response.usage.prompt_tokens)
         outcome.completion_tokens.append(response.usage.completion_tokens)
     return response.choices[0].message
-
-
-def _assistant_message(message: Any) -> dict[str, Any]:
-    """The model's turn as the next request sends it back: its text and its calls, unchanged."""
-    turn: dict[str, Any] = {"role": "assistant", "content": message.content}
-    if message.tool_calls:
-        turn["tool_calls"] = [
-            {
-                "id": c.id,
-                "type": "function",
-                "function": {"name": c.function.name, "arguments": c.function.arguments},
-            }
-            for c in message.tool_calls
-        ]
-    return turn
 
 
 def _report(task: Mapping[str, Any], outcome: Outcome) -> None:

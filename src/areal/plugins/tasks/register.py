@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import ModuleType
+
 from areal.core.hookspecs import Register, hookimpl
 from areal.core.tasks import TaskSet
 from areal.plugins.tasks import (
@@ -13,40 +15,22 @@ from areal.plugins.tasks import (
 )
 
 
+def built_in(module: ModuleType) -> TaskSet:
+    """A task-set module's parts as its :class:`TaskSet`: ``NAME``, ``DESCRIPTION``, ``task``,
+    ``agent``, ``SUCCESS_REWARD``, and where it has them, ``demonstration`` and ``configure``."""
+    return TaskSet(
+        name=module.NAME,
+        description=module.DESCRIPTION,
+        task=module.task,
+        agent=f"{module.__name__}:agent",
+        demonstration=getattr(module, "demonstration", None),
+        success_reward=module.SUCCESS_REWARD,
+        configure=getattr(module, "configure", None),
+    )
+
+
 @hookimpl
 def areal_register_task_sets(register: Register) -> None:
-    for module in (tool_then_answer, calculator):
-        register(
-            module.NAME,
-            TaskSet(
-                name=module.NAME,
-                description=module.DESCRIPTION,
-                task=module.task,
-                agent=f"{module.__name__}:agent",
-                demonstration=module.demonstration,
-                success_reward=module.SUCCESS_REWARD,
-            ),
-        )
-    register(
-        reasoning_gym_tasks.NAME,
-        TaskSet(
-            name=reasoning_gym_tasks.NAME,
-            description=reasoning_gym_tasks.DESCRIPTION,
-            task=reasoning_gym_tasks.task,
-            agent=f"{reasoning_gym_tasks.__name__}:agent",
-            success_reward=reasoning_gym_tasks.SUCCESS_REWARD,
-            configure=reasoning_gym_tasks.configure,
-        ),
-    )
+    for module in (tool_then_answer, calculator, reasoning_gym_tasks, bfcl):
+        register(module.NAME, built_in(module))
     register(verifiers_env.NAME, verifiers_env.TASK_SET)
-    register(
-        bfcl.NAME,
-        TaskSet(
-            name=bfcl.NAME,
-            description=bfcl.DESCRIPTION,
-            task=bfcl.task,
-            agent=f"{bfcl.__name__}:agent",
-            success_reward=bfcl.SUCCESS_REWARD,
-            configure=bfcl.configure,
-        ),
-    )

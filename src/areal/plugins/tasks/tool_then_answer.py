@@ -183,7 +183,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     outcome.transcript = messages
     reply = await chat(client, model, messages, CALL_MAX_TOKENS, outcome, tools=[ADD_TOOL])
     calls = reply.tool_calls or []
-    messages.append(_assistant_message(reply))
+    messages.append(assistant_message(reply))
     if not calls:
         outcome.score = score(task, None, reply.content)
         return outcome
@@ -195,7 +195,7 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
         result = run_tool(tool_call.function.name, tool_call.function.arguments)
         messages.append({"role": "tool", "tool_call_id": tool_call.id, "content": result})
     final = await chat(client, model, messages, ANSWER_MAX_TOKENS, outcome, tools=[ADD_TOOL])
-    messages.append(_assistant_message(final))
+    messages.append(assistant_message(final))
     outcome.score = score(task, first, None if final.tool_calls else final.content)
     return outcome
 
@@ -238,7 +238,7 @@ async def chat(
     return response.choices[0].message
 
 
-def _assistant_message(message: Any) -> dict[str, Any]:
+def assistant_message(message: Any) -> dict[str, Any]:
     """The model's turn as the next request sends it back: its text and its calls, unchanged."""
     turn: dict[str, Any] = {"role": "assistant", "content": message.content}
     if message.tool_calls:
