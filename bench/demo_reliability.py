@@ -9,6 +9,12 @@ reward's), the wall time of each run, and
 for a failed run the demo's own diagnosis line; ``--json`` keeps it all.
 
     .venv/bin/python bench/demo_reliability.py --runs 20 [--load] [--json out.json] [--set k=v]
+
+``--real`` runs ``make demo-real`` instead (``python -m areal.demo_real``, configs/real.yaml: the
+real model, held-out success before and after); its rise is the held-out one, its check a rise of
+at least 0.10 (``make real-model`` first).
+
+    .venv/bin/python bench/demo_reliability.py --real --runs 5
 """
 
 from __future__ import annotations
@@ -41,11 +47,17 @@ def busy() -> None:
 COUNTERS = ("trained", "dropped_stale", "dropped_late", "groups_split", "groups_split_at_bound")
 
 
-def one_run(out: Path, overrides: list[str]) -> dict[str, Any]:
+DEMOS = {
+    False: ("areal.demo", "configs/quickstart.yaml"),
+    True: ("areal.demo_real", "configs/real.yaml"),
+}
+
+
+def one_run(out: Path, overrides: list[str], real: bool = False) -> dict[str, Any]:
     """One fresh demo in ``out``: passed, rise, wall seconds, and the demo's last lines."""
     shutil.rmtree(out, ignore_errors=True)
-    command = [sys.executable, "-m", "areal.demo", "--config", "configs/quickstart.yaml"]
-    command += ["--output-dir", str(out)]
+    module, config = DEMOS[real]
+    command = [sys.executable, "-m", module, "--config", config, "--output-dir", str(out)]
     for item in overrides:
         command += ["--set", item]
     started = time.monotonic()
@@ -62,6 +74,12 @@ def one_run(out: Path, overrides: list[str]) -> dict[str, Any]:
         record["flat_groups"] = [int(h.get("flat_groups", 0)) for h in history]
         counters = json.loads(summary.read_text()).get("counters", {})
         record["counters"] = {k: counters[k] for k in COUNTERS if k in counters}
+        record["peak_rss_bytes"] = json.loads(summary.read_text()).get("peak_rss_bytes")
+    heldout = out / "demo_real.json"
+    if real and heldout.is_file():  # the rise that counts: held-out success, before -> after
+        found = json.loads(heldout.read_text())
+        first, last = found["before"]["success"], found["after"]["success"]
+        record.update(first=round(first, 3), last=round(last, 3), rise=round(last - first, 3))
     tail = [line for line in done.stdout.splitlines() if line.strip()][-3:]
     record["tail"] = tail
     return record
@@ -73,6 +91,7 @@ def main() -> int:
     parser.add_argument("--load", action="store_true", help="a CPU-bound process beside each run")
     parser.add_argument("--json", type=Path, help="write every run's record here")
     parser.add_argument("--set", action="append", default=[], help="a demo override, key=value")
+    parser.add_argument("--real", action="store_true", help="make demo-real: held-out success")
     args = parser.parse_args()
     records = []
     with tempfile.TemporaryDirectory(prefix="areal-demo-") as tmp:
@@ -81,7 +100,7 @@ def main() -> int:
             if loader is not None:
                 loader.start()
             try:
-                record = one_run(Path(tmp) / f"run{i}", args.set)
+                record = one_run(Path(tmp) / f"run{i}", args.set, args.real)
             finally:
                 if loader is not None:
                     loader.kill()

@@ -177,3 +177,41 @@ def _reference_model(path: str) -> Any:
 
         _MODELS[path] = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return _MODELS[path]
+
+
+def test_a_forced_tool_call_on_the_real_template_and_vocabulary(
+    served: tuple[RunningGateway, EngineRecorder], tokenizer: Any
+) -> None:
+    """SmolLM2's template has no tools section: the gateway says the tools in the system turn,
+    the engine's grammar (compiled over the real 49,152-token vocabulary) forces the call, and
+    the hermes parser reads it back."""
+    gateway, recorder = served
+    client = openai.OpenAI(base_url=gateway.v1, api_key=gateway.key)
+    add = {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                "required": ["a", "b"],
+            },
+        },
+    }
+    reply = client.chat.completions.create(
+        model=gateway.model,
+        messages=[{"role": "user", "content": "What is 3 plus 4? Use the tool."}],
+        tools=[add],  # type: ignore[list-item]
+        tool_choice="required",
+        max_tokens=48,
+        temperature=0,
+    )
+    prompt = tokenizer.decode(recorder.generate_bodies[-1]["input_ids"])
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and '"name": "add"' in prompt
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    assert call.function.name == "add"  # type: ignore[union-attr]
+    arguments = json.loads(call.function.arguments)  # type: ignore[union-attr]
+    assert set(arguments) == {"a", "b"} and all(isinstance(v, int) for v in arguments.values())

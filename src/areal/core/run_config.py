@@ -307,8 +307,8 @@ class DatasetConfig(_Section):
     )
     options: dict[str, Any] = Field(
         default_factory=dict,
-        description="The task set's options (e.g. reasoning_gym: tasks, size, seed); "
-        "`areal plug list` names each set's.",
+        description="The task set's options, e.g. reasoning_gym's tasks, size, seed "
+        "(docs/tasks.md names each set's).",
     )
     columns: dict[str, str] = Field(
         default_factory=dict,
