@@ -76,6 +76,14 @@ def cached_baseline(config: RunConfig, config_path: Path, out: Path, items: int)
     return result
 
 
+def record_heldout(log_dir: Path, results: list[tuple[int, dict[str, Any]]]) -> None:
+    """The held-out results as ``heldout`` events of the run's metrics.jsonl (step 0: before
+    training), so the plot and any reader of the metrics see them beside the training stream."""
+    with (log_dir / "metrics.jsonl").open("a", encoding="utf-8") as f:
+        for step, result in results:
+            f.write(json.dumps({"event": "heldout", "step": step, **result}) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m areal.demo_real", description=__doc__)
     parser.add_argument("--config", default="configs/real.yaml")
@@ -119,9 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     assert summary.checkpoint is not None
     after = heldout(str(Path(summary.checkpoint) / "model"), resolved, args.items)
     stream = first_and_last([h.get("success", 0.0) for h in summary.history])
+    record_heldout(config.logging.directory(out), [(0, before), (summary.steps, after)])
     figure = plot(
         [config.logging.directory(out)],
-        ["success", "reward", "loss"],
+        ["heldout/success", "success", "reward", "loss"],
         out / "success.png",
         title="areal demo-real: SmolLM2-135M-Instruct, reasoning-gym, async GRPO",
     )
