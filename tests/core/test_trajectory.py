@@ -13,7 +13,7 @@ from areal.core.trajectory import (
     extends,
     merge_completions,
 )
-from areal.core.types import Completion, Trajectory
+from areal.core.types import Completion, Sample, Trajectory
 
 
 def completion(
@@ -92,21 +92,25 @@ def test_mismatched_lengths_are_refused() -> None:
         merge_completions([bad])
 
 
-def test_episode_reward_is_discounted_back_over_samples() -> None:
+def test_episode_reward_is_discounted_back_per_turn() -> None:
     assert discounted_returns([0.0, 0.0, 0.0], 2.0, 0.9) == pytest.approx([1.62, 1.8, 2.0])
     traj = build_trajectory("s", four_turns(), episode_reward=1.0, discount=0.5)
-    assert [s.reward for s in traj.samples] == [0.5, 1.0]
+    # Four turns, two per sample: one discount per turn, merged or not.
+    assert [[s.ret for s in x.turns] for x in traj.samples] == [[0.125, 0.25], [0.5, 1.0]]
+    assert [s.reward for s in traj.samples] == [0.125, 0.5]  # each sample's first turn
     assert traj.reward == 1.0 and traj.completions == 4
     flat = build_trajectory("s", four_turns(), episode_reward=1.0)
     assert [s.reward for s in flat.samples] == [1.0, 1.0]
 
 
 def test_turn_rewards_add_to_the_return() -> None:
-    # sample 1: own -0.4 (c2) + R 1.0 = 0.6; sample 0: own 0.2 + 0.2 (c0, c1) + 0.5 * 0.6 = 0.7.
+    # G3 = R = 1; G2 = -0.4 + 0.5 * 1 = 0.1; G1 = 0.2 + 0.5 * 0.1 = 0.25; G0 = 0.2 + 0.125.
     traj = build_trajectory(
         "s", four_turns(c0=0.2, c1=0.2, c2=-0.4), episode_reward=1.0, discount=0.5
     )
-    assert [s.reward for s in traj.samples] == pytest.approx([0.7, 0.6])
+    returns = [[s.ret for s in x.turns] for x in traj.samples]
+    assert returns == [pytest.approx([0.325, 0.25]), pytest.approx([0.1, 1.0])]
+    assert [s.reward for s in traj.samples] == pytest.approx([0.325, 0.1])
     assert [t.reward for t in traj.turns] == [0.2, 0.2, -0.4, None]
 
 
@@ -128,3 +132,25 @@ def test_trajectory_survives_json() -> None:
     )
     back = Trajectory.from_json(json.loads(json.dumps(traj.to_json())))
     assert back == traj and back.turns[1].reward == 0.5 and back.metadata == {"task_id": "t1"}
+
+
+def test_each_turn_credits_its_own_tokens_in_a_merged_sample() -> None:
+    traj = build_trajectory("s", four_turns(c0=1.0), episode_reward=0.0, discount=1.0)
+    first, second = traj.samples
+    # Sample 0 is [1 2 3 | 4 5 | 6 7 | 8]: turn 0's output at 3-5, turn 1's at 7.
+    assert [(t.turn, t.start, t.end) for t in first.turns] == [(0, 3, 5), (1, 7, 8)]
+    assert first.token_returns().tolist() == [0, 0, 0, 1, 1, 0, 0, 0]  # turn 1's return is 0
+    assert first.token_turns().tolist() == [-1, -1, -1, 0, 0, -1, -1, 1]
+    assert [t.turn for t in second.turns] == [2, 3]  # turns count across the episode's samples
+
+
+def test_a_sample_without_spans_is_one_turn_worth_its_reward() -> None:
+    sample = Sample([1, 2, 3], [0, 1, 1], [0, -1, -1], [-1, 0, 0], reward=0.5)
+    assert sample.token_returns().tolist() == [0, 0.5, 0.5]
+    assert sample.token_turns().tolist() == [-1, 0, 0]
+
+
+def test_turn_spans_are_checked() -> None:
+    for bad in ([[0, 0, 4, 1.0]], [[1, 0, 1, 0.0], [1, 1, 2, 0.0]], [[0, 2, 1, 0.0]]):
+        with pytest.raises(ValueError, match="turn spans"):
+            Sample([1, 2, 3], [0, 1, 1], [0, -1, -1], [-1, 0, 0], turns=bad)

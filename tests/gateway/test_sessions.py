@@ -117,8 +117,10 @@ def test_lifecycle_records_token_exact_merges_and_discounts(start_gateway: Any) 
         assert merged.versions[generated].tolist() == gen1.versions + gen2.versions
         assert alone.input_ids.tolist() == prompt3 + gen3.output_ids
         assert alone.loss_mask.tolist() == [0] * len(prompt3) + [1] * len(gen3.output_ids)
-        # Episode reward 2 on the last sample; the first gets its turn reward + 0.5 * 2.
-        assert [merged.reward, alone.reward] == [0.25 + 1.0, 2.0]
+        # Episode reward 2 on the last turn; per turn, G1 = 0.25 + 0.5 * 2 and G0 = 0.5 * G1:
+        # each of the merged sample's turns keeps its own return.
+        assert [t.ret for t in merged.turns] == [0.625, 1.25] and alone.turns[0].ret == 2.0
+        assert [merged.reward, alone.reward] == [0.625, 2.0]  # each sample's first turn
 
         # The key is dead now; the admin still sees the summary; nothing more can change.
         assert httpx.get(f"{gw.v1}/models", headers=gw.headers(key)).status_code == 401

@@ -17,6 +17,7 @@ from typing import Any
 __all__ = [
     "LOSS_INPUTS",
     "OPTIONS_KEY",
+    "TURN_INPUTS",
     "TYPED_OPTIONS",
     "call_options",
     "check_advantage_options",
@@ -35,6 +36,9 @@ LOSS_INPUTS = (
 )
 # The inputs every advantage estimator gets (``advantage/<name>``).
 ADVANTAGE_INPUTS = ("rewards", "group_ids", "loss_mask")
+# The per-turn inputs an estimator gets when its signature names them
+# (:mod:`areal.plugins.trainer.turn_inputs`).
+TURN_INPUTS = ("token_returns", "turn_ids", "episode_ids", "input_ids")
 # The run-config key of a loss's own options.
 OPTIONS_KEY = "algorithm.loss_options"
 # ``algorithm`` fields that are options of the PPO-family losses: a config may set them there as
@@ -96,12 +100,22 @@ def call_options(
 def check_advantage_options(
     fn: Callable[..., Any], options: Mapping[str, Any], *, advantage: str
 ) -> None:
-    """``algorithm.advantage_options`` against the estimator's signature (inputs ``rewards``,
-    ``group_ids``, ``loss_mask``); ``ValueError`` naming each unknown key."""
+    """``algorithm.advantage_options`` against the estimator's signature (inputs
+    :data:`ADVANTAGE_INPUTS` and :data:`TURN_INPUTS`); ``ValueError`` naming each unknown key."""
+    inputs = (*ADVANTAGE_INPUTS, *TURN_INPUTS)
+    given = [n for n in options if n in inputs]
+    if given:
+        raise ValueError(
+            "\n".join(
+                f"algorithm.advantage_options.{n}: {n} is an input the trainer passes to the "
+                "estimator, not an option; remove it"
+                for n in given
+            )
+        )
     params = inspect.signature(fn).parameters.values()
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
         return
-    known = {p.name: p.default for p in params if p.name not in ADVANTAGE_INPUTS}
+    known = {p.name: p.default for p in params if p.name not in inputs}
     problems = [
         f"algorithm.advantage_options.{name}: "
         + _unknown(name, advantage, known).replace("loss ", "advantage ", 1)

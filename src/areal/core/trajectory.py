@@ -6,23 +6,33 @@ output, then the new messages. When that holds token for token, both turns becom
 saves recomputing the shared prefix. When it does not hold (the agent rewrote or dropped history,
 or the chat template renders past turns differently) the turn starts a new sample of the episode.
 
-Rewards: each completion may carry its own (per-turn) reward; the episode reward ``R`` goes to the
-last sample, and every sample gets the discounted return of what follows it:
-``G_last = r_last + R`` and ``G_i = r_i + discount * G_{i+1}``, where ``r_i`` sums the turn
-rewards of the completions merged into sample ``i``. With only an episode reward, the ``k``-th
-sample from the end gets ``R * discount**k``.
+Rewards, per turn: each completion may carry its own (per-turn) reward ``r_k``; the episode
+reward ``R`` is added to the last turn's. Turn ``k`` is credited with its discounted return,
+``G_last = r_last + R`` and ``G_k = r_k + discount * G_{k+1}``: one discount, per turn (a turn is
+a model call), whether the turns merged into one sample or not. Each sample records which of its
+generated tokens belong to which turn and that turn's return (:class:`~areal.core.types.TurnSpan`),
+so a reward for turn 1 credits turn 1's tokens and, discounted, no later ones; the sample's
+``reward`` is the return of its first turn. With only an episode reward, the ``k``-th turn from
+the end gets ``R * discount**k``. How estimators use the returns: docs/credit.md.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from areal.core.types import SAMPLE_DTYPES, Completion, Sample, Trajectory, as_token_array
+from areal.core.types import (
+    SAMPLE_DTYPES,
+    Completion,
+    Sample,
+    Trajectory,
+    TurnSpan,
+    as_token_array,
+)
 
 PROMPT_LOGPROB = 0.0
 PROMPT_VERSION = -1
@@ -53,18 +63,22 @@ class _Draft:
     temperature: float
     pieces: dict[str, list[Any]] = field(default_factory=lambda: {n: [] for n in SAMPLE_DTYPES})
     completion_ids: list[str] = field(default_factory=list)
+    spans: list[TurnSpan] = field(default_factory=list)  # returns 0 until assign_rewards
 
-    def add(self, completion: Completion) -> None:
-        """The completion's new context (its prompt beyond the sample so far), then its output."""
+    def add(self, completion: Completion, turn: int) -> None:
+        """The completion's new context (its prompt beyond the sample so far), then its output,
+        which is turn ``turn`` of the episode."""
         context = completion.prompt_ids[len(self.ids) :]
         n, m = len(context), len(completion.output_ids)
         where = f"completion {completion.completion_id}"
         mask, logprobs, versions = (SAMPLE_DTYPES[k] for k in ("loss_mask", "logprobs", "versions"))
         self._add(where, context, np.zeros(n, mask), np.full(n, PROMPT_LOGPROB, logprobs),
                   np.full(n, PROMPT_VERSION, versions))  # fmt: skip
+        start = len(self.ids)
         self._add(where, completion.output_ids, np.ones(m, mask), completion.output_logprobs,
                   completion.output_versions)  # fmt: skip
         self.completion_ids.append(completion.completion_id)
+        self.spans.append(TurnSpan(turn, start, start + m, 0.0))
 
     def _add(self, where: str, ids: Sequence[int], *columns: Any) -> None:
         self.ids += ids
@@ -75,7 +89,9 @@ class _Draft:
 
     def sample(self) -> Sample:
         ids, mask, logprobs, versions = (np.concatenate(self.pieces[n]) for n in SAMPLE_DTYPES)
-        return Sample(ids, mask, logprobs, versions, 0.0, self.completion_ids, self.temperature)
+        return Sample(
+            ids, mask, logprobs, versions, 0.0, self.completion_ids, self.temperature, self.spans
+        )
 
 
 def joins(ids: Sequence[int], temperature: float, completion: Completion) -> bool:
@@ -89,14 +105,15 @@ def merge_completions(completions: Sequence[Completion]) -> list[Sample]:
     """Samples from completions in turn order, merging each turn into the previous sample when its
     prompt extends that sample's tokens (the previous prompt and output) exactly.
 
-    Rewards are left at 0; :func:`assign_rewards` sets them.
+    Each sample's turn spans number the turns 0, 1, ... in that order across the episode.
+    Rewards and returns are left at 0; :func:`assign_rewards` sets them.
     """
     drafts: list[_Draft] = []
-    for completion in sorted(completions, key=lambda c: c.turn):
+    for turn, completion in enumerate(sorted(completions, key=lambda c: c.turn)):
         _check(completion)
         if not drafts or not joins(drafts[-1].ids, drafts[-1].temperature, completion):
             drafts.append(_Draft([], completion.temperature))
-        drafts[-1].add(completion)
+        drafts[-1].add(completion, turn)
     return [draft.sample() for draft in drafts]
 
 
@@ -146,7 +163,7 @@ def first_difference(a: Sequence[int], b: Sequence[int]) -> int:
 def discounted_returns(
     turn_rewards: Sequence[float], episode_reward: float | None, discount: float
 ) -> list[float]:
-    """Per-sample returns: ``G_last = r_last + R``, ``G_i = r_i + discount * G_{i+1}``."""
+    """Per-turn returns: ``G_last = r_last + R``, ``G_k = r_k + discount * G_{k+1}``."""
     returns = [0.0] * len(turn_rewards)
     following = episode_reward or 0.0
     for i in range(len(turn_rewards) - 1, -1, -1):
@@ -161,13 +178,12 @@ def assign_rewards(
     episode_reward: float | None,
     discount: float = 1.0,
 ) -> None:
-    """Set each sample's reward to its discounted return (see the module docstring)."""
-    turn_reward = {c.completion_id: c.reward or 0.0 for c in completions}
-    own = [sum(turn_reward.get(cid, 0.0) for cid in s.completion_ids) for s in samples]
-    for sample, value in zip(
-        samples, discounted_returns(own, episode_reward, discount), strict=True
-    ):
-        sample.reward = value
+    """Credit each turn span with its turn's discounted return and set each sample's reward to
+    its first turn's (see the module docstring). ``completions`` in turn order, as merged."""
+    returns = discounted_returns([c.reward or 0.0 for c in completions], episode_reward, discount)
+    for sample in samples:
+        sample.turns = [replace(span, ret=returns[span.turn]) for span in sample.turns]
+        sample.reward = sample.turns[0].ret if sample.turns else 0.0
 
 
 def build_trajectory(

@@ -13,6 +13,7 @@ ZeroMQ in 0.08 ms.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Sequence
@@ -124,6 +125,42 @@ def as_token_array(values: TokenValues, dtype: np.dtype[Any], what: str) -> Any:
     return wide.astype(dtype)
 
 
+@dataclass(frozen=True)
+class TurnSpan:
+    """One turn's generated tokens in a sample, ``[start, end)``, and the return they are
+    credited with: ``ret`` is the discounted return from that turn on, ``G_k = r_k + γ·G_{k+1}``
+    (:mod:`areal.core.trajectory`). ``turn`` is the turn's index in its episode (0-based, the
+    same in every sample of the episode), so an estimator can compare turn ``k`` across the
+    episodes of a group (docs/credit.md)."""
+
+    turn: int
+    start: int
+    end: int
+    ret: float
+
+    @classmethod
+    def of(cls, value: TurnSpan | Sequence[Any]) -> TurnSpan:
+        """A span from itself or from ``[turn, start, end, ret]`` (JSON, the queue's header)."""
+        if isinstance(value, TurnSpan):
+            return value
+        turn, start, end, ret = value
+        return cls(int(turn), int(start), int(end), float(ret))
+
+
+def check_turn_spans(spans: Sequence[TurnSpan], length: int) -> None:
+    """Spans inside the sample, in order and apart, turns increasing: ``ValueError`` otherwise."""
+    at, last_turn = 0, -1
+    for span in spans:
+        if not (at <= span.start <= span.end <= length) or span.turn <= last_turn:
+            raise ValueError(
+                f"a sample's turn spans must be ordered, disjoint and inside its {length} tokens "
+                f"with increasing turns; got {span} after token {at}, turn {last_turn}"
+            )
+        if not math.isfinite(span.ret):
+            raise ValueError(f"a turn's return must be finite, got {span.ret}")
+        at, last_turn = span.end, span.turn
+
+
 @dataclass(init=False, eq=False)
 class Sample:
     """One training sequence: turns whose prompts extend each other merged token for token.
@@ -135,6 +172,11 @@ class Sample:
     The four token fields are 1-D numpy arrays of :data:`SAMPLE_DTYPES` (lists given to the
     constructor are converted once); arrays decoded from the queue are read-only views of the
     received bytes. Assigning a list to one later converts it too.
+
+    ``reward`` is the return of the sample's first turn. ``turns`` says which generated tokens
+    belong to which turn of the episode and the return each turn is credited with, so a reward
+    posted for turn k credits turn k's tokens even when the turns merged into one sample. A
+    sample without spans (built by hand, or by an older peer) is one turn worth ``reward``.
     """
 
     input_ids: npt.NDArray[np.int32]
@@ -144,6 +186,7 @@ class Sample:
     reward: float = 0.0
     completion_ids: list[str] = field(default_factory=list)
     temperature: float = 1.0
+    turns: list[TurnSpan] = field(default_factory=list)
 
     def __init__(
         self,
@@ -154,6 +197,7 @@ class Sample:
         reward: float = 0.0,
         completion_ids: list[str] | None = None,
         temperature: float = 1.0,
+        turns: Sequence[TurnSpan | Sequence[Any]] | None = None,
     ) -> None:
         self.input_ids = input_ids  # type: ignore[assignment]  # __setattr__ makes it an array
         self.loss_mask = loss_mask  # type: ignore[assignment]
@@ -162,6 +206,7 @@ class Sample:
         self.reward = reward
         self.completion_ids = [] if completion_ids is None else completion_ids
         self.temperature = temperature
+        self.turns = [TurnSpan.of(t) for t in turns or ()]
         self.__post_init__()
 
     @classmethod
@@ -171,6 +216,7 @@ class Sample:
         reward: float = 0.0,
         completion_ids: list[str] | None = None,
         temperature: float = 1.0,
+        turns: list[TurnSpan] | None = None,
     ) -> Sample:
         """A sample over the four token arrays in field order, which already have
         :data:`SAMPLE_DTYPES` and are flat and contiguous (the queue's decoded views): the
@@ -183,6 +229,7 @@ class Sample:
             sample, "completion_ids", [] if completion_ids is None else completion_ids
         )
         object.__setattr__(sample, "temperature", temperature)
+        object.__setattr__(sample, "turns", [] if turns is None else turns)
         sample.__post_init__()
         return sample
 
@@ -200,6 +247,7 @@ class Sample:
             raise ValueError("a sample's ids, mask, logprobs and versions must have one length")
         if not self.temperature > 0:
             raise ValueError(f"a sample's temperature must be > 0, got {self.temperature}")
+        check_turn_spans(self.turns, n)
 
     def __eq__(self, other: object) -> bool:
         """Equal fields, the arrays element for element (a dataclass's ``==`` cannot compare
@@ -229,12 +277,36 @@ class Sample:
     def generated_tokens(self) -> int:
         return int(np.count_nonzero(self.loss_mask))
 
+    def token_returns(self) -> npt.NDArray[np.float32]:
+        """Per token, the return its turn is credited with (0 off the generated tokens); without
+        spans, ``reward`` on every generated token."""
+        mask = self.loss_mask != 0
+        if not self.turns:
+            return np.where(mask, np.float32(self.reward), np.float32(0.0)).astype(np.float32)
+        out = np.zeros(len(self.input_ids), np.float32)
+        for span in self.turns:
+            out[span.start : span.end] = span.ret
+        return np.where(mask, out, np.float32(0.0)).astype(np.float32)
+
+    def token_turns(self) -> npt.NDArray[np.int32]:
+        """Per token, the episode turn it belongs to (-1 off the generated tokens); without
+        spans, turn 0 on every generated token."""
+        out = np.full(len(self.input_ids), -1, np.int32)
+        if not self.turns:
+            out[self.loss_mask != 0] = 0
+            return out
+        for span in self.turns:
+            out[span.start : span.end] = span.turn
+        out[self.loss_mask == 0] = -1
+        return out
+
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types (lists for the arrays)."""
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in SAMPLE_DTYPES:
             out[name] = out[name].tolist()
         out["completion_ids"] = list(self.completion_ids)
+        out["turns"] = [[t.turn, t.start, t.end, t.ret] for t in self.turns]
         return out
 
 

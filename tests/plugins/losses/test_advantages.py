@@ -14,11 +14,15 @@ from areal.plugins.losses.advantages import (
     broadcast_to_tokens,
     gae_advantages,
     gae_no_critic_advantages,
+    gae_token_advantages,
     grpo_advantages,
+    grpo_token_advantages,
     kl_penalized_rewards,
     normalize_batch_advantages,
     rloo_advantages,
+    rloo_token_advantages,
     sequence_rewards_to_tokens,
+    turn_rewards_on_tokens,
 )
 
 INF = math.inf
@@ -188,3 +192,64 @@ def test_batch_normalisation_over_all_valid_tokens() -> None:
         normalize_batch_advantages(adv.reshape(-1), mask.reshape(-1), eps=0.0), out.reshape(-1)
     )
     assert not normalize_batch_advantages(adv, torch.zeros_like(mask)).any()
+
+
+# --- per-turn returns: each token valued at its own turn's return ------------------------------
+
+# Two samples of one group, two turns each: [ctx, t0, t0, ctx, t1]; turn returns [2, 1] and [0, 0].
+TURN_MASK = torch.tensor([[0, 1, 1, 0, 1], [0, 1, 1, 0, 1]])
+TURN_RETURNS = torch.tensor([[0, 2.0, 2.0, 0, 1.0], [0, 0.0, 0.0, 0, 0.0]])
+TURN_REWARDS = torch.tensor([2.0, 0.0])  # each sample's first turn
+
+
+def test_grpo_and_rloo_value_each_token_at_its_turn_return() -> None:
+    groups = torch.tensor([0, 0])
+    rloo = rloo_token_advantages(
+        rewards=TURN_REWARDS, group_ids=groups, loss_mask=TURN_MASK, token_returns=TURN_RETURNS
+    )
+    close(rloo, [[0, 2, 2, 0, 1], [0, -2, -2, 0, -2]])
+    grpo = grpo_token_advantages(
+        rewards=TURN_REWARDS, group_ids=groups, loss_mask=TURN_MASK, token_returns=TURN_RETURNS
+    )
+    std = math.sqrt(2.0)  # of [2, 0], unbiased
+    mean = 1.0
+    expected = [(g - mean) / (std + 1e-6) for g in (2, 1, 0)]
+    want = [[0, expected[0], expected[0], 0, expected[1]], [0, *[expected[2]] * 2, 0, expected[2]]]
+    torch.testing.assert_close(grpo, torch.tensor(want, dtype=grpo.dtype))
+
+
+def test_without_turn_rewards_turn_returns_change_nothing() -> None:
+    groups, rewards = torch.tensor([0, 0, 1]), torch.tensor([1.0, 0.0, 3.0])
+    mask = torch.tensor([[1, 1, 0], [0, 1, 1], [1, 0, 1]])
+    returns = torch.where(mask.bool(), rewards[:, None], 0.0)
+    for fn in (grpo_token_advantages, rloo_token_advantages, gae_token_advantages):
+        plain = fn(rewards=rewards, group_ids=groups, loss_mask=mask)
+        turned = fn(rewards=rewards, group_ids=groups, loss_mask=mask, token_returns=returns)
+        torch.testing.assert_close(turned, plain)
+
+
+def test_a_group_of_one_still_teaches_nothing_per_turn() -> None:
+    adv = grpo_token_advantages(
+        rewards=TURN_REWARDS[:1],
+        group_ids=torch.tensor([0]),
+        loss_mask=TURN_MASK[:1],
+        token_returns=TURN_RETURNS[:1],
+    )
+    close(adv, [[0, 0, 0, 0, 0]])
+
+
+def test_gae_credits_turns_and_discounts_per_token_only_when_told() -> None:
+    # Per-turn discount lives in the returns; GAE's defaults (γ = λ = 1) add no per-token decay.
+    adv = gae_token_advantages(
+        rewards=TURN_REWARDS, group_ids=torch.tensor([0, 0]), loss_mask=TURN_MASK,
+        token_returns=TURN_RETURNS,
+    )  # fmt: skip
+    close(adv, TURN_RETURNS.tolist())
+    rewards_on_tokens = turn_rewards_on_tokens(TURN_RETURNS, TURN_MASK)
+    close(rewards_on_tokens, [[0, 0, 1, 0, 1], [0, 0, 0, 0, 0]])  # where each turn ends
+    decayed = gae_token_advantages(
+        rewards=TURN_REWARDS, group_ids=torch.tensor([0, 0]), loss_mask=TURN_MASK,
+        token_returns=TURN_RETURNS, gamma=0.5,
+    )  # fmt: skip
+    # Token by token from the end: 1; 1 + 0.5·1 (turn 0's end; masked context is no step); ...
+    close(decayed[0], [0, 0.75, 1.5, 0, 1])

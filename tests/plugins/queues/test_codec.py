@@ -22,6 +22,7 @@ def rich_trajectory() -> Trajectory:
         versions=[-1, -1, 3, 3, 4],
         reward=0.75,
         completion_ids=["c-1", "c-2"],
+        turns=[[0, 2, 4, 0.75], [1, 4, 5, 0.25]],
     )
     empty = Sample(input_ids=[], loss_mask=[], logprobs=[], versions=[], reward=-1.0)
     turns = [
@@ -97,6 +98,10 @@ def test_header_that_lies_about_the_records_is_rejected() -> None:
     header = msgpack.unpackb(frames[0], strict_map_key=False)
     header["turns"].pop()  # four array frames that no record claims
     with pytest.raises(CodecError, match="do not match its 2 samples and 1 turns"):
+        decode([msgpack.packb(header), *frames[1:]])
+    header = msgpack.unpackb(frames[0], strict_map_key=False)
+    header["samples"][0]["turns"][1][2] = 6  # a turn past the sample's 5 tokens
+    with pytest.raises(CodecError, match="turn spans must be ordered, disjoint and inside"):
         decode([msgpack.packb(header), *frames[1:]])
     header = msgpack.unpackb(frames[0], strict_map_key=False)
     header["arrays"][0][0] = "<f8"  # ids that would decode as floats

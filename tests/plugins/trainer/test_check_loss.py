@@ -101,3 +101,16 @@ def test_a_typed_field_the_loss_does_not_take_is_ignored_with_a_warning(
     assert "algorithm.eps_clip: loss 'sapo' has no option 'eps_clip', so it is ignored" in (
         caplog.text
     )
+
+
+def test_the_discount_is_per_turn_and_never_gae_s_per_token_gamma(tmp_path: Path) -> None:
+    setup = setup_of(tmp_path, "algorithm.advantage=gae", "algorithm.discount=0.9")
+    assert step_options(setup)["advantage_options"] == {}  # γ = λ = 1 per token
+    told = setup_of(
+        tmp_path, "algorithm.advantage=gae", "algorithm.advantage_options={gamma: 0.99}"
+    )
+    assert step_options(told)["advantage_options"] == {"gamma": 0.99}
+    with pytest.raises(ValueError, match=r"algorithm.advantage_options.lam and .gamma"):
+        setup_of(tmp_path, "algorithm.gae_lambda=0.95")
+    with pytest.raises(EngineError, match="token_returns is an input the trainer passes"):
+        check_loss(setup_of(tmp_path, "algorithm.advantage_options={token_returns: 1}"))

@@ -12,7 +12,12 @@ per-token KL-to-reference penalty (:func:`kl_penalized_rewards`) → GAE without
 "broadcast the sequence advantage to every generated token" (:func:`broadcast_to_tokens`).
 
 The ``*_token_advantages`` functions at the end share one keyword signature and are what the
-``advantage/<name>`` registry entries point to, so the trainer can pick one by name.
+``advantage/<name>`` registry entries point to, so the trainer can pick one by name. Each also
+takes ``token_returns`` ``[N, T]``, the return of the turn each token belongs to
+(:mod:`areal.plugins.trainer.turn_inputs`): a token is credited with its own turn's return
+rather than its sample's, so a reward for turn 1 reaches turn 1's tokens and no later ones. With
+one turn per sample, or no per-turn rewards and a discount of 1, every token's return is its
+sample's reward and each estimator is exactly its sequence-level form.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ __all__ = [
     "rloo_advantages",
     "rloo_token_advantages",
     "sequence_rewards_to_tokens",
+    "turn_rewards_on_tokens",
 ]
 
 
@@ -249,28 +255,88 @@ def _check_same(advantages: Tensor, loss_mask: Tensor) -> None:
 # --- the registered estimators: one keyword signature, [N] rewards -> [N, T] advantages ---------
 
 
+def _per_turn(
+    adv: Tensor,
+    rewards: Tensor,
+    token_returns: Tensor | None,
+    loss_mask: Tensor,
+    silent: Tensor,
+    scale: Tensor | None = None,
+) -> Tensor:
+    """The sequence advantages ``adv`` ``[N]`` on every generated token, each moved by how far
+    its turn's return is from its sample's reward (over ``scale`` ``[N]``, the estimator's
+    normalisation): ``A_t = adv_i + (G_t − r_i) / scale_i``. ``silent`` ``[N]`` marks samples
+    that teach nothing (a group of one under ``single_sample: zero``): 0 on every token."""
+    out = broadcast_to_tokens(adv, loss_mask)
+    if token_returns is None:
+        return out
+    _check_tokens(loss_mask, token_returns)
+    shift = token_returns.to(torch.float64) - _floating(rewards).to(torch.float64)[:, None]
+    if scale is not None:
+        shift = shift / scale.to(torch.float64)[:, None]
+    moved = torch.where(loss_mask.bool() & ~silent[:, None], shift, 0.0)
+    return (out.to(torch.float64) + moved).to(out.dtype)
+
+
 def grpo_token_advantages(
     *,
     rewards: Tensor,
     group_ids: Tensor,
     loss_mask: Tensor,
+    token_returns: Tensor | None = None,
     eps: float = 1e-6,
     normalize_std: bool = True,
     single_sample: str = "zero",
 ) -> Tensor:
     """``advantage/grpo``: :func:`grpo_advantages` (``eps``, ``normalize_std``,
-    ``single_sample``) on every token."""
+    ``single_sample``), each token centred and scaled by its group's statistics of the samples'
+    rewards but valued at its own turn's return: ``A_t = (G_t − mean_g) / (std_g + eps)``."""
     adv = grpo_advantages(
         rewards, group_ids, eps=eps, normalize_std=normalize_std, single_sample=single_sample
     )
-    return broadcast_to_tokens(adv, loss_mask)
+    if token_returns is None:
+        return broadcast_to_tokens(adv, loss_mask)
+    size, _, sq_dev = _group_stats(rewards, group_ids)
+    silent = (size == 1) & (single_sample == "zero")
+    scale = None
+    if normalize_std:
+        std = torch.where(size == 1, 1.0, torch.sqrt(sq_dev / (size - 1).clamp(min=1)))
+        scale = std + eps
+    return _per_turn(adv, rewards, token_returns, loss_mask, silent, scale)
 
 
 def rloo_token_advantages(
-    *, rewards: Tensor, group_ids: Tensor, loss_mask: Tensor, single_sample: str = "zero"
+    *,
+    rewards: Tensor,
+    group_ids: Tensor,
+    loss_mask: Tensor,
+    token_returns: Tensor | None = None,
+    single_sample: str = "zero",
 ) -> Tensor:
-    """``advantage/rloo``: :func:`rloo_advantages` (``single_sample``) on every token."""
-    return broadcast_to_tokens(rloo_advantages(rewards, group_ids, single_sample), loss_mask)
+    """``advantage/rloo``: :func:`rloo_advantages` (``single_sample``), each token valued at its
+    own turn's return: ``A_t = G_t − mean_{j≠i, j∈g} r_j``."""
+    adv = rloo_advantages(rewards, group_ids, single_sample)
+    if token_returns is None:
+        return broadcast_to_tokens(adv, loss_mask)
+    silent = (_group_stats(rewards, group_ids)[0] == 1) & (single_sample == "zero")
+    return _per_turn(adv, rewards, token_returns, loss_mask, silent)
+
+
+def turn_rewards_on_tokens(token_returns: Tensor, loss_mask: Tensor) -> Tensor:
+    """Token rewards ``[N, T]`` whose undiscounted sum from any generated token on is that
+    token's turn return: each generated token gets its return less the next generated token's
+    (the sample's last one keeps its whole return). So the reward sits where a turn ends and its
+    return changes, and GAE with γ = λ = 1 gives every token exactly its turn's return."""
+    _check_tokens(loss_mask, token_returns)
+    mask = loss_mask.bool()
+    g = torch.where(mask, _floating(token_returns), 0.0)
+    out = torch.zeros_like(g)
+    following = torch.zeros(g.shape[0], dtype=g.dtype, device=g.device)
+    for t in range(g.shape[1] - 1, -1, -1):
+        m = mask[:, t]
+        out[:, t] = torch.where(m, g[:, t] - following, 0.0)
+        following = torch.where(m, g[:, t], following)
+    return out
 
 
 def gae_token_advantages(
@@ -278,13 +344,20 @@ def gae_token_advantages(
     rewards: Tensor,
     group_ids: Tensor,
     loss_mask: Tensor,
+    token_returns: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
 ) -> Tensor:
-    """``advantage/gae``: the sequence reward on the last token, then GAE without a critic.
+    """``advantage/gae``: GAE without a critic over token rewards, each turn's reward where the
+    turn ends (:func:`turn_rewards_on_tokens`; without ``token_returns``, the sequence reward on
+    the last token). ``gamma`` and ``lam`` are per token and default to 1: the per-turn discount
+    is already in the returns (``algorithm.discount``), and is never applied per token as well.
 
     ``group_ids`` is accepted for the common signature and unused: GAE needs no group.
     """
     del group_ids
-    token_rewards = sequence_rewards_to_tokens(rewards, loss_mask)
+    if token_returns is None:
+        token_rewards = sequence_rewards_to_tokens(rewards, loss_mask)
+    else:
+        token_rewards = turn_rewards_on_tokens(token_returns, loss_mask)
     return gae_no_critic_advantages(token_rewards, loss_mask, gamma, lam)

@@ -34,7 +34,14 @@ import msgspec
 import numpy as np
 import xxhash
 
-from areal.core.types import SAMPLE_DTYPES, Completion, Sample, Trajectory, as_token_array
+from areal.core.types import (
+    SAMPLE_DTYPES,
+    Completion,
+    Sample,
+    Trajectory,
+    TurnSpan,
+    as_token_array,
+)
 
 FORMAT = "areal.trajectory/2"
 
@@ -75,6 +82,8 @@ class SampleHeader(msgspec.Struct, forbid_unknown_fields=True):
     reward: Number
     completion_ids: list[str]
     temperature: Number
+    # Each turn's generated tokens and return: (turn, start, end, return); checked by Sample.
+    turns: list[tuple[Count, Count, Count, Number]] = msgspec.field(default_factory=list)
 
 
 class TurnHeader(msgspec.Struct, forbid_unknown_fields=True):
@@ -185,7 +194,10 @@ def encode_parts(trajectory: Trajectory) -> Encoded:
     samples = []
     for i, sample in enumerate(trajectory.samples):
         payload.add(sample, SAMPLE_ARRAYS, f"samples[{i}]")
-        samples.append(SampleHeader(sample.reward, sample.completion_ids, sample.temperature))
+        spans = [(t.turn, t.start, t.end, t.ret) for t in sample.turns]
+        samples.append(
+            SampleHeader(sample.reward, sample.completion_ids, sample.temperature, spans)
+        )
     turns = []
     for i, turn in enumerate(trajectory.turns):
         payload.add(turn, TURN_ARRAYS, f"turns[{i}]")
@@ -284,10 +296,10 @@ def decode(frames: Sequence[Any]) -> Trajectory:
         # The views have the wire's dtypes, which are the sample's: no conversion to check.
         samples = [
             Sample.of_wire_arrays(columns[4 * i : 4 * i + 4], s.reward, s.completion_ids,
-                                  s.temperature)
+                                  s.temperature, [TurnSpan(*t) for t in s.turns])
             for i, s in enumerate(header.samples)
         ]  # fmt: skip
-    except ValueError as err:  # arrays of different lengths, a temperature not above 0
+    except ValueError as err:  # arrays of different lengths, a temperature not above 0, spans
         raise CodecError(f"the header does not describe a valid trajectory: {err}") from err
     turns = []
     at = 4 * len(samples)

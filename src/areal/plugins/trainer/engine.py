@@ -65,7 +65,6 @@ def step_options(setup: EngineSetup) -> dict[str, Any]:
         "max_grad_norm": train.max_grad_norm,
         "advantage": algo.advantage,
         "advantage_options": {
-            **({"gamma": algo.discount, "lam": algo.gae_lambda} if algo.advantage == "gae" else {}),
             **algo.advantage_options,
         },
         "advantage_norm": algo.advantage_norm,

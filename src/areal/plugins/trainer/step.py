@@ -2,9 +2,9 @@
 
 The story of :func:`train_step`, top to bottom:
 
-1. **Advantages** from the samples' sequence rewards, by the estimator named ``advantage``
-   (``advantage/<name>`` in the loss registry: GRPO, RLOO, GAE), on the prediction-aligned loss
-   mask, optionally normalised over the batch's valid tokens (``advantage_norm: batch``), then
+1. **Advantages** from the samples' rewards and their turns' returns, by the estimator named
+   ``advantage`` (``advantage/<name>`` in the loss registry: GRPO, RLOO, GAE, turn, GiGPO), on
+   the prediction-aligned loss mask (:mod:`~areal.plugins.trainer.turn_inputs`), optionally normalised over the batch's valid tokens (``advantage_norm: batch``), then
    looked up per packed token.
 2. **Proximal log-probs** π_prox, the trust-region anchor: ``recompute`` runs the pre-update
    weights over every minibatch under ``no_grad`` *before the first update* (the step's minibatches
@@ -50,6 +50,7 @@ from areal.plugins.models.decoder import DecoderForCausalLM
 from areal.plugins.trainer.loss_probe import probe_loss
 from areal.plugins.trainer.packed_attention import PackedCausalAttention
 from areal.plugins.trainer.packing import PackedBatch, pack
+from areal.plugins.trainer.turn_inputs import turn_inputs, wanted_turn_inputs
 
 __all__ = [
     "ADVANTAGE_NORMS",
@@ -353,10 +354,19 @@ def train_step(
             raise ValueError("kl_coef > 0 needs the reference model")
         kl_ref = reference_kl(reference, minibatches, len(samples), layout).cpu()
         rewards = rewards - kl_coef * kl_ref
+    # Estimators that credit turns also get each token's turn and return (turn_inputs).
+    extra = turn_inputs(
+        samples,
+        group_ids,
+        wanted_turn_inputs(advantage_fn),
+        width=loss_mask.shape[1],
+        return_shift=-kl_coef * kl_ref if kl_coef else None,
+    )
     token_adv = advantage_fn(
         rewards=rewards,
         group_ids=torch.tensor(list(group_ids), dtype=torch.long),
         loss_mask=loss_mask,
+        **extra,
         **(advantage_options or {}),
     )
     if advantage_norm != "none":
