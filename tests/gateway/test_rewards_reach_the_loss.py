@@ -180,7 +180,7 @@ def test_a_first_turn_reward_credits_only_the_first_turn_of_a_merged_sample(
         two_merged_turns(url, first_turn_reward=None)
 
     seen, _, history = train_one_step(
-        engine[0], gateway_model_dir, tmp_path, episodes, discount=1.0, advantage="rloo"
+        engine[0], gateway_model_dir, tmp_path, episodes, discount=1.0, advantage="turn"
     )
     assert history[0]["updated"] == 2.0
     ((advantages, mask, bounds),) = seen
@@ -188,7 +188,7 @@ def test_a_first_turn_reward_credits_only_the_first_turn_of_a_merged_sample(
         advantages.flatten()[a:b][mask.flatten()[a:b]]
         for a, b in itertools.pairwise(bounds.tolist())
     )
-    # RLOO with turn returns: A_t = G_turn(t) − the other episode's return. The rewarded
-    # episode's returns are [1, 0] (turn 1's reward reaches turn 1 only), the plain one's [0, 0].
+    # advantage/turn: A = G_k − the other episode's G_k. Returns: the rewarded episode [1, 0]
+    # (turn 1's reward reaches turn 1 only), the plain one [0, 0].
     assert rewarded[0] == 1.0 and rewarded[-1] == 0.0 and set(rewarded.tolist()) == {1.0, 0.0}
-    assert set(plain.tolist()) == {-1.0}
+    assert plain[0] == -1.0 and plain[-1] == 0.0 and set(plain.tolist()) == {-1.0, 0.0}

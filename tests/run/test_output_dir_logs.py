@@ -22,10 +22,21 @@ import areal
 from areal.cli.main import make_app
 from areal.core.run_config import load_run_config
 from areal.host.footprint import disk_bytes
-from areal.run.train import with_log_dir
+from areal.run.train import default_output_dir, with_log_dir
 from support.runs import QUICKSTART, small
 
 runner = CliRunner()
+
+
+def test_no_shipped_config_pins_its_logs_and_examples_get_their_own_directory() -> None:
+    root = Path(areal.__file__).parents[2]
+    for path in [*root.glob("configs/*.yaml"), *root.glob("examples/*/config.yaml")]:
+        logging = (yaml.safe_load(path.read_text()) or {}).get("logging") or {}
+        assert "log_dir" not in logging, f"{path} pins logging.log_dir: -o would not move it"
+    assert default_output_dir("configs/quickstart.yaml") == Path("runs/quickstart")
+    example = default_output_dir("examples/openai_math/config.yaml")
+    assert example == Path("runs/examples/openai_math")  # not runs/config, shared by all
+    assert default_output_dir("config.yaml") == Path("runs/config")
 
 
 def test_an_unset_log_dir_follows_the_output_dir(tmp_path: Path) -> None:

@@ -51,7 +51,14 @@ def load(config: str, overrides: Sequence[str] = (), agent_config: str | None = 
 
 
 def default_output_dir(config_path: str) -> Path:
-    return Path("runs") / Path(config_path).stem
+    """``runs/<config name>``; a file named ``config.yaml`` is named by its folder, so
+    ``examples/openai_math/config.yaml`` runs in ``runs/examples/openai_math`` (beside the model
+    its config builds there) and two examples never share a directory."""
+    path = Path(config_path)
+    if path.stem != "config" or path.parent == Path("."):
+        return Path("runs") / path.stem
+    folder = path.parent
+    return Path("runs") / (folder.name if folder.is_absolute() or ".." in folder.parts else folder)
 
 
 def with_log_dir(config: RunConfig, output_dir: str | Path) -> RunConfig:

@@ -10,7 +10,9 @@ first call, so loading plugins, listing them or validating a config never import
   ``kl_cov`` (:mod:`.cov`);
 - ``advantage/grpo``, ``advantage/rloo``, ``advantage/gae``: token-level advantage estimators with
   one keyword signature ``(*, rewards [N], group_ids [N], loss_mask [N, T], **options) -> [N, T]``
-  (:mod:`areal.plugins.losses.advantages`). They share the loss registry, under a prefix, because
+  (:mod:`areal.plugins.losses.advantages`), and ``advantage/turn``, ``advantage/gigpo``, which
+  credit turns (:mod:`areal.plugins.losses.turn_advantages`; they also name per-turn inputs,
+  :mod:`areal.plugins.trainer.turn_inputs`). They share the loss registry, under a prefix, because
   the trainer picks both by name from the same ``algorithm`` section;
 - ``proximal/loglinear``: :func:`areal.plugins.losses.ppo.loglinear_proximal_logprobs`, the
   π_prox approximation for ``prox_logp: loglinear`` and ``loglinear_every_minibatch``;
@@ -39,6 +41,8 @@ BUILTIN_LOSSES: dict[str, str] = {
     f"{ADVANTAGE_PREFIX}grpo": f"{_PKG}.advantages:grpo_token_advantages",
     f"{ADVANTAGE_PREFIX}rloo": f"{_PKG}.advantages:rloo_token_advantages",
     f"{ADVANTAGE_PREFIX}gae": f"{_PKG}.advantages:gae_token_advantages",
+    f"{ADVANTAGE_PREFIX}turn": f"{_PKG}.turn_advantages:turn_token_advantages",
+    f"{ADVANTAGE_PREFIX}gigpo": f"{_PKG}.turn_advantages:gigpo_token_advantages",
     "proximal/loglinear": f"{_PKG}.ppo:loglinear_proximal_logprobs",
     "advantage_norm/batch": f"{_PKG}.advantages:normalize_batch_advantages",
 }

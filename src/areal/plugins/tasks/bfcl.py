@@ -27,10 +27,11 @@ numbers within the category; default all 200), ``max_steps_per_turn`` (default B
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from areal.core.config import ConfigError
@@ -71,22 +72,11 @@ class Options:
 
 
 def configure(options: Mapping[str, Any]) -> TaskSet:
-    """The task set as ``dataset.options`` asks; a wrong option is a ConfigError naming it."""
-    return make_task_set(parse_options(options))
+    """The task set as ``dataset.options`` asks (the registry holds the defaults); a wrong option
+    is a ConfigError naming it."""
+    from areal.core.tasks import task_set
 
-
-def make_task_set(options: Options) -> TaskSet:
-    def configured_task(index: int, seed: int) -> dict[str, Any]:
-        return build_task(options, index, seed)
-
-    return TaskSet(
-        name=NAME,
-        description=DESCRIPTION,
-        task=configured_task,
-        agent=f"{__name__}:agent",
-        success_reward=SUCCESS_REWARD,
-        configure=configure,
-    )
+    return replace(task_set(NAME), task=functools.partial(build_task, parse_options(options)))
 
 
 def parse_options(options: Mapping[str, Any]) -> Options:
