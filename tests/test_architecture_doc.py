@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "areal"
 DOC = ROOT / "docs" / "architecture.md"
 TOLERANCE = 0.15
-CORE_CEILING = 4500  # core holds contracts only; growing past this means something moved in
+# core holds contracts only; growing past this means something moved in. Raised from 4,500 for
+# contracts: a sample's turn spans (the queue's record of per-turn credit) and agent.online.
+CORE_CEILING = 4700
 
 
 def lines_of(paths: list[Path]) -> int:

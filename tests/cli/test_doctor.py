@@ -228,6 +228,15 @@ def test_the_async_checklist(run: dict[str, Any], name: str, status: str) -> Non
     assert checks[name].status == status, checks[name]
 
 
+def test_zero_rollout_workers_pass_when_online_agents_are_trained() -> None:
+    online = {"async": {"rollout_workers": 0}, "agent": {"online": {"enabled": True}}}
+    checks = {c.name: c for c in async_checks(online)}
+    assert checks["async.rollout_workers"].status == "ok"
+    assert "online agents only" in checks["async.rollout_workers"].why
+    off = {c.name: c for c in async_checks({"async": {"rollout_workers": 0}})}
+    assert "agent.online.enabled: true" in off["async.rollout_workers"].fix
+
+
 def test_sync_mode_checks_the_queue_and_concurrency_against_the_global_batch() -> None:
     data = {
         "async": {"enabled": False, "queue_max_size": 32},

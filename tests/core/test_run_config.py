@@ -255,10 +255,30 @@ def test_quickstart_config_loads_and_names_the_missing_model(tmp_path: Path) -> 
             "dataset: give exactly one of dataset.path (a tasks file) and dataset.name "
             "(a built-in task set)",
         ),
+        (
+            ["async.rollout_workers=0"],
+            "async.rollout_workers: 0 runs no agent, and agent.online.enabled is false, so no "
+            "episode would ever reach the trainer; set async.rollout_workers: 1 or more, or "
+            "agent.online.enabled: true to train on the conversations of agents that call the "
+            "run's gateway with AREAL_GATEWAY_KEY",
+        ),
+        (
+            ["agent.gateway_url=http://localhost:9000", "agent.online.port=9100"],
+            "agent.online.port: the port of the run's own gateway, but agent.gateway_url names "
+            "one that runs on its own (its port is its own); drop agent.online.port",
+        ),
     ],
 )
 def test_each_inconsistency_names_the_key_and_the_fix(overrides: list[str], expected: str) -> None:
     assert errors_of(overrides)[0] == expected
+
+
+def test_online_agents_alone_are_a_run() -> None:
+    """With agent.online on, no rollout worker is needed: the trainer trains on the online
+    conversations the run's gateway records."""
+    config = load_run_config(QUICKSTART, ["async.rollout_workers=0", "agent.online.enabled=true"])
+    assert (config.async_.rollout_workers, config.agent.online.grouping) == (0, "pool")
+    assert errors_of(["agent.online.grouping=task"])[0].startswith("agent.online.grouping: ")
 
 
 def test_engine_args_may_not_move_the_engine() -> None:
@@ -317,7 +337,7 @@ def test_a_missing_section_is_named(tmp_path: Path) -> None:
 def test_unknown_names_are_listed_against_the_known_ones() -> None:
     assert errors_of(["agent.framework=crewai", "algorithm.advantage=ppo"]) == [
         f"agent.framework: unknown name 'crewai'; known: {', '.join(sorted(BUILTIN_ADAPTERS))}",
-        "algorithm.advantage: unknown name 'ppo'; known: gae, grpo, rloo",
+        "algorithm.advantage: unknown name 'ppo'; known: gae, gigpo, grpo, rloo, turn",
     ]
     assert errors_of(["inference.backend=tensorrt"]) == [
         "inference.backend: unknown name 'tensorrt'; known: embedded, sglang, vllm"

@@ -20,6 +20,7 @@ from areal.gateway.server import OnlineSettings
 from areal.plugins.queues.zmq_queue import ZmqTrajectorySource
 from support import eventually
 from support.gateway import RunningGateway
+from support.http import group_metadata
 
 Start = Callable[..., AbstractContextManager[RunningGateway]]
 TOKENS = 4  # per call: small and quick
@@ -269,7 +270,8 @@ def test_a_conversation_too_stale_to_train_starts_over_under_its_key(start_gatew
     budget = StalenessBudget(staleness_threshold=0)
     with online_gateway(start_gateway, OnlineSettings(), budget=budget) as (gw, source, client):
         key = {"x-areal-conversation": "long"}
-        first, _ = ask(client, [{"role": "user", "content": "hi"}], extra_headers=key)
+        named = {**key, "x-areal-group": "g"}
+        first, _ = ask(client, [{"role": "user", "content": "hi"}], extra_headers=named)
         moved = rl(gw, "/version", {"version": 2}, key=gw.admin)  # the trainer moved on
         assert moved.status_code == 200, moved.text
         second, _ = ask(client, [{"role": "user", "content": "and now?"}], extra_headers=key)
@@ -277,5 +279,121 @@ def test_a_conversation_too_stale_to_train_starts_over_under_its_key(start_gatew
         assert old != new and second.headers["x-areal-recorded"] == "true"
         stale = rl(gw, f"/conversations/{old}").json()
         assert (stale["status"], stale["stale"], stale["sent"]) == ("discarded", True, False)
-        assert rl(gw, "/conversations/long").json()["session_id"] == new
+        fresh = rl(gw, "/conversations/long").json()
+        assert (fresh["session_id"], fresh["group"]) == (new, "online:g")  # its group goes on
     assert source.received == 0  # (the gateway's sink delivered all it sent before it closed)
+
+
+# --- groups (areal.gateway.online_groups) ----------------------------------------------------------
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_a_named_group_is_the_episodes_group_in_every_protocol(start_gateway: Start) -> None:
+    with online_gateway(start_gateway, OnlineSettings()) as (gw, source, client):
+        header = {"x-areal-conversation": "by-header", "x-areal-group": "triage"}
+        raw, _ = ask(client, HI, extra_headers=header)
+        assert raw.headers["x-areal-group"] == "triage"
+        # Later calls repeat the group, or name none: they join.
+        ask(client, HI, extra_headers=header)
+        again, _ = ask(client, HI, extra_headers={"x-areal-conversation": "by-header"})
+        assert again.headers["x-areal-group"] == "triage"
+        responses = client.responses.with_raw_response.create(
+            model="areal-tiny",
+            input="hi",
+            max_output_tokens=TOKENS,
+            metadata={"areal_group": "triage"},
+            extra_headers={"x-areal-conversation": "by-body"},
+        )
+        assert responses.headers["x-areal-group"] == "triage"
+        with anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as claude:
+            message = claude.messages.with_raw_response.create(
+                model="areal-tiny",
+                max_tokens=TOKENS,
+                messages=[{"role": "user", "content": "hi"}],
+                metadata=group_metadata("billing"),
+                extra_headers={"x-areal-conversation": "claude"},
+            )
+        assert message.headers["x-areal-group"] == "billing"
+        assert rl(gw, "/conversations/by-body").json()["group"] == "online:triage"
+        for name, reward in (("by-header", 1.0), ("by-body", 0.0), ("claude", 0.5)):
+            assert rl(gw, f"/conversations/{name}/end", {"reward": reward}).json()["sent"]
+        got = {t.metadata["conversation"]: t for t in (source.get(timeout=30) for _ in range(3)) if t}  # fmt: skip
+    groups = {name: t.metadata["group"] for name, t in got.items()}
+    assert groups == {"by-header": "online:triage", "by-body": "online:triage", "claude": "online:billing"}  # fmt: skip
+    assert got["by-header"].completions == 3
+
+
+def test_a_bad_or_conflicting_group_is_a_4xx_in_each_protocols_schema(
+    start_gateway: Start,
+) -> None:
+    with online_gateway(start_gateway, OnlineSettings()) as (gw, _, client):
+        key = {"x-areal-conversation": "c1"}
+        for bad in ({"metadata": {"areal_group": "has space"}}, {"metadata": {"areal_group": 7}}):
+            with pytest.raises(openai.BadRequestError) as refused:
+                ask(client, HI, extra_headers=key, extra_body=bad)
+            assert refused.value.code == "invalid_group"
+            assert refused.value.param == "metadata.areal_group"
+        with pytest.raises(openai.BadRequestError, match="x-areal-group header"):
+            ask(client, HI, extra_headers={**key, "x-areal-group": "g" * 129})
+        with pytest.raises(openai.BadRequestError, match="name one group"):
+            ask(client, HI, metadata={"areal_group": "a"}, extra_headers={**key, "x-areal-group": "b"})  # fmt: skip
+        assert rl(gw, "/conversations/c1").status_code == 404  # none of them opened it
+
+        ask(client, HI, extra_headers={**key, "x-areal-group": "a"})
+        with pytest.raises(openai.ConflictError) as conflict:
+            ask(client, HI, extra_headers={**key, "x-areal-group": "b"})
+        assert conflict.value.code == "group_conflict" and "'a'" in conflict.value.message
+        ask(client, HI, extra_headers=key)  # the conversation goes on, in its group
+        status = rl(gw, "/conversations/c1").json()
+        assert (status["status"], status["completions"], status["group"]) == ("open", 2, "online:a")  # fmt: skip
+        # Named none first: grouped by default, so a later name is a conflict too.
+        ask(client, HI, extra_headers={"x-areal-conversation": "c2"})
+        with pytest.raises(openai.ConflictError, match="no group"):
+            ask(client, HI, extra_headers={"x-areal-conversation": "c2", "x-areal-group": "a"})
+
+        with anthropic.Anthropic(base_url=gw.url, api_key=gw.key, max_retries=0) as claude:
+            claude_key = {"x-areal-conversation": "c3"}
+
+            def message(group: object) -> Any:
+                return claude.messages.create(
+                    model="areal-tiny",
+                    max_tokens=TOKENS,
+                    messages=[{"role": "user", "content": "hi"}],
+                    metadata=group_metadata(group),
+                    extra_headers=claude_key,
+                )
+
+            with pytest.raises(anthropic.BadRequestError) as bad_claude:
+                message("")
+            assert bad_claude.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+            message("x")
+            with pytest.raises(anthropic.ConflictError) as claude_conflict:
+                message("y")
+        assert claude_conflict.value.status_code == 409
+        assert claude_conflict.value.body["error"]["type"] == "invalid_request_error"  # type: ignore[index]
+
+
+@pytest.mark.parametrize("grouping", ["pool", "prompt", "none"])
+def test_unnamed_conversations_get_the_default_group_as_they_go_to_the_trainer(
+    start_gateway: Start, grouping: str
+) -> None:
+    settings = OnlineSettings(grouping=grouping, group_size=2)
+    with online_gateway(start_gateway, settings) as (gw, source, client):
+        questions = {"u1": "what is 2+2?", "u2": "what is 2+2?", "u3": "and 3+3?", "n1": "hi"}
+        for name, question in questions.items():
+            named = {"x-areal-group": "solo"} if name == "n1" else {}
+            headers = {"x-areal-conversation": name, **named}
+            ask(client, [{"role": "user", "content": question}], extra_headers=headers)
+        assert rl(gw, "/conversations/u1").json()["group"] is None  # given as it is trained
+        for name in ("u1", "n1", "u2", "u3"):
+            assert rl(gw, f"/conversations/{name}/end", {"reward": 1.0}).json()["sent"]
+        ended = rl(gw, "/conversations/u1").json()
+        got = {t.metadata["conversation"]: t.metadata for t in (source.get(timeout=30) for _ in range(4)) if t}  # fmt: skip
+    groups = {name: meta.get("group") for name, meta in got.items()}
+    assert groups["n1"] == "online:solo" and ended["group"] == groups["u1"]
+    if grouping == "none":
+        assert (groups["u1"], groups["u2"], groups["u3"]) == (None, None, None)
+        return
+    assert groups["u1"] == groups["u2"] != groups["u3"]  # pool: size 2; prompt: another question
+    assert groups["u1"].startswith(f"online~{grouping}-")

@@ -31,6 +31,9 @@ CASES = [
         online=True,
         online_idle_timeout=2.5,
         online_reward_wait=0.0,  # falsy, yet given
+        online_grouping="prompt",
+        online_group_window=30.0,
+        online_group_size=4,
     ),
     TrainingFlags(sink="none", staleness_threshold=2, discount=0.97, session_idle_timeout=12.5),
     TrainingFlags(sink="jsonl", sink_address="/tmp/out.jsonl", max_concurrent=1),
@@ -82,8 +85,11 @@ def test_to_argv_spells_each_flag_once_and_leaves_out_unset_ones() -> None:
     [
         (TrainingFlags(online_idle_timeout=0), "--online-idle-timeout"),
         (TrainingFlags(online_reward_wait=-1), "--online-reward-wait"),
+        (TrainingFlags(online_grouping="task"), "--online-grouping"),
+        (TrainingFlags(online_group_window=0), "--online-group-window"),
+        (TrainingFlags(online_group_size=0), "--online-group-size"),
     ],
 )
-def test_bad_online_timeouts_are_refused_naming_the_flag(flags: TrainingFlags, option: str) -> None:
+def test_bad_online_settings_are_refused_naming_the_flag(flags: TrainingFlags, option: str) -> None:
     with pytest.raises(ValueError, match=option):
         flags.check()

@@ -201,6 +201,9 @@ def test_both_front_ends_have_the_same_training_flags() -> None:
             "--online",
             "--online-idle-timeout",
             "--online-reward-wait",
+            "--online-grouping",
+            "--online-group-window",
+            "--online-group-size",
         }
     )
     for flag, (default, help_text) in argparse_flags.items():

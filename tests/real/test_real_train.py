@@ -1,7 +1,7 @@
-"""``areal train`` for real, 2 steps each: the real model on reasoning-gym tasks by its Hub id,
-and the tiny model on a Parquet task file read through a column mapping.
+"""``areal train`` for real, 2 steps: the real model on reasoning-gym tasks by its Hub id. (A
+Parquet task file read through a column mapping trains in tests/run/test_output_dir_logs.py.)
 
-Both run ``python -m areal train`` as a user does (engine, gateway, rollout worker, trainer, each
+It runs ``python -m areal train`` as a user does (engine, gateway, rollout worker, trainer, each
 its own process); the real model's run finds its checkpoint through the hub cache the import
 wrote, offline, exactly as a downloaded model would be found.
 """
@@ -62,33 +62,3 @@ def test_the_real_model_trains_two_steps_on_reasoning_gym(real_model: Any, tmp_p
         assert 0.0 <= field(line, "success") <= 1.0
     # the embedded engine's log-probs are the trainer's at step 1 (same weights, same softmax)
     assert abs(field(lines[0], "behave_approx_kl")) < 1e-3
-
-
-@pytest.mark.slow
-@pytest.mark.serial
-def test_a_parquet_task_file_trains_two_steps_through_a_column_mapping(tmp_path: Path) -> None:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    rows = [
-        {"problem": f"What is {a} plus {b}?", "solution": str(a + b)} for a, b in [(1, 2), (3, 4)]
-    ]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "tasks.parquet")
-    sets = [
-        f"dataset.path={tmp_path / 'tasks.parquet'}",
-        "dataset.columns.question=problem",
-        "dataset.columns.answer=solution",
-        f"model.path={tmp_path / 'model'}",
-        "model.init_tiny=nano",
-        f"logging.log_dir={tmp_path / 'out' / 'logs'}",  # the example's file names its own
-        "train.max_steps=2",
-        "train.global_batch_size=4",
-        "train.mini_batch_size=4",
-        "async.trigger_batch_size=4",
-        "agent.concurrency=4",
-        "sampling.max_new_tokens=8",
-    ]
-    config = REPO / "examples" / "openai_math" / "config.yaml"
-    lines = areal_train(config, tmp_path / "out", sets, {})
-    assert [line.split()[1] for line in lines] == ["step=1", "step=2"]
-    assert all(field(line, "updated") == 4 for line in lines)

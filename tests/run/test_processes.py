@@ -79,6 +79,38 @@ def test_gateway_command_parses_back_into_the_runs_flags(
     assert "admin-token-0123456789" not in " ".join(child.command())
 
 
+def test_an_online_run_gateway_admits_online_agents_on_its_fixed_port(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``agent.online``: the gateway is started with ``--online`` and its grouping flags, on the
+    port the agents were given (never moved to another), with room for a worker's concurrency
+    of conversations; a default group is one trigger batch."""
+    config = run_config_from_dict(
+        {
+            "model": {"path": str(tmp_path / "model")},
+            "dataset": {"name": "tool_then_answer"},
+            "train": {"global_batch_size": 4, "mini_batch_size": 4},
+            "algorithm": {"group_size": 2},
+            "async": {"rollout_workers": 0, "trigger_batch_size": 4},
+            "agent": {
+                "concurrency": 3,
+                "online": {"enabled": True, "port": 9123, "grouping": "prompt", "reward_wait_s": 5},
+            },
+        }
+    )
+    child, _ = gateway_child(
+        config, router=tmp_path / "router.yaml", engine_urls=lambda: ["http://e0"],
+        queue_address=QUEUE, version=lambda: 0, log_dir=tmp_path,
+        admin_token="admin-token-0123456789", gateway_key="gateway-key-0123456789",
+    )  # fmt: skip
+    assert (child.url, child.new_port) == ("http://127.0.0.1:9123", None)
+    got = parsed(child.command(), monkeypatch)
+    assert got["port"] == 9123
+    flags = got["training"]
+    assert (flags.online, flags.online_grouping, flags.online_reward_wait) == (True, "prompt", 5.0)
+    assert (flags.online_group_size, flags.max_concurrent) == (4, 3)
+
+
 def test_a_gateway_on_its_nodes_address_binds_there_and_is_reached_there(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -13,6 +13,12 @@ def bearer(key: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
+def group_metadata(group: object) -> Any:
+    """A body's ``metadata`` naming an online conversation's group; typed ``Any`` for the
+    anthropic SDK, whose ``MetadataParam`` knows ``user_id`` only."""
+    return {"areal_group": group}
+
+
 def sse_data(resp: httpx.Response) -> Iterator[str]:
     """The payload of each ``data:`` line of a streamed answer, as it arrives."""
     for line in resp.iter_lines():

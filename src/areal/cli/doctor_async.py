@@ -34,7 +34,9 @@ def async_checks(data: dict[str, Any]) -> list[Check]:
     if not async_on:
         batch, batch_key = (global_batch, "train.global_batch_size")
 
-    checks = [_enabled(async_on), _workers(workers)]
+    online = agent.get("online")
+    online_on = isinstance(online, dict) and online.get("enabled") is True
+    checks = [_enabled(async_on), _workers(workers, online_on)]
     if async_on and staleness is not None:
         checks.append(_staleness(staleness))
     if queue is not None and batch is not None:
@@ -58,16 +60,19 @@ def _enabled(async_on: bool) -> Check:
     )
 
 
-def _workers(workers: int | None) -> Check:
+def _workers(workers: int | None, online: bool) -> Check:
     name = "async.rollout_workers"
     if workers is None:
         return Check(name, "skip", "not a number (see the config check)")
+    if workers < 1 and online:
+        return Check(name, "ok", f"{workers}: online agents only (agent.online.enabled)")
     if workers < 1:
         return Check(
             name,
             "fail",
             f"{workers}: no process runs episodes, so no sample is ever generated",
-            "set async.rollout_workers: 1 or more",
+            "set async.rollout_workers: 1 or more, or agent.online.enabled: true to train on "
+            "online agents only",
         )
     return Check(name, "ok", f"{workers} rollout worker(s)")
 

@@ -257,6 +257,9 @@ def gateway_command(
     online: bool = _training_option("online", show_default=False),
     online_idle_timeout: float = _training_option("online_idle_timeout", show_default=False),
     online_reward_wait: float = _training_option("online_reward_wait", show_default=False),
+    online_grouping: str = _training_option("online_grouping", show_default=False),
+    online_group_window: float = _training_option("online_group_window", show_default=False),
+    online_group_size: int = _training_option("online_group_size", show_default=False),
 ) -> None:
     """Serve the OpenAI/Anthropic-compatible agent gateway in front of the policy's engines.
 
@@ -302,6 +305,9 @@ def gateway_command(
         online=online,
         online_idle_timeout=online_idle_timeout,
         online_reward_wait=online_reward_wait,
+        online_grouping=online_grouping,
+        online_group_window=online_group_window,
+        online_group_size=online_group_size,
     )
     try:
         training.check()

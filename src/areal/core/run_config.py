@@ -151,7 +151,9 @@ class AsyncConfig(_Section):
     enabled: bool = Field(
         default=True, description="Overlap rollout and training (false: sync mode)."
     )
-    rollout_workers: int = Field(default=1, ge=1, description="Processes running agent episodes.")
+    rollout_workers: int = Field(
+        default=1, ge=0, description="Processes running agent episodes (0: agent.online only)."
+    )
     train_workers: int = Field(default=1, ge=1, description="Trainer ranks; equals dp×tp×pp×cp.")
     staleness_threshold: int = Field(
         default=2, ge=0, description="Max versions a sample may lag the trainer (0 in sync mode)."
@@ -181,6 +183,25 @@ class AsyncConfig(_Section):
         if not self.enabled:
             self.staleness_threshold = 0
         return self
+
+
+class OnlineConfig(_Section):
+    """Agents deployed elsewhere calling the run's gateway with ``AREAL_GATEWAY_KEY``: their
+    conversations are trained on once rated (the gateway's ``--online``, docs/gateway.md)."""
+
+    enabled: bool = Field(default=False, description="Train on online agents' conversations.")
+    port: int | None = Field(
+        default=None, ge=1, le=65535, description="The gateway's port (default: a free one)."
+    )
+    idle_timeout_s: float = Field(default=300.0, gt=0, description="A conversation's idle end.")
+    reward_wait_s: float = Field(default=600.0, ge=0, description="Then its wait for a reward.")
+    grouping: Literal["pool", "prompt", "none"] = Field(
+        default="pool", description="The group of a conversation that names none."
+    )
+    group_window_s: float = Field(default=300.0, gt=0, description="A default group's window.")
+    group_size: int | None = Field(
+        default=None, ge=1, description="A default group's size (default: one trigger batch)."
+    )
 
 
 class AgentConfig(_Section):
@@ -213,7 +234,7 @@ class AgentConfig(_Section):
         description="The agent as module:attr (an AgentFn); default: the task set's own agent.",
     )
     concurrency: int = Field(
-        default=16, ge=1, description="Episodes in flight per rollout worker at most."
+        default=16, ge=1, description="Episodes in flight per rollout worker (or agent.online)."
     )
     cpu_affinity: list[int] | None = Field(
         default=None,
@@ -221,6 +242,7 @@ class AgentConfig(_Section):
         "train.cpu_affinity and inference.cpu_affinity set, the engines' cores (the trainer's "
         "core stays its own); otherwise the runner's.",
     )
+    online: OnlineConfig = Field(default_factory=OnlineConfig)
     nice: int = Field(
         default=0,
         ge=0,
@@ -350,8 +372,8 @@ class AlgorithmConfig(_Section):
     )
     advantage_options: dict[str, Any] = Field(
         default_factory=dict,
-        description="The estimator's own options (grpo: normalize_std, eps); gae's gamma and "
-        "lam come from discount and gae_lambda.",
+        description="The estimator's own options (grpo: normalize_std, eps; gae: gamma and lam, "
+        "per token, default 1; turn, gigpo: docs/credit.md).",
     )
     advantage_norm: Literal["none", "batch"] = Field(
         default="none",
@@ -378,10 +400,24 @@ class AlgorithmConfig(_Section):
         "loglinear_every_minibatch: the approximation there too, as AReaL 1.0.4.",
     )
     discount: float = Field(
-        default=1.0, gt=0, le=1, description="γ: per-turn discount of the episode reward; GAE's γ."
+        default=1.0,
+        gt=0,
+        le=1,
+        description="Per-turn discount of later rewards: turn k's return is "
+        "G_k = r_k + discount·G_{k+1}; never per token (docs/credit.md).",
     )
-    gae_lambda: float = Field(default=1.0, ge=0, le=1, description="GAE's λ (advantage: gae).")
     kl_coef: float = Field(default=0.0, ge=0, description="KL-to-reference penalty in the reward.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gae_options_moved(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gae_lambda" in data:
+            raise ValueError(
+                "algorithm.gae_lambda was removed: GAE's per-token λ and γ are "
+                "algorithm.advantage_options.lam and .gamma (default 1), no longer shared with "
+                "algorithm.discount, which discounts per turn"
+            )
+        return data
 
 
 class SamplingConfig(_Section):
@@ -544,6 +580,18 @@ class RunConfig(_Section):
                 f"train.global_batch_size {train.global_batch_size}; raise it to at least "
                 f"{train.global_batch_size}"
             )
+        if run.rollout_workers == 0 and not self.agent.online.enabled:
+            found.append(
+                "async.rollout_workers: 0 runs no agent, and agent.online.enabled is false, so "
+                "no episode would ever reach the trainer; set async.rollout_workers: 1 or more, "
+                "or agent.online.enabled: true to train on the conversations of agents that call "
+                "the run's gateway with AREAL_GATEWAY_KEY"
+            )
+        if self.agent.gateway_url and self.agent.online.port is not None:
+            found.append(
+                "agent.online.port: the port of the run's own gateway, but agent.gateway_url "
+                "names one that runs on its own (its port is its own); drop agent.online.port"
+            )
         if par.world_size != run.train_workers:
             found.append(
                 f"train.parallelism: dp {par.dp} × tp {par.tp} × pp {par.pp} × cp {par.cp} = "
@@ -596,7 +644,7 @@ class RunConfig(_Section):
                 f"train.parallelism.ep: {par.ep} does not divide {what} = {shard_cp} "
                 f"(experts are sharded over data/context-parallel ranks); use a divisor of {what}"
             )
-        if algo.advantage in ("grpo", "rloo"):
+        if algo.advantage in ("grpo", "rloo", "turn", "gigpo"):  # estimators that compare a group
             if algo.advantage == "rloo" and algo.group_size < 2:
                 found.append(
                     "algorithm.group_size: rloo needs at least 2 samples per task "

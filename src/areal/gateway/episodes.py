@@ -2,9 +2,10 @@
 
 A call belongs to the caller's session (session key); else to the session a driver bound to the
 client's own hint (``POST /rl/sessions {"hint": ...}``); else, with ``--online``, to the online
-conversation its ``x-areal-conversation`` header or hint names (:mod:`areal.gateway.online`); else
-just to the hint, which still groups the calls in ``gateway.log`` and keeps a conversation on one
-engine's KV cache.
+conversation its ``x-areal-conversation`` header or hint names (:mod:`areal.gateway.online`), in
+the group its ``x-areal-group`` header or ``metadata.areal_group`` names
+(:mod:`areal.gateway.online_groups`); else just to the hint, which still groups the calls in
+``gateway.log`` and keeps a conversation on one engine's KV cache.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from areal.gateway.callers import caller_of
 from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState, state_of
 from areal.gateway.online import Conversation, OnlineConversations
+from areal.gateway.online_groups import named_group, prompt_digest
 from areal.gateway.policy import Generation
 from areal.gateway.recording import CONVERSATION, RECORDING, Recording
 from areal.gateway.request_log import BOUND_SESSION, LOG_FIELDS
@@ -89,7 +91,7 @@ class Episode:
         if bound is None and admit and state.online is not None and caller.kind == "gateway":
             key = conversation_key(request, hint)
             if key is not None:
-                return await cls._online(request, state.online, key)
+                return await cls._online(request, state.online, key, body)
         if admit:
             request[RECORDING] = Recording(bound is not None)
         if not hint or not bind_hints:
@@ -102,9 +104,15 @@ class Episode:
         return cls(name, bound)
 
     @classmethod
-    async def _online(cls, request: web.Request, online: OnlineConversations, key: str) -> Episode:
-        """Join or open the conversation of ``key`` (a 429 when the budget has no room)."""
-        conversation, opened = await online.admit(key)
+    async def _online(
+        cls, request: web.Request, online: OnlineConversations, key: str, body: dict[str, Any]
+    ) -> Episode:
+        """Join or open the conversation of ``key`` in the group the call names (a 429 when the
+        budget has no room, a 400 for a bad group name, a 409 for another group than its own)."""
+        prompt = prompt_digest(body) if online.groups.wants_prompt else None
+        conversation, opened = await online.admit(
+            key, group=named_group(request, body), prompt=prompt
+        )
         request[RECORDING] = Recording(True, conversation, opened)
         session = conversation.session
         request[LOG_FIELDS][BOUND_SESSION] = session

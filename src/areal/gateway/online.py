@@ -9,8 +9,10 @@ sessions: a full budget is a 429, never an answer that goes unrecorded.
 A conversation is ``open`` while calls come (later calls with its key join it), ``awaiting`` its
 reward once it ended (an idle timeout, or an end without a reward), then ``ended`` (the reward
 came: its episode went to the trajectory sink like any other) or ``discarded`` (no reward within
-the wait, or too stale to train: its budget slot is released, nothing is trained). This module
-keeps that state and knows nothing of requests (:mod:`areal.gateway.online_api` serves it).
+the wait, or too stale to train: its budget slot is released, nothing is trained). Each is
+trained in a group (:mod:`areal.gateway.online_groups`): the one its first call named, else the
+one ``--online-grouping`` gives it as it goes to the trainer. This module keeps that state and
+knows nothing of requests (:mod:`areal.gateway.online_api` serves it).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from areal.gateway.errors import GatewayError
+from areal.gateway.online_groups import NAMED, DefaultGroups
 from areal.gateway.reaper_rounds import LoopClock, reap_in_rounds
 from areal.gateway.sessions import Session, SessionManager
 
@@ -49,6 +52,8 @@ class Conversation:
     state: str = OPEN
     busy: int = 0  # calls of it still running: it is not idle
     ended_at: float | None = None  # when it stopped taking calls
+    group: str | None = None  # the group its first call named (online_groups), as named
+    prompt: str | None = None  # its first user message's digest, for ``--online-grouping prompt``
 
     @property
     def finished(self) -> bool:
@@ -60,6 +65,8 @@ class Conversation:
             "conversation": self.key,
             "session_id": session.session_id,
             "status": self.state,
+            # its trainer's group key: named, or the default one once it went to the trainer
+            "group": session.metadata.get("group"),
             "reward": session.reward,
             "created": session.created,
         }
@@ -80,7 +87,8 @@ class OnlineConversations:
     the module docstring: ``idle_timeout`` seconds without a call end one, ``reward_wait``
     seconds without a reward after that discard it. Both are seconds of ``loop_clock``, which
     follows ``clock`` (injectable for tests) less the seconds the gateway's loop stood still
-    (:mod:`areal.gateway.reaper_rounds`)."""
+    (:mod:`areal.gateway.reaper_rounds`). ``groups`` gives a conversation that named no group
+    its group (default: ``pool``, on ``clock``)."""
 
     def __init__(
         self,
@@ -88,6 +96,7 @@ class OnlineConversations:
         *,
         idle_timeout: float,
         reward_wait: float,
+        groups: DefaultGroups | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if idle_timeout <= 0:
@@ -97,6 +106,7 @@ class OnlineConversations:
         self.sessions = sessions
         self.idle_timeout = idle_timeout
         self.reward_wait = reward_wait
+        self.groups = groups or DefaultGroups(clock=clock)
         self.counts = {"opened": 0, ENDED: 0, DISCARDED: 0}
         self.loop_clock = LoopClock(clock)  # its reaper's rounds drive it
         self._open: dict[str, Conversation] = {}  # by key
@@ -107,16 +117,21 @@ class OnlineConversations:
 
     # --- calls ----------------------------------------------------------------------------------
 
-    async def admit(self, key: str) -> tuple[Conversation, bool]:
-        """The open conversation of ``key`` for one more call (``True``: opened for this call).
+    async def admit(
+        self, key: str, *, group: str | None = None, prompt: str | None = None
+    ) -> tuple[Conversation, bool]:
+        """The open conversation of ``key`` for one more call (``True``: opened for this call),
+        which names ``group`` (or none) and asks ``prompt`` (a digest) first.
 
         A new one must fit the staleness budget (else the 429 of ``SessionManager.open``); an
-        open one too stale to train is discarded and a fresh one takes its place.
+        open one too stale to train is discarded and a fresh one, in its group, takes its place.
+        A call naming another group than its conversation's first call is a 409.
         """
         while (conversation := self._open.get(key)) is not None:
             if not conversation.session.is_open:  # ended around us (shutdown, discard by metadata)
                 self._close_out(conversation, DISCARDED)
                 continue
+            _same_group(conversation, group)
             behind = self.sessions.too_stale(conversation.session)
             if behind is None:
                 conversation.busy += 1
@@ -124,8 +139,14 @@ class OnlineConversations:
                 return conversation, False
             self._close_out(conversation, DISCARDED)
             await self.sessions.end_stale(conversation.session, behind)
-        session = self.sessions.open(metadata={"online": True, "conversation": key}, owner=OWNER)
-        conversation = Conversation(key, session, self.loop_clock(), busy=1)
+            group, prompt = conversation.group, conversation.prompt  # the episode goes on afresh
+        metadata: dict[str, Any] = {"online": True, "conversation": key}
+        if group is not None:
+            metadata["group"] = NAMED + group
+        session = self.sessions.open(metadata=metadata, owner=OWNER)
+        conversation = Conversation(
+            key, session, self.loop_clock(), busy=1, group=group, prompt=prompt
+        )
         self._open[key] = self._latest[key] = conversation
         self._all[session.session_id] = conversation
         self.counts["opened"] += 1
@@ -251,6 +272,11 @@ class OnlineConversations:
 
     async def _train(self, conversation: Conversation) -> None:
         self._close_out(conversation, ENDED)
+        metadata = conversation.session.metadata
+        if "group" not in metadata:  # named none: the default rule's group, as it goes
+            default = self.groups.assign(conversation.prompt)
+            if default is not None:
+                metadata["group"] = default
         await self.sessions.end(conversation.session)
 
     async def _discard(self, conversation: Conversation) -> None:
@@ -287,3 +313,21 @@ class OnlineConversations:
         await reap_in_rounds(
             self.loop_clock, lambda: self.interval, self.expire, log, "online-conversation reaper"
         )
+
+
+def _same_group(conversation: Conversation, group: str | None) -> None:
+    """A later call may repeat its conversation's group or name none, never name another."""
+    if group is None or group == conversation.group:
+        return
+    first = (
+        f"group {conversation.group!r}"
+        if conversation.group is not None
+        else "no group (it is grouped by --online-grouping)"
+    )
+    raise GatewayError(
+        409,
+        f"conversation {conversation.key!r} named {first} on its first call, and this call names "
+        f"group {group!r}: all the calls of a conversation train in one group. Name the same "
+        "group or none, or start another conversation (another x-areal-conversation)",
+        code="group_conflict",
+    )

@@ -3,8 +3,9 @@
 ``x-areal-recorded: true|false`` on every policy answer (``false``: a plain-key call outside any
 session, served but never trained on); a call recorded into an online conversation
 (:mod:`areal.gateway.online`) also carries ``x-areal-conversation`` (its key) and
-``x-areal-session`` (its episode), the names its rewards are posted under. Headers are added as
-a response is prepared, so streamed answers carry them too.
+``x-areal-session`` (its episode), the names its rewards are posted under, and ``x-areal-group``
+when its first call named a group. Headers are added as a response is prepared, so streamed
+answers carry them too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from urllib.parse import quote
 from aiohttp import web
 
 from areal.gateway.online import Conversation
+from areal.gateway.online_groups import GROUP
 
 RECORDED = "x-areal-recorded"
 CONVERSATION = "x-areal-conversation"  # also the request header that names a conversation
@@ -45,3 +47,5 @@ async def add_headers(request: web.Request, response: web.StreamResponse) -> Non
     if recording.conversation is not None:
         response.headers[CONVERSATION] = header_value(recording.conversation.key)
         response.headers[SESSION] = recording.conversation.session.session_id
+        if recording.conversation.group is not None:
+            response.headers[GROUP] = recording.conversation.group  # printable ASCII, checked

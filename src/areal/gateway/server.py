@@ -35,11 +35,15 @@ from areal.gateway.errors import GatewayError
 from areal.gateway.gateway_state import GatewayState
 from areal.gateway.middleware import HttpLimits
 from areal.gateway.online import OnlineConversations
+from areal.gateway.online_groups import DefaultGroups
 from areal.gateway.policy import PolicyService
 from areal.gateway.router_config import RouterConfig
 from areal.gateway.sessions import SessionManager
 from areal.gateway.training_flags import (
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_ONLINE_GROUP_SIZE,
+    DEFAULT_ONLINE_GROUP_WINDOW_S,
+    DEFAULT_ONLINE_GROUPING,
     DEFAULT_ONLINE_IDLE_S,
     DEFAULT_ONLINE_REWARD_WAIT_S,
     TrainingFlags,
@@ -65,10 +69,33 @@ def gateway_key_from(cli_key: str | None) -> tuple[str, bool]:
 
 @dataclass(frozen=True)
 class OnlineSettings:
-    """``--online``'s timeouts (seconds): a conversation's idle end, then its wait for a reward."""
+    """``--online``'s timeouts (seconds): a conversation's idle end, then its wait for a reward;
+    and the default group of a conversation that names none (:mod:`areal.gateway.online_groups`)."""
 
     idle_timeout: float = DEFAULT_ONLINE_IDLE_S
     reward_wait: float = DEFAULT_ONLINE_REWARD_WAIT_S
+    grouping: str = DEFAULT_ONLINE_GROUPING
+    group_window: float = DEFAULT_ONLINE_GROUP_WINDOW_S
+    group_size: int = DEFAULT_ONLINE_GROUP_SIZE
+
+    @classmethod
+    def from_flags(cls, training: TrainingFlags) -> OnlineSettings | None:
+        """What ``--online`` and its flags say (``None``: off)."""
+        if not training.online:
+            return None
+        return cls(
+            training.online_idle_timeout,
+            training.online_reward_wait,
+            training.online_grouping,
+            training.online_group_window,
+            training.online_group_size,
+        )
+
+    def conversations(self, sessions: SessionManager) -> OnlineConversations:
+        groups = DefaultGroups(self.grouping, window=self.group_window, size=self.group_size)
+        return OnlineConversations(
+            sessions, idle_timeout=self.idle_timeout, reward_wait=self.reward_wait, groups=groups
+        )
 
 
 def build_state(
@@ -127,11 +154,7 @@ def build_state(
         admin_token=admin_token,
         upstream=upstream,
         access_log=access_log,
-        online=OnlineConversations(
-            sessions, idle_timeout=online.idle_timeout, reward_wait=online.reward_wait
-        )
-        if online is not None
-        else None,
+        online=online.conversations(sessions) if online is not None else None,
     )
 
 
@@ -260,9 +283,7 @@ def serve(
             session_idle_timeout=training.idle_timeout(),
             episode_journal=training.episode_journal,
             engine_backend=engine_backend,
-            online=OnlineSettings(training.online_idle_timeout, training.online_reward_wait)
-            if training.online
-            else None,
+            online=OnlineSettings.from_flags(training),
         )
         if generated:
             print(
@@ -286,9 +307,13 @@ def serve(
             )
         if training.online:
             log.info(
-                "online: plain-key conversations are recorded (idle end %g s, reward wait %g s)",
+                "online: plain-key conversations are recorded (idle end %g s, reward wait %g s); "
+                "unnamed groups: %s (at most %d, within %g s)",
                 training.online_idle_timeout,
                 training.online_reward_wait,
+                training.online_grouping,
+                training.online_group_size,
+                training.online_group_window,
             )
         if urls:
             where = ", ".join(urls)

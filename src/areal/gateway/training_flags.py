@@ -28,6 +28,12 @@ def sink_names() -> list[str]:
 DEFAULT_IDLE_TIMEOUT_S = 600.0
 DEFAULT_ONLINE_IDLE_S = 300.0
 DEFAULT_ONLINE_REWARD_WAIT_S = 600.0
+# How an online conversation that names no group is grouped (areal.gateway.online_groups, where
+# each is described; bench/online_grouping.py measured them, docs/gateway.md has the figures).
+ONLINE_GROUPINGS = ("pool", "prompt", "none")
+DEFAULT_ONLINE_GROUPING = "pool"
+DEFAULT_ONLINE_GROUP_WINDOW_S = 300.0
+DEFAULT_ONLINE_GROUP_SIZE = 16
 
 HELP: dict[str, str] = {
     "sink": "Where finished RL episodes go: jsonl (a file, to inspect them), zmq (the trainer's "
@@ -44,8 +50,8 @@ HELP: dict[str, str] = {
     "start_dropped": "Staleness budget: how many of those the trainer dropped as stale (default 0).",
     "episode_journal": "Append one line per session event (boot, start, accepted, rejected) to "
     "this file, so the run's episode books survive a killed gateway (default: none).",
-    "discount": "Per-turn discount of the episode reward over earlier samples, in [0, 1] "
-    "(default 1).",
+    "discount": "Per-turn discount of later rewards, in [0, 1] (default 1): turn k's return is "
+    "r_k + F·G_{k+1}.",
     "session_idle_timeout": "End an RL session as discarded after this many seconds without a "
     "call, reward or end, so a crashed worker frees its budget slot (default 600; 0: never).",
     "online": "Record the calls agents make with the plain gateway key: one session per "
@@ -56,6 +62,13 @@ HELP: dict[str, str] = {
     "(default 300).",
     "online_reward_wait": "--online: how long an ended conversation waits for its reward before "
     "it is discarded, untrained (default 600).",
+    "online_grouping": "--online: the group of a conversation that names none (x-areal-group, "
+    "metadata.areal_group): pool (conversations handed to the trainer one after another share "
+    "a group), prompt (only those whose first user message is the same) or none (alone: GRPO and "
+    "RLOO give it advantage 0); default pool.",
+    "online_group_window": "--online: a default group takes conversations for this many seconds "
+    "after its first (default 300).",
+    "online_group_size": "--online: conversations in a default group at most (default 16).",
 }
 
 
@@ -83,6 +96,9 @@ FLAGS: dict[str, Flag] = {
     "online": Flag("--online", bool),  # a switch: given or not
     "online_idle_timeout": Flag("--online-idle-timeout", float, "S"),
     "online_reward_wait": Flag("--online-reward-wait", float, "S"),
+    "online_grouping": Flag("--online-grouping", str),
+    "online_group_window": Flag("--online-group-window", float, "S"),
+    "online_group_size": Flag("--online-group-size", int, "N"),
 }
 OPTION: dict[str, str] = {name: flag.option for name, flag in FLAGS.items()}
 
@@ -119,6 +135,9 @@ class TrainingFlags:
     online: bool = False
     online_idle_timeout: float = DEFAULT_ONLINE_IDLE_S
     online_reward_wait: float = DEFAULT_ONLINE_REWARD_WAIT_S
+    online_grouping: str = DEFAULT_ONLINE_GROUPING
+    online_group_window: float = DEFAULT_ONLINE_GROUP_WINDOW_S
+    online_group_size: int = DEFAULT_ONLINE_GROUP_SIZE
 
     @classmethod
     def from_values(cls, values: Any) -> TrainingFlags:
@@ -175,6 +194,19 @@ class TrainingFlags:
             raise ValueError(
                 f"{OPTION['online_reward_wait']} must be >= 0, got {self.online_reward_wait}"
             )
+        if self.online_grouping not in ONLINE_GROUPINGS:
+            raise ValueError(
+                f"{OPTION['online_grouping']} must be one of {', '.join(ONLINE_GROUPINGS)}, "
+                f"got {self.online_grouping!r}"
+            )
+        if self.online_group_window <= 0:
+            raise ValueError(
+                f"{OPTION['online_group_window']} must be > 0, got {self.online_group_window}"
+            )
+        if self.online_group_size < 1:
+            raise ValueError(
+                f"{OPTION['online_group_size']} must be >= 1, got {self.online_group_size}"
+            )
         return self
 
     def budget(self) -> StalenessBudget:
@@ -222,7 +254,7 @@ def add_training_arguments(parser: argparse.ArgumentParser) -> None:
             dest=name,
             type=flag.type,
             default=getattr(DEFAULTS, name),
-            choices=sinks if name == "sink" else None,
+            choices={"sink": sinks, "online_grouping": ONLINE_GROUPINGS}.get(name),
             metavar=flag.metavar,
             help=HELP[name],
         )

@@ -29,6 +29,7 @@ from areal.run.supervisor import Child
 
 __all__ = [
     "engine_child",
+    "episodes_at_once",
     "gateway_child",
     "gateway_training_flags",
     "listen_host",
@@ -58,7 +59,7 @@ def engine_child(
     listen = FreePort(listen_host(config))
     backend = registry("inference_backends").get(config.inference.backend)
     launcher = backend.load_launcher()
-    total_concurrency = config.async_.rollout_workers * config.agent.concurrency
+    total_concurrency = episodes_at_once(config)
     inference = config.inference
     python = inference.engine_python()
 
@@ -225,8 +226,9 @@ def gateway_child(
     """The gateway: finished episodes to the trainer's queue, admission by the staleness budget;
     and the client of its admin API. ``consumed``: the trainer's (received, dropped) episodes,
     asked at every (re)start, so the budget starts where the run is; ``journal``: the episode
-    journal's file."""
-    listen = FreePort(listen_host(config))
+    journal's file. On ``agent.online.port`` when set: online agents know it, so it never moves."""
+    fixed = config.agent.online.port if config.agent.online.enabled else None
+    listen = FreePort(listen_host(config), fixed or 0)
 
     def command() -> list[str]:
         cmd = [sys.executable, "-m", "areal.gateway.server", "--config", str(router)]
@@ -257,7 +259,7 @@ def gateway_child(
         log_path=log_dir / "gateway.out",
         env={"AREAL_ADMIN_TOKEN": admin_token, "AREAL_GATEWAY_KEY": gateway_key},
         url=listen.url,
-        new_port=listen.pick_again,
+        new_port=None if fixed else listen.pick_again,
         start_timeout=120.0,
         after_start=started,
         stage=1,
@@ -279,22 +281,46 @@ def gateway_training_flags(
 ) -> TrainingFlags:
     """The run's gateway flags: its queue, its staleness budget (from ``version`` and the
     trainer's ``consumed`` / ``dropped`` episodes on: a restarted gateway starts where the run
-    is), its reward discount, its episode journal."""
-    run = config.async_
-    # In sync mode a "trigger" is a whole global batch, and the bound is 0 (AsyncConfig).
-    trigger = run.trigger_batch_size if run.enabled else config.train.global_batch_size
-    return TrainingFlags(
+    is), its reward discount, its episode journal, and its online agents (``agent.online``)."""
+    run, online = config.async_, config.agent.online
+    trigger = trigger_batch(config)
+    flags = TrainingFlags(
         sink="zmq",
         sink_address=queue_address,
         staleness_threshold=run.staleness_threshold,
         trigger_batch_size=trigger,
-        max_concurrent=run.rollout_workers * config.agent.concurrency,
+        max_concurrent=episodes_at_once(config),
         start_version=version,
         start_consumed=consumed,
         start_dropped=dropped,
         episode_journal=str(journal) if journal is not None else None,
         discount=config.algorithm.discount,
     )
+    if not online.enabled:
+        return flags
+    return dataclasses.replace(
+        flags,
+        online=True,
+        online_idle_timeout=online.idle_timeout_s,
+        online_reward_wait=online.reward_wait_s,
+        online_grouping=online.grouping,
+        online_group_window=online.group_window_s,
+        online_group_size=online.group_size or trigger,  # a default group fills one batch
+    )
+
+
+def trigger_batch(config: RunConfig) -> int:
+    """The episodes a step takes: in sync mode a "trigger" is a whole global batch (and the
+    bound is 0, AsyncConfig)."""
+    run = config.async_
+    return run.trigger_batch_size if run.enabled else config.train.global_batch_size
+
+
+def episodes_at_once(config: RunConfig) -> int:
+    """The most episodes open at once: each rollout worker's ``agent.concurrency``, and as many
+    again for online conversations (``agent.online``), which the staleness budget admits too."""
+    agents = config.async_.rollout_workers + int(config.agent.online.enabled)
+    return agents * config.agent.concurrency
 
 
 def worker_child(

@@ -94,6 +94,8 @@ from areal.run.trainer_thread import TrainerThread
 
 log = logging.getLogger("areal.train")
 
+GATEWAY_KEY_ENV = "AREAL_GATEWAY_KEY"  # the key plain calls (online agents) need
+
 __all__ = ["RunError", "RunSummary", "train"]
 
 
@@ -284,6 +286,13 @@ class _Run:
             self.members.claim()
         except LeftoverProcesses as err:
             raise RunError(str(err)) from None
+        online = config.agent.online.enabled and not config.agent.gateway_url
+        if online and not os.environ.get(GATEWAY_KEY_ENV):  # before the engine's minutes, too
+            raise RunError(
+                f"agent.online.enabled: online agents call the run's gateway with the key in "
+                f"{GATEWAY_KEY_ENV}, which is not set; export {GATEWAY_KEY_ENV}=<a key of your "
+                "choosing> here and give the agents the same"
+            )
         if config.agent.gateway_url:  # before the engine's minutes: a wrong URL fails at once
             try:
                 self.attached = AttachedGateway.from_env(
@@ -387,6 +396,15 @@ class _Run:
             first_step,
             config.train.max_steps,
         )
+        if config.agent.online.enabled:
+            log.info(
+                "online agents: base URL %s/v1 (Anthropic: %s), key $%s; rate a conversation "
+                'with POST %s/rl/conversations/{id}/end {"reward": R}',
+                run.gateway.url,
+                run.gateway.url,
+                GATEWAY_KEY_ENV,
+                run.gateway.url,
+            )
 
     # --- 3. loop -----------------------------------------------------------------------------
 
@@ -513,10 +531,12 @@ class _Run:
         supervisor = Supervisor(on_spawn=self.note_pid, launcher=launcher_for(config))
         if attached is not None:  # the gateway's own secrets, from the environment
             admin_token = attached.admin.admin_token
-            gateway_key: str | None = os.environ.get("AREAL_GATEWAY_KEY")
+            gateway_key: str | None = os.environ.get(GATEWAY_KEY_ENV)
         else:
             admin_token = secrets.token_urlsafe(24)
-            gateway_key = secrets.token_urlsafe(24)
+            # Online agents were given the key beforehand (checked in build); else any will do.
+            gateway_key = os.environ.get(GATEWAY_KEY_ENV) if config.agent.online.enabled else None
+            gateway_key = gateway_key or secrets.token_urlsafe(24)
 
         served_at: dict[str, str] = {}  # engine name -> the url the gateway has for it
         # An engine (re)starts from weights_dir, the run's start: labelled with that version (not
@@ -788,8 +808,9 @@ class _Run:
         metrics.write("accounting", counters["steps"], values)
 
     def audit(self, loop: TrainerLoop) -> None:
-        """``{output_dir}/run/trained.jsonl``: which episode was trained at which step, so
-        anyone can check that nothing is trained twice (across resumes too)."""
+        """``{output_dir}/run/trained.jsonl``: which episode (task and sample, or online
+        conversation) was trained at which step, in which group, so anyone can check that
+        nothing is trained twice (across resumes too)."""
         step = loop.state_dict()["steps"]
         with open(self.run_dir / "trained.jsonl", "a", encoding="utf-8") as f:
             for session_id, meta in loop.last_batch:
@@ -880,7 +901,10 @@ def _policy_model_id(config: RunConfig) -> str:
 
 
 def _audit_fields(meta: dict[str, Any]) -> dict[str, Any]:
-    return {k: meta[k] for k in ("task_index", "sample", "worker") if k in meta}
+    """What names a trained episode: its task and sample (a rollout worker's), or its online
+    conversation; and its group."""
+    keys = ("task_index", "sample", "worker", "conversation", "group")
+    return {k: meta[k] for k in keys if k in meta}
 
 
 def _write_summary(path: Path, summary: RunSummary) -> None:
