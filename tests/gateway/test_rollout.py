@@ -86,6 +86,33 @@ def test_tool_agent_tasks_times_samples_reach_the_sink(start_gateway: Any) -> No
     assert {t.metadata["task_id"] for t in got} == {"t0", "t1", "t2"}
 
 
+def test_an_agent_rewards_its_own_turn_and_a_refused_reward_fails_the_episode(
+    start_gateway: Any,
+) -> None:
+    """``episode.post_reward`` with the session's key: the turn's reward is in its return (turn
+    reward 0.25 + episode reward 1); one naming a completion of no call of the session is
+    refused, and the episode is discarded, not trained on without it."""
+
+    async def agent(episode: Episode) -> float:
+        client = episode.openai_client()
+        reply = await client.chat.completions.create(
+            model=episode.model, messages=[{"role": "user", "content": "Hi"}], max_tokens=2
+        )
+        await client.close()
+        completion = reply.id if episode.sample == 0 else "cmpl-of-another-session"
+        await episode.post_reward(0.25, completion_id=completion)
+        return 1.0
+
+    with start_gateway(sink="jsonl") as gw:
+        stats = asyncio.run(worker(gw, agent).run(TASKS[:1], n_samples_per_task=2))
+        assert (stats.finished, stats.failed, stats.sent) == (1, 1, 1)
+        assert dict(stats.errors) == {"RuntimeError": 1}
+        (got,) = [t for t in trajectories(gw.log_dir) if not t.is_tombstone]
+    assert got.metadata["sample"] == 0
+    assert [c.reward for c in got.turns] == [0.25]
+    assert (got.reward, got.samples[0].turns[0].ret) == (1.0, 1.25)
+
+
 def test_crashes_and_timeouts_are_counted_and_do_not_block(start_gateway: Any) -> None:
     async def agent(episode: Episode) -> float | None:
         kind = episode.task["kind"]

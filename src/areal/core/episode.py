@@ -44,6 +44,27 @@ class Episode:
         options.setdefault("http_client", shared_http_client())
         return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, **options)
 
+    async def post_reward(self, reward: float, *, completion_id: str | None = None) -> None:
+        """Set one turn's reward (``completion_id``: the id a policy call of this episode
+        answered with) or, without one, the episode's, through the gateway's session API with
+        this session's own key (``POST /rl/sessions/{id}/reward``); the last value set wins.
+
+        Turn rewards become per-turn returns when the episode ends (``areal.core.trajectory``),
+        so a reward for turn 1 credits turn 1's tokens. A refusal raises: the rollout worker
+        then discards the episode instead of training on rewards the gateway never took.
+        """
+        body: dict[str, Any] = {"reward": reward}
+        if completion_id is not None:
+            body["completion_id"] = completion_id
+        url = f"{gateway_root(self.base_url)}/rl/sessions/{self.session_id}/reward"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        response = await shared_http_client().post(url, json=body, headers=headers)
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"the gateway refused the reward for session {self.session_id} "
+                f"(HTTP {response.status_code}): {response.text}"
+            )
+
 
 _pools: dict[tuple[str, int], Any] = {}
 

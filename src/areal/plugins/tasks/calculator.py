@@ -25,18 +25,30 @@ at random, the calculator's true result, and a reply in one of six styles repeat
 says which key squares or which reply the grader reads, so one demonstration in 48 is a right
 answer, and the warm-started model answers right in a few percent of episodes; RL finds the rest
 from the reward, and only by reading the calculator's feedback.
+
+``dataset.options`` (:class:`Options`) add a reward for turn 1 alone, to measure turn-level credit
+(``bench/turn_credit.py``): ``key_reward`` for pressing the key that squares, posted for turn 1's
+completion (``key_reward_to: turn``, so turn 1 earns it and turn 2 does not) or added to the
+episode's reward (``episode``: the same total, every token credited with it). Success still means
+the right answer: the episode reward stays the answer's in ``turn`` mode, and a key reward below
+the answer's keeps ``reward >= 1`` true of right answers only in ``episode`` mode.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import random
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
+from areal.core.config import ConfigError
 from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat, play_episode
 
 if TYPE_CHECKING:
     from areal.core.episode import Episode
+    from areal.core.tasks import TaskSet
 
 NAME = "calculator"
 DESCRIPTION = "Square a digit with a calculator whose keys must be found by trial."
@@ -59,17 +71,65 @@ SMALLEST = 3  # from 3 on, no key but square gives the square (2 doubled is 2 sq
 RIGHT_ANSWER = 1.0  # the reward: the reply is the right number, bare; nothing else earns
 SUCCESS_REWARD = RIGHT_ANSWER
 UNKNOWN = "error: no such key"
+RIGHT_KEY = "square"
+KEY_REWARD_TO = ("turn", "episode")
 
 
-def task(index: int, seed: int) -> dict[str, Any]:
-    """Task ``index`` of the stream seeded ``seed``: the same numbers on every machine."""
+@dataclass(frozen=True)
+class Options:
+    """``dataset.options``: a reward for pressing the key that squares (none by default: the
+    demo's task)."""
+
+    key_reward: float = 0.0
+    key_reward_to: str = "turn"  # one of KEY_REWARD_TO
+
+
+def parse_options(options: Mapping[str, Any]) -> Options:
+    """``dataset.options`` checked now, not in a rollout worker: a wrong one is a ConfigError
+    naming its key."""
+    known = tuple(Options.__dataclass_fields__)
+    for key in options:
+        if key not in known:
+            raise ConfigError(
+                f"dataset.options.{key}: {NAME} has no such option (it takes: {', '.join(known)})"
+            )
+    reward = options.get("key_reward", Options.key_reward)
+    number = isinstance(reward, int | float) and not isinstance(reward, bool)
+    # Below the answer's reward, so that in ``episode`` mode reward >= 1 still means a right
+    # answer, and pressing the key never pays as much as answering.
+    if not number or not math.isfinite(reward) or not 0 <= reward < RIGHT_ANSWER:
+        raise ConfigError(
+            f"dataset.options.key_reward: a number from 0 up to (not including) the right "
+            f"answer's {RIGHT_ANSWER}, got {reward!r}"
+        )
+    to = options.get("key_reward_to", Options.key_reward_to)
+    if to not in KEY_REWARD_TO:
+        raise ConfigError(
+            f"dataset.options.key_reward_to: {to!r} is not one of {', '.join(KEY_REWARD_TO)}"
+        )
+    return Options(float(reward), to)
+
+
+def configure(options: Mapping[str, Any]) -> TaskSet:
+    """The task set with ``options`` bound (the registry holds the defaults)."""
+    from areal.core.tasks import task_set
+
+    return replace(task_set(NAME), task=functools.partial(task, options=parse_options(options)))
+
+
+def task(index: int, seed: int, options: Options = Options()) -> dict[str, Any]:
+    """Task ``index`` of the stream seeded ``seed``: the same numbers on every machine. A key
+    reward travels in the task, where the agent reads it."""
     n = random.Random(f"{NAME}:{seed}:{index}").randint(SMALLEST, LARGEST)
-    return {
+    found: dict[str, Any] = {
         "task_id": f"{NAME}-{seed}-{index}",
         "question": f"What is {n} squared?",
         "n": n,
         "answer": str(n * n),
     }
+    if options.key_reward:
+        found.update(key_reward=options.key_reward, key_reward_to=options.key_reward_to)
+    return found
 
 
 def demonstration(index: int, seed: int) -> dict[str, Any]:
@@ -118,6 +178,21 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
     return outcome
 
 
+def pressed_right_key(outcome: Outcome) -> bool:
+    """Whether turn 1 pressed the key that squares (as :func:`calculate` reads the request)."""
+    played = outcome.transcript[1:2]
+    return bool(played) and str(played[0]["content"] or "").strip() == RIGHT_KEY
+
+
 async def agent(episode: Episode) -> float:
-    """The task set's agent (an :data:`areal.run.rollout.AgentFn`): play, return the reward."""
-    return await play_episode(play, episode)
+    """The task set's agent (an :data:`areal.run.rollout.AgentFn`): play, return the reward (the
+    answer's score). A task's ``key_reward`` for the right key is posted for turn 1's completion
+    (``key_reward_to: turn``) or added to the returned reward (``episode``)."""
+    outcome = await play_episode(play, episode)
+    key_reward = float(episode.task.get("key_reward", 0.0))
+    if not key_reward or not pressed_right_key(outcome):
+        return outcome.score.total
+    if episode.task.get("key_reward_to") == "episode":
+        return outcome.score.total + key_reward
+    await episode.post_reward(key_reward, completion_id=outcome.completion_ids[0])
+    return outcome.score.total

@@ -168,6 +168,8 @@ class Outcome:
     prompt_tokens: list[int] = field(default_factory=list)  # per model call
     completion_tokens: list[int] = field(default_factory=list)
     transcript: list[dict[str, Any]] = field(default_factory=list)  # the chat, replies included
+    # per model call: the response's id, which names its turn to the session API (a turn reward)
+    completion_ids: list[str] = field(default_factory=list)
 
 
 async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int = 2) -> Outcome:
@@ -202,21 +204,20 @@ async def play(client: Any, model: str, task: Mapping[str, Any], max_calls: int 
 
 async def agent(episode: Episode) -> float:
     """The task set's agent (an :data:`areal.run.rollout.AgentFn`): play, return the reward."""
-    return await play_episode(play, episode)
+    return (await play_episode(play, episode)).score.total
 
 
 Play = Callable[[Any, str, Mapping[str, Any], int], Awaitable[Outcome]]
 
 
-async def play_episode(play: Play, episode: Episode) -> float:
-    """Run a task set's ``play`` (at most two calls) with the episode's own client; its total
-    score is the reward. Shared by the built-in task sets' agents."""
+async def play_episode(play: Play, episode: Episode) -> Outcome:
+    """Run a task set's ``play`` (at most two calls) with the episode's own client. Shared by
+    the built-in task sets' agents, whose reward is (mostly) the outcome's total score."""
     client = episode.openai_client()
     try:
-        outcome = await play(client, episode.model, episode.task, min(2, episode.max_turns))
+        return await play(client, episode.model, episode.task, min(2, episode.max_turns))
     finally:
         await client.close()
-    return outcome.score.total
 
 
 async def chat(
@@ -227,7 +228,7 @@ async def chat(
     outcome: Outcome,
     **extra: Any,
 ) -> Any:
-    """One model call of an episode (``extra``: e.g. ``tools``), its token counts kept in
+    """One model call of an episode (``extra``: e.g. ``tools``), its token counts and id kept in
     ``outcome``; returns the reply's message."""
     response = await client.chat.completions.create(
         model=model, messages=list(messages), max_tokens=max_tokens, **extra
@@ -235,6 +236,7 @@ async def chat(
     if response.usage is not None:
         outcome.prompt_tokens.append(response.usage.prompt_tokens)
         outcome.completion_tokens.append(response.usage.completion_tokens)
+    outcome.completion_ids.append(response.id)
     return response.choices[0].message
 
 
