@@ -22,7 +22,7 @@ import importlib
 import itertools
 import json
 import random
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -64,6 +64,16 @@ def configured(found: TaskSet, options: Mapping[str, Any] | None) -> TaskSet:
             f"(given: {', '.join(sorted(options))}); remove dataset.options"
         )
     return found.configure(options)
+
+
+def check_option_names(name: str, options: Mapping[str, Any], known: Iterable[str]) -> None:
+    """A ConfigError naming the first of ``options`` task set ``name`` does not take."""
+    known = list(known)
+    for key in options:
+        if key not in known:
+            raise ConfigError(
+                f"dataset.options.{key}: {name} has no such option (it takes: {', '.join(known)})"
+            )
 
 
 def task_set(name: str) -> TaskSet:

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from areal.core.config import ConfigError
-from areal.core.tasks import TaskSet
+from areal.core.tasks import TaskSet, check_option_names
 from areal.plugins.tasks.bfcl_data import (
     CATEGORIES,
     MORE_FUNCTIONS_PROMPT,
@@ -80,12 +80,7 @@ def configure(options: Mapping[str, Any]) -> TaskSet:
 
 
 def parse_options(options: Mapping[str, Any]) -> Options:
-    known = set(Options.__dataclass_fields__)
-    for key in options:
-        if key not in known:
-            raise ConfigError(
-                f"dataset.options.{key}: {NAME} has no such option (it takes: {', '.join(sorted(known))})"
-            )
+    check_option_names(NAME, options, sorted(Options.__dataclass_fields__))
     category = options.get("category", Options.category)
     if category not in CATEGORIES:
         raise ConfigError(

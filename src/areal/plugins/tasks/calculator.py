@@ -44,6 +44,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from areal.core.config import ConfigError
+from areal.core.tasks import check_option_names
 from areal.plugins.tasks.tool_then_answer import LARGEST, Outcome, Score, chat, play_episode
 
 if TYPE_CHECKING:
@@ -87,12 +88,7 @@ class Options:
 def parse_options(options: Mapping[str, Any]) -> Options:
     """``dataset.options`` checked now, not in a rollout worker: a wrong one is a ConfigError
     naming its key."""
-    known = tuple(Options.__dataclass_fields__)
-    for key in options:
-        if key not in known:
-            raise ConfigError(
-                f"dataset.options.{key}: {NAME} has no such option (it takes: {', '.join(known)})"
-            )
+    check_option_names(NAME, options, sorted(Options.__dataclass_fields__))
     reward = options.get("key_reward", Options.key_reward)
     number = isinstance(reward, int | float) and not isinstance(reward, bool)
     # Below the answer's reward, so that in ``episode`` mode reward >= 1 still means a right
