@@ -101,8 +101,10 @@ def test_wrong_options_name_their_key(options: dict[str, object], message: str) 
 
 
 def test_a_task_set_without_options_refuses_them() -> None:
-    with pytest.raises(ConfigError, match="task set 'calculator' takes no options"):
-        TaskStream(path=None, name="calculator", options={"size": 3})
+    with pytest.raises(ConfigError, match="task set 'tool_then_answer' takes no options"):
+        TaskStream(path=None, name="tool_then_answer", options={"size": 3})
+    with pytest.raises(ConfigError, match=r"dataset\.options\.size: calculator has no such option"):
+        TaskStream(path=None, name="calculator", options={"size": 3})  # it takes key_reward
 
 
 def test_the_held_out_evaluation_scores_greedy_replies(tmp_path: Path) -> None:
